@@ -1,0 +1,1 @@
+"""The GatewayService (#4 lands the implementation)."""

@@ -1,0 +1,205 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from polar.common.v1 import metrics_pb2 as _metrics_pb2
+from polar.common.v1 import session_pb2 as _session_pb2
+from polar.common.v1 import status_pb2 as _status_pb2
+from polar.common.v1 import task_pb2 as _task_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskInfo(_message.Message):
+    __slots__ = ("task", "status", "sessions_total", "sessions_done", "sessions_usable", "sessions_running", "sessions_by_status", "mean_reward", "submitted_at", "finished_at", "error_message")
+    class SessionsByStatusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_DONE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_USABLE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_BY_STATUS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_REWARD_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    status: _status_pb2.TaskStatus
+    sessions_total: int
+    sessions_done: int
+    sessions_usable: int
+    sessions_running: int
+    sessions_by_status: _containers.ScalarMap[str, int]
+    mean_reward: float
+    submitted_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    error_message: str
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., status: _Optional[_Union[_status_pb2.TaskStatus, str]] = ..., sessions_total: _Optional[int] = ..., sessions_done: _Optional[int] = ..., sessions_usable: _Optional[int] = ..., sessions_running: _Optional[int] = ..., sessions_by_status: _Optional[_Mapping[str, int]] = ..., mean_reward: _Optional[float] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class SubmitTaskRequest(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class SubmitTaskResponse(_message.Message):
+    __slots__ = ("task_id", "task", "already_existed")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_EXISTED_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    task: TaskInfo
+    already_existed: bool
+    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., already_existed: _Optional[bool] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskInfo
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "status_filter")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FILTER_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    status_filter: _status_pb2.TaskStatus
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., status_filter: _Optional[_Union[_status_pb2.TaskStatus, str]] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_page_token")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WatchTaskRequest(_message.Message):
+    __slots__ = ("task_id", "from_result_index")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    from_result_index: int
+    def __init__(self, task_id: _Optional[str] = ..., from_result_index: _Optional[int] = ...) -> None: ...
+
+class WatchTaskResponse(_message.Message):
+    __slots__ = ("session_result", "result_index", "task")
+    SESSION_RESULT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    session_result: _session_pb2.SessionResult
+    result_index: int
+    task: TaskInfo
+    def __init__(self, session_result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ..., result_index: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id", "reason")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    reason: str
+    def __init__(self, task_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskInfo
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterGatewayRequest(_message.Message):
+    __slots__ = ("gateway_id", "address", "capacity", "labels", "version")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    address: str
+    capacity: int
+    labels: _containers.ScalarMap[str, str]
+    version: str
+    def __init__(self, gateway_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RegisterGatewayResponse(_message.Message):
+    __slots__ = ("gateway_id", "heartbeat_interval", "lease_ttl")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    heartbeat_interval: _duration_pb2.Duration
+    lease_ttl: _duration_pb2.Duration
+    def __init__(self, gateway_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("gateway_id", "capacity", "active_sessions", "stage_metrics", "draining")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_METRICS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    capacity: int
+    active_sessions: int
+    stage_metrics: _containers.RepeatedCompositeFieldContainer[_metrics_pb2.StageMetrics]
+    draining: bool
+    def __init__(self, gateway_id: _Optional[str] = ..., capacity: _Optional[int] = ..., active_sessions: _Optional[int] = ..., stage_metrics: _Optional[_Iterable[_Union[_metrics_pb2.StageMetrics, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("drain_requested", "cancelled_session_ids")
+    DRAIN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    drain_requested: bool
+    cancelled_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, drain_requested: _Optional[bool] = ..., cancelled_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainGatewayRequest(_message.Message):
+    __slots__ = ("gateway_id", "reason")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    reason: str
+    def __init__(self, gateway_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainGatewayResponse(_message.Message):
+    __slots__ = ("active_sessions",)
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    active_sessions: int
+    def __init__(self, active_sessions: _Optional[int] = ...) -> None: ...
+
+class ReportSessionResultRequest(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: _session_pb2.SessionResult
+    def __init__(self, result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ...) -> None: ...
+
+class ReportSessionResultResponse(_message.Message):
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...

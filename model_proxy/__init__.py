@@ -1,0 +1,1 @@
+"""The model API proxy: provider protocols in, token IDs to the backend, completion records captured."""

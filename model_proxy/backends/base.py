@@ -1,0 +1,40 @@
+"""The inference backend seam: token IDs in, token IDs and log-probabilities out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from model_proxy.core.types import GenerationChunk, GenerationRequest
+
+__all__ = ["Backend"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An inference backend (Triton, vLLM, SGLang, transformers in process, scripted).
+
+    Implementations never re-render or re-tokenise: they consume ``request.prompt_token_ids`` as given and
+    report exactly the sampled IDs with their raw log-probabilities (before any logits processor other than
+    temperature). Errors are raised as :mod:`model_proxy.errors` exceptions (``BackendUnavailable``,
+    ``BackendOverloaded``, ``ContextLengthExceeded``, ...), never as raw transport exceptions.
+    """
+
+    name: str
+    """Backend kind name as used on the command line (``triton``, ``vllm``, ...)."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Sample a response; yields chunks in order, the last with ``finish_reason`` set."""
+        ...
+
+    async def start(self) -> None:
+        """Open connections / load the model; idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and processes; idempotent."""
+        ...
+
+    async def healthy(self) -> bool:
+        """Whether the backend can serve a call now."""
+        ...

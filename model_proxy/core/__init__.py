@@ -1,0 +1,1 @@
+"""Protocol-independent types of the model proxy."""

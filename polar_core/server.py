@@ -1,0 +1,121 @@
+"""gRPC server plumbing shared by every service: health, reflection, tracing, error mapping, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.sdk.trace import TracerProvider
+
+from polar_core.auth import TokenAuthInterceptor
+from polar_core.grpc_errors import ErrorMappingInterceptor
+
+__all__ = ["ServiceRegistration", "placeholder_servicer", "run_until_signal", "start_grpc_server"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServiceRegistration:
+    """A servicer to add to a server.
+
+    Attributes:
+        name: Full service name (``polar.proxy.v1.ModelProxyService``) for health and reflection.
+        add: Adds the servicer to a server (the generated ``add_..._to_server`` bound to a servicer).
+    """
+
+    name: str
+    add: Callable[[grpc.aio.Server], None]
+
+
+async def start_grpc_server(
+    registrations: Sequence[ServiceRegistration],
+    *,
+    host: str,
+    port: int,
+    tracer_provider: TracerProvider | None = None,
+    auth_token: str = "",
+) -> tuple[grpc.aio.Server, int]:
+    """Start a gRPC server with health checking, reflection, OpenTelemetry and error mapping.
+
+    Args:
+        registrations: The servicers to serve; each is marked SERVING in the health service.
+        host: Interface to bind.
+        port: Port to bind; 0 picks a free one, which is returned.
+        tracer_provider: Provider for server spans; ``None`` uses the global (no-op unless configured).
+        auth_token: When set, every call but health checks and reflection must carry it.
+
+    Returns:
+        The started server and the bound port.
+    """
+    interceptors: list[Any] = [aio_server_interceptor(tracer_provider=tracer_provider)]  # type: ignore[no-untyped-call]
+    if auth_token:
+        interceptors.append(TokenAuthInterceptor(auth_token))
+    interceptors.append(ErrorMappingInterceptor())
+    server = grpc.aio.server(interceptors=interceptors)
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [r.name for r in registrations]
+    for registration in registrations:
+        registration.add(server)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC server to {host}:{port}")
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+async def run_until_signal(
+    start: Callable[[], Awaitable[tuple[grpc.aio.Server, int]]],
+    *,
+    name: str,
+    grace_s: float = 10.0,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Start a server, log its address, and stop it gracefully on SIGTERM or SIGINT."""
+    server, port = await start()
+    _log.info("%s listening on port %d", name, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    _log.info("%s stopping (grace %.0f s)", name, grace_s)
+    await server.stop(grace_s)
+    if on_stop is not None:
+        await on_stop()
+    for task in (waiter, stopper):
+        task.cancel()
+
+
+def placeholder_servicer(base: type[Any], service_name: str, methods: Sequence[str], issue: str) -> Any:
+    """Return a servicer whose every RPC answers UNIMPLEMENTED, naming the issue that implements it.
+
+    Used until a service's issue lands, so callers get a precise message instead of gRPC's generic one.
+    """
+    from polar_core.errors import Unimplemented
+
+    def make(method: str) -> Callable[..., Awaitable[None]]:
+        async def rpc(self: object, request: object, context: object) -> None:
+            raise Unimplemented(f"{service_name}.{method} is not implemented yet; it lands with {issue}")
+
+        rpc.__name__ = method
+        return rpc
+
+    cls = type(f"Placeholder{base.__name__}", (base,), {m: make(m) for m in methods})
+    return cls()

@@ -1,0 +1,110 @@
+"""Typed settings shared by every service: flags > environment (``POLAR_...``) > TOML file > defaults.
+
+Each service subclasses :class:`ServiceSettings` once in its own ``settings.py`` with its environment prefix
+(``POLAR_PROXY_``, ...) and TOML table (``[proxy]``). ``main()`` loads settings once and passes them down;
+nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from polar_core.errors import InvalidArgument
+
+__all__ = ["ServiceSettings", "TelemetrySettings"]
+
+
+class _TomlTableSource(PydanticBaseSettingsSource):
+    """Reads one table of a TOML file (``[proxy]``), plus top-level keys shared by every service."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None, table: str) -> None:
+        super().__init__(settings_cls)
+        self._values: dict[str, Any] = {}
+        if path is None:
+            return
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgument(f"cannot read settings file {path}: {exc}") from None
+        fields = settings_cls.model_fields
+        self._values = {k: v for k, v in data.items() if not isinstance(v, dict) and k in fields}
+        section = data.get(table, {})
+        if not isinstance(section, dict):
+            raise InvalidArgument(f"{path}: [{table}] must be a table")
+        self._values.update(section)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has.
+
+    Attributes:
+        host: Interface the gRPC server binds.
+        port: gRPC port; 0 picks a free one (tests, embedded mode).
+        state_dir: Directory for this service's durable state.
+        auth_token: Shared control-plane token; empty means no token is required (embedded default only).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="POLAR_", frozen=True, extra="forbid")
+    toml_table: ClassVar[str] = "polar"
+    _toml_path: ClassVar[Path | None] = None
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    state_dir: Path = Path(".polar")
+    auth_token: str = ""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlTableSource(settings_cls, cls._toml_path, cls.toml_table))
+
+    @classmethod
+    def load(cls, toml_path: Path | None = None, **overrides: Any) -> Self:
+        """Load settings: ``overrides`` (flags; ``None`` values ignored) > environment > TOML > defaults."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if toml_path is None:
+            return cls(**given)
+        # A throwaway subclass carries the file path into settings_customise_sources without globals.
+        bound = type(cls.__name__, (cls,), {"_toml_path": toml_path, "__module__": cls.__module__})
+        return bound(**given)  # type: ignore[no-any-return]
+
+
+class TelemetrySettings(BaseSettings):
+    """The standard OpenTelemetry variables that switch OTLP export on (off when none is set)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", case_sensitive=False)
+
+    otel_sdk_disabled: bool = False
+    otel_traces_exporter: str = ""
+    otel_exporter_otlp_endpoint: str = ""
+    otel_exporter_otlp_traces_endpoint: str = ""
+    otel_service_name: str = ""
+
+    @property
+    def export_enabled(self) -> bool:
+        """Whether spans should be exported over OTLP."""
+        if self.otel_sdk_disabled or self.otel_traces_exporter.strip().lower() == "none":
+            return False
+        return bool(
+            self.otel_exporter_otlp_endpoint
+            or self.otel_exporter_otlp_traces_endpoint
+            or self.otel_traces_exporter.strip().lower() == "otlp"
+        )

@@ -1,0 +1,1 @@
+"""The RolloutService (#6 lands the implementation)."""
