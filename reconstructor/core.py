@@ -1,0 +1,197 @@
+"""Reconstruction: a session's completion records in, trainer-facing traces and statistics out.
+
+The invariant every strategy keeps: each trainable (mask 1) token of a trace is a token the policy sampled,
+carrying the behaviour logprob it was sampled with; everything else has mask 0 and a 0.0 placeholder. No
+text is ever re-encoded. How calls are grouped into traces is described in :mod:`reconstructor.chains`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
+from reconstructor.chains import Chain, ChainBuilder, PreparedCall
+from reconstructor.eot import detect_end_of_turn_ids
+from reconstructor.errors import MalformedCompletions
+from reconstructor.prefix import as_tokens
+from reconstructor.stats import ReconstructionStats
+from reconstructor.weights import WeightingMode, trace_weights
+
+__all__ = [
+    "ReconstructionOptions",
+    "ReconstructionResult",
+    "SessionOutcome",
+    "reconstruct",
+    "reconstruct_session",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReconstructionOptions:
+    """How completions become traces.
+
+    Attributes:
+        strategy: ``per-request``, ``prefix-merge`` or ``exact``.
+        end_of_turn_ids: Token IDs that close an assistant turn. Empty means: detect them from the session's
+            completions (only ``prefix-merge`` needs them).
+        weighting: How trace weights are normalised.
+        split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+    """
+
+    strategy: ReconstructionStrategy = ReconstructionStrategy.PREFIX_MERGE
+    end_of_turn_ids: tuple[int, ...] = ()
+    weighting: WeightingMode = WeightingMode.SESSION
+    split_on_policy_version: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionOutcome:
+    """What the rest of the system knows about a session: its group, reward and terminal status."""
+
+    task_id: str = ""
+    reward: float = 0.0
+    status: TerminalStatus = TerminalStatus.UNRESOLVED
+
+
+@dataclasses.dataclass(slots=True)
+class ReconstructionResult:
+    """Traces (in session order, then ``trace_index`` order) and their statistics."""
+
+    traces: list[Trace]
+    stats: ReconstructionStats
+
+
+def reconstruct_session(
+    records: Iterable[CompletionRecord],
+    options: ReconstructionOptions | None = None,
+    outcome: SessionOutcome | None = None,
+) -> ReconstructionResult:
+    """Reconstruct the traces of one session.
+
+    Records are visited in ``seq`` order whatever order they are given in. Sessions whose status carries
+    no learning signal (``infra_error``, ``cancelled``) keep their traces for inspection, with every mask
+    entry and weight 0, so no trainer can learn from an infrastructure failure.
+
+    Args:
+        records: The session's completion records.
+        options: The reconstruction options; defaults to prefix merging with detected end-of-turn IDs.
+        outcome: The session's task id, reward and status.
+
+    Returns:
+        The traces and statistics.
+
+    Raises:
+        MalformedCompletions: The records name several sessions or repeat a call id.
+        EndOfTurnUnknown: ``prefix-merge`` had a merge to make but no end-of-turn IDs.
+    """
+    options = options or ReconstructionOptions()
+    outcome = outcome or SessionOutcome()
+    ordered = _ordered_session(records)
+    stats = ReconstructionStats(calls=len(ordered))
+    if not ordered:
+        return ReconstructionResult([], stats)
+    eot = options.end_of_turn_ids
+    if not eot and options.strategy is ReconstructionStrategy.PREFIX_MERGE:
+        eot = detect_end_of_turn_ids(ordered)
+    builder = ChainBuilder(options.strategy, as_tokens(eot), split_on_policy_version=options.split_on_policy_version)
+    for record in ordered:
+        builder.add(PreparedCall.of(record))
+
+    trainable = outcome.status.trainable
+    weights = trace_weights(len(builder.chains), options.weighting, trainable=trainable)
+    traces = [
+        _to_trace(chain, index, outcome, weight, trainable)
+        for index, (chain, weight) in enumerate(zip(builder.chains, weights, strict=True))
+    ]
+    stats.chains = len(traces)
+    stats.merges = builder.merges
+    for reason in builder.splits:
+        stats.count_split(reason)
+    stats.mismatched_context_calls = builder.mismatched_calls
+    stats.mismatched_context_tokens = builder.mismatched_tokens
+    stats.trainable_tokens = sum(sum(t.loss_mask) for t in traces)
+    stats.total_tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in traces)
+    return ReconstructionResult(traces, stats)
+
+
+def reconstruct(
+    records: Iterable[CompletionRecord],
+    options: ReconstructionOptions | None = None,
+    outcomes: Mapping[str, SessionOutcome] | None = None,
+) -> ReconstructionResult:
+    """Reconstruct the traces of every session in ``records`` (for example a whole ``completions.jsonl``).
+
+    Args:
+        records: Completion records of any number of sessions, in any order.
+        options: The reconstruction options.
+        outcomes: Each session's task id, reward and status by session id; missing sessions get
+            :class:`SessionOutcome` defaults.
+
+    Returns:
+        The traces of all sessions (sessions in order of first appearance) and the combined statistics.
+    """
+    by_session: dict[str, list[CompletionRecord]] = {}
+    for record in records:
+        by_session.setdefault(record.session_id, []).append(record)
+    outcomes = outcomes or {}
+    options = options or ReconstructionOptions()
+    if not options.end_of_turn_ids and options.strategy is ReconstructionStrategy.PREFIX_MERGE:
+        # Detected once over every session: a short session alone may not show its end-of-turn token.
+        detected = detect_end_of_turn_ids(r for recs in by_session.values() for r in recs)
+        options = dataclasses.replace(options, end_of_turn_ids=detected)
+    results = [reconstruct_session(recs, options, outcomes.get(sid)) for sid, recs in by_session.items()]
+    return ReconstructionResult(
+        traces=[t for r in results for t in r.traces],
+        stats=ReconstructionStats.combine(r.stats for r in results),
+    )
+
+
+def _ordered_session(records: Iterable[CompletionRecord]) -> list[CompletionRecord]:
+    ordered = sorted(records, key=lambda r: r.seq)
+    if not ordered:
+        return ordered
+    sessions = {r.session_id for r in ordered}
+    if len(sessions) > 1:
+        raise MalformedCompletions(
+            f"one reconstruction got completions of {len(sessions)} sessions",
+            details={"sessions": "|".join(sorted(sessions))},
+        )
+    seen: set[str] = set()
+    for r in ordered:
+        if r.call_id in seen:
+            raise MalformedCompletions(
+                f"call id {r.call_id!r} appears twice in session {r.session_id!r}",
+                details={"call_id": r.call_id, "session_id": r.session_id},
+            )
+        seen.add(r.call_id)
+    return ordered
+
+
+def _distinct(values: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def _to_trace(chain: Chain, index: int, outcome: SessionOutcome, weight: float, trainable: bool) -> Trace:
+    tokens, mask, logprobs = chain.response_arrays()
+    if not trainable:
+        mask = np.zeros_like(mask)
+        logprobs = np.zeros_like(logprobs)
+    records = [c.record for c in chain.calls]
+    return Trace(
+        session_id=records[0].session_id,
+        task_id=outcome.task_id,
+        trace_index=index,
+        call_ids=[r.call_id for r in records],
+        prompt_token_ids=list(records[0].prompt_token_ids),  # a list copy is cheaper than ndarray.tolist()
+        response_token_ids=tokens.tolist(),
+        loss_mask=mask.tolist(),
+        response_logprobs=logprobs.tolist(),
+        reward=outcome.reward,
+        weight=weight,
+        status=outcome.status.value,
+        exact_context=chain.exact_context,
+        policy_versions=_distinct([r.policy_version for r in records]),
+    )

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from polar_core.cli import main
+from polar_core.records import Trace, read_jsonl, write_jsonl
+from reconstructor.export import read_parquet
+from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
+
+
+def _inputs(tmp_path: Path) -> tuple[Path, Path]:
+    rng = random.Random(3)
+    records = [r for s in ("a", "b") for r in synthetic_session(rng, SyntheticSpec(turns=4, subagents=1), s)]
+    completions = tmp_path / "completions.jsonl"
+    write_jsonl(completions, (r.to_dict() for r in records))
+    sessions = tmp_path / "sessions.jsonl"
+    write_jsonl(
+        sessions,
+        [
+            {"session_id": "a", "task_id": "t", "status": "resolved", "reward": 1.0},
+            {"session_id": "b", "task_id": "t", "status": "infra_error", "reward": 0.0},
+        ],
+    )
+    return completions, sessions
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_polar_reconstruct_writes_traces_and_stats(tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]):
+    completions, sessions = _inputs(tmp_path)
+    out, stats = tmp_path / f"traces{suffix}", tmp_path / "stats.json"
+    argv = ["reconstruct", str(completions), str(out), "--end-of-turn-id", str(IM_END), "--sessions", str(sessions)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--stats", str(stats)])
+    assert exit_info.value.code == 0
+    traces = read_parquet(out) if suffix == ".parquet" else [Trace.from_dict(r) for r in read_jsonl(out)]
+    assert {t.session_id for t in traces} == {"a", "b"}
+    assert all(t.task_id == "t" for t in traces)
+    assert all(not any(t.loss_mask) for t in traces if t.session_id == "b")
+    assert json.loads(stats.read_text())["calls"] == 14
+    assert "prefix-merge: 14 calls" in capsys.readouterr().out
+
+
+def test_bad_sessions_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    completions, sessions = _inputs(tmp_path)
+    sessions.write_text('{"session_id": "a", "status": "bogus"}\n')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reconstruct", str(completions), str(tmp_path / "o.jsonl"), "--sessions", str(sessions)])
+    assert exit_info.value.code == 2
+    assert "bad session row" in capsys.readouterr().err
