@@ -1,0 +1,174 @@
+"""A tunnel from a network-less sandbox to one host TCP service (the model proxy), through a Unix socket.
+
+A sandbox made with ``bwrap --unshare-net`` or ``docker --network none`` has only its own loopback, so the
+harness inside cannot reach the proxy, nor anything else. Two halves bridge exactly one service:
+
+* host side, :class:`UnixSocketBridge`: listens on a Unix socket file and forwards each connection to the
+  proxy's TCP port. The socket file is bind-mounted into the sandbox (a file-system socket, because abstract
+  Unix sockets belong to a network namespace).
+* sandbox side, ``python -m runtimes.tunnel --listen 127.0.0.1:PORT --connect /path/proxy.sock [-- CMD ...]``
+  (or this file run as a script; it needs only the standard library): listens on the sandbox's loopback and
+  forwards each connection to the socket. With a command after ``--`` it starts forwarding, runs the command,
+  and exits with its status, so one argv both opens the tunnel and runs the harness.
+
+Both halves pass bytes through unchanged in both directions and propagate half-closes (EOF), so HTTP,
+server-sent events and gRPC all work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import stat
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["UnixSocketBridge", "forward_tcp_to_unix", "main", "pipe"]
+
+_CHUNK = 65536
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy ``reader`` to ``writer`` until EOF, then half-close ``writer`` (or close it if it cannot)."""
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        else:
+            writer.close()
+    except (ConnectionError, OSError):
+        # The other side went away; closing both ends (by the caller) is all there is to do.
+        writer.close()
+
+
+async def _splice(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
+) -> None:
+    try:
+        up_r, up_w = await connect()
+    except OSError:
+        client_w.close()
+        return
+    try:
+        await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
+    finally:
+        for w in (up_w, client_w):
+            w.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await w.wait_closed()
+
+
+class UnixSocketBridge:
+    """Host side: accept connections on a Unix socket file and forward them to ``target_host:target_port``.
+
+    Use as ``async with UnixSocketBridge(host, port, path):`` or call :meth:`start` and :meth:`stop`.
+
+    Args:
+        target_host: Host of the TCP service (the proxy), as this process reaches it.
+        target_port: Its port.
+        socket_path: Where to create the socket file; a stale socket there is replaced, any other file is not.
+        mode: Permission bits of the socket file; the default lets a sandbox user with another uid connect
+            (the directory holding it decides who can reach it).
+    """
+
+    def __init__(self, target_host: str, target_port: int, socket_path: Path, *, mode: int = 0o666) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.socket_path = Path(socket_path)
+        self._mode = mode
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Create the socket and start accepting. Raises ``FileExistsError`` if a non-socket is in the way."""
+        if self._server is not None:
+            return
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            if not stat.S_ISSOCK(self.socket_path.lstat().st_mode):
+                raise FileExistsError(f"{self.socket_path} exists and is not a socket")
+            self.socket_path.unlink()
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        os.chmod(self.socket_path, self._mode)
+
+    async def stop(self) -> None:
+        """Stop accepting, cut open connections and remove the socket file. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await _splice(reader, writer, lambda: asyncio.open_connection(self.target_host, self.target_port))
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def __aenter__(self) -> UnixSocketBridge:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def forward_tcp_to_unix(host: str, port: int, socket_path: str) -> asyncio.Server:
+    """Sandbox side: listen on ``host:port`` and forward each connection to the Unix socket ``socket_path``."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _splice(reader, writer, lambda: asyncio.open_unix_connection(socket_path))
+
+    return await asyncio.start_server(handle, host, port)
+
+
+async def _run(host: str, port: int, socket_path: str, command: Sequence[str]) -> int:
+    server = await forward_tcp_to_unix(host, port, socket_path)
+    async with server:
+        if not command:
+            await server.serve_forever()
+            return 0
+        proc = await asyncio.create_subprocess_exec(*command)
+        code = await proc.wait()
+    # A command killed by a signal exits the way a shell reports it.
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry of the sandbox side; returns the command's exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in args:
+        split = args.index("--")
+        args, command = args[:split], args[split + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m runtimes.tunnel", description="Forward a loopback port to a Unix socket."
+    )
+    parser.add_argument("--listen", required=True, help="HOST:PORT to listen on inside the sandbox")
+    parser.add_argument("--connect", required=True, help="path of the Unix socket that reaches the proxy")
+    parsed = parser.parse_args(args)
+    host, _, port = str(parsed.listen).rpartition(":")
+    return asyncio.run(_run(host or "127.0.0.1", int(port), str(parsed.connect), command))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
