@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -8,10 +8,10 @@ from integration_tests.otlp import OtlpReceiver
 
 
 @pytest.fixture
-async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
+def otlp_receiver() -> Iterator[OtlpReceiver]:
     receiver = OtlpReceiver()
-    await receiver.start()
+    receiver.start()
     try:
         yield receiver
     finally:
-        await receiver.stop()
+        receiver.stop()

@@ -1,9 +1,16 @@
-"""A small in-process OTLP/gRPC trace receiver, standing in for Jaeger's OTLP port in tests."""
+"""A small OTLP/gRPC trace receiver, standing in for Jaeger's OTLP port in tests.
+
+It runs a synchronous gRPC server on its own threads: OpenTelemetry's exporters block the thread that ends a
+span (SimpleSpanProcessor) or flushes, so a receiver on the test's event loop would deadlock.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+from collections.abc import Callable
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -27,46 +34,63 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     """Collects spans sent to it by OTLP exporters."""
 
     def __init__(self) -> None:
-        self.spans: list[ReceivedSpan] = []
-        self._changed = asyncio.Condition()
-        self.server: grpc.aio.Server | None = None
+        self._spans: list[ReceivedSpan] = []
+        self._changed = threading.Condition()
+        self._server: grpc.Server | None = None
         self.port = 0
 
-    async def Export(self, request, context):  # type: ignore[no-untyped-def]
-        async with self._changed:
-            for resource_spans in request.resource_spans:
-                service = ""
-                for attr in resource_spans.resource.attributes:
-                    if attr.key == "service.name":
-                        service = attr.value.string_value
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        attrs = {a.key: _value(a.value) for a in span.attributes}
-                        self.spans.append(
-                            ReceivedSpan(
-                                span.name, service, span.trace_id.hex(), span.span_id.hex(),
-                                span.parent_span_id.hex(), span.kind, attrs,
-                            )
+    @property
+    def spans(self) -> list[ReceivedSpan]:
+        with self._changed:
+            return list(self._spans)
+
+    def Export(self, request, context):  # type: ignore[no-untyped-def]
+        received = []
+        for resource_spans in request.resource_spans:
+            service = ""
+            for attr in resource_spans.resource.attributes:
+                if attr.key == "service.name":
+                    service = attr.value.string_value
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            service=service,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex(),
+                            kind=span.kind,
+                            attributes={a.key: _value(a.value) for a in span.attributes},
                         )
+                    )
+        with self._changed:
+            self._spans.extend(received)
             self._changed.notify_all()
         return trace_service_pb2.ExportTraceServiceResponse()
 
-    async def start(self) -> int:
-        self.server = grpc.aio.server()
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
+    def start(self) -> int:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
         return self.port
 
-    async def stop(self) -> None:
-        if self.server is not None:
-            await self.server.stop(None)
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(None)
 
-    async def wait_for(self, predicate: Any, timeout: float = 10.0) -> list[ReceivedSpan]:
+    def _wait(self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float) -> list[ReceivedSpan]:
+        with self._changed:
+            if not self._changed.wait_for(lambda: predicate(self._spans), timeout):
+                raise TimeoutError(f"spans did not arrive in {timeout} s; have {[s.name for s in self._spans]}")
+            return list(self._spans)
+
+    async def wait_for(
+        self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float = 10.0
+    ) -> list[ReceivedSpan]:
         """Wait until ``predicate(spans)`` is true; return the spans."""
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.spans)), timeout)
-            return list(self.spans)
+        return await asyncio.to_thread(self._wait, predicate, timeout)
 
 
 def _value(v: Any) -> Any:

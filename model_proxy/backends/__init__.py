@@ -1,7 +1,48 @@
-"""Inference backends of the model proxy."""
+"""Inference backends of the model proxy: token IDs in, token IDs and log-probabilities out.
+
+``TritonBackend`` and ``TransformersBackend`` are imported on first use, so importing this package needs
+neither ``tritonclient`` nor ``torch``.
+"""
 
 from __future__ import annotations
 
-from model_proxy.backends.base import Backend
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Backend"]
+from model_proxy.backends.base import Backend
+from model_proxy.backends.factory import BACKEND_NAMES, create_backend
+from model_proxy.backends.pool import BackendPool
+from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, load_script
+from model_proxy.backends.sglang import SGLangBackend
+from model_proxy.backends.vllm import VLLMBackend
+
+if TYPE_CHECKING:
+    from model_proxy.backends.transformers_backend import TransformersBackend
+    from model_proxy.backends.triton import TritonBackend, TritonTensorNames
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendPool",
+    "SGLangBackend",
+    "ScriptTurn",
+    "ScriptedBackend",
+    "TransformersBackend",
+    "TritonBackend",
+    "TritonTensorNames",
+    "VLLMBackend",
+    "create_backend",
+    "load_script",
+]
+
+_LAZY = {
+    "TransformersBackend": "model_proxy.backends.transformers_backend",
+    "TritonBackend": "model_proxy.backends.triton",
+    "TritonTensorNames": "model_proxy.backends.triton",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

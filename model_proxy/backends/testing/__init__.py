@@ -1,0 +1,1 @@
+"""Servers and fakes that stand in for production inference servers in tests."""

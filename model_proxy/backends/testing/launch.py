@@ -1,0 +1,154 @@
+"""Start real inference servers (PyTriton, vLLM CPU) from their own virtual environments, for tests.
+
+``scripts/setup_backends.sh`` creates ``.venv-triton`` and ``.venv-vllm`` in the repository root; the
+functions here find them by that convention (:func:`backend_venv_python`), start a server on free ports,
+wait for readiness with a deadline (never a blind sleep) and stop it with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+__all__ = ["ServerStartError", "backend_venv_python", "free_ports", "run_pytriton", "run_vllm"]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+_PYTRITON_SERVER = Path(__file__).resolve().with_name("pytriton_server.py")
+
+
+class ServerStartError(RuntimeError):
+    """A test server exited or did not become ready in time; the message holds its log's tail."""
+
+
+def backend_venv_python(kind: str, root: Path = REPO_ROOT) -> Path | None:
+    """Return ``<root>/.venv-<kind>/bin/python`` when that environment exists, else None."""
+    python = root / f".venv-{kind}" / "bin" / "python"
+    return python if python.exists() else None
+
+
+def free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago.
+
+    For servers that cannot bind port 0 and report it; another process could take a port in between.
+    """
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextlib.contextmanager
+def _process(
+    argv: list[str], env: dict[str, str], log_path: Path, ready: Callable[[subprocess.Popen[str]], bool],
+    timeout_s: float, *, pipe_stdout: bool,
+) -> Iterator[float]:  # fmt: skip
+    """Run ``argv``, poll ``ready`` until true or ``timeout_s``; yield the start-up time in seconds.
+
+    Only a server that prints next to nothing may have its stdout piped: nobody drains the pipe later.
+    """
+    with log_path.open("w") as log:
+        stdout = subprocess.PIPE if pipe_stdout else log
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=log, env=env, start_new_session=True, text=True)
+        try:
+            started = time.monotonic()
+            while not ready(proc):
+                if proc.poll() is not None or time.monotonic() - started > timeout_s:
+                    tail = log_path.read_text(errors="replace")[-4000:]
+                    raise ServerStartError(f"{argv[2:4]} not ready (exit {proc.poll()}):\n{tail}")
+            yield time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _libdir(python: Path) -> str:
+    code = "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"
+    return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def run_pytriton(
+    python: Path, model_dir: Path, log_path: Path, *, model_name: str = "tiny", timeout_s: float = 120.0
+) -> Iterator[tuple[str, float]]:
+    """Serve ``model_dir`` on Triton with TensorRT-LLM tensor names (see ``pytriton_server.py``).
+
+    Yields:
+        The gRPC ``host:port`` and the start-up time in seconds. Models ``<model_name>`` (unary) and
+        ``<model_name>_stream`` (decoupled) are loaded.
+    """
+    grpc_port, http_port, metrics_port = free_ports(3)
+    env = dict(os.environ)
+    # The Python backend stub must load this interpreter's libpython, not the system one.
+    env["LD_LIBRARY_PATH"] = _libdir(python)
+    argv = [
+        str(python), str(_PYTRITON_SERVER), "--model-dir", str(model_dir), "--model-name", model_name,
+        "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+        # Next to the log, so a killed server leaves nothing behind in ~/.cache.
+        "--workspace", str(log_path.parent / "pytriton-workspace"),
+    ]  # fmt: skip
+
+    def ready(proc: subprocess.Popen[str]) -> bool:
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], 0.5)
+        return bool(readable) and proc.stdout.readline().strip() == "READY"
+
+    with _process(argv, env, log_path, ready, timeout_s, pipe_stdout=True) as startup_s:
+        yield f"127.0.0.1:{grpc_port}", startup_s
+
+
+@contextlib.contextmanager
+def run_vllm(
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    *,
+    served_model_name: str = "tiny",
+    max_model_len: int = 2048,
+    extra_args: tuple[str, ...] = ("--dtype", "float32", "--logprobs-mode", "processed_logprobs"),
+    timeout_s: float = 300.0,
+) -> Iterator[tuple[str, float]]:
+    """Serve ``model_dir`` with vLLM's OpenAI server on CPU.
+
+    Yields:
+        The base URL and the start-up time in seconds.
+    """
+    (port,) = free_ports(1)
+    env = dict(os.environ)
+    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    argv = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(max_model_len), *extra_args,
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready(proc: subprocess.Popen[str]) -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            time.sleep(0.5)  # the server is not listening yet; poll again shortly
+            return False
+
+    with _process(argv, env, log_path, ready, timeout_s, pipe_stdout=False) as startup_s:
+        yield url, startup_s

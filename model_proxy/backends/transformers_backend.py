@@ -1,0 +1,265 @@
+"""An in-process Hugging Face causal LM as a backend (CPU or GPU), for small models and tests.
+
+Decoding runs in a worker thread with the model's KV cache, one generation at a time per model, and hands
+tokens to the event loop as they are sampled.
+
+Log-probabilities: each sampled token is reported with ``log_softmax(logits / temperature)`` over the whole
+vocabulary (``log_softmax(logits)`` at temperature 0, which decodes greedily). When ``top_k`` or ``top_p``
+truncate the distribution the token is *sampled* from the truncated, renormalised distribution, but the
+reported value is still the untruncated one, so it matches what a trainer computes from the same logits
+(and vLLM's default). Trainers that want the exact sampling probability must not truncate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import inspect
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
+from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
+from polar_core.errors import Internal
+
+__all__ = ["TransformersBackend", "sample_next"]
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+    """Sample one token from a row of logits and return it with its raw log-probability.
+
+    Args:
+        logits: Logits of the next position, shape ``(vocab,)``.
+        sampling: Temperature, ``top_k`` (-1 or 0: off) and ``top_p`` (1.0: off).
+        generator: The request's random generator.
+
+    Returns:
+        The token ID and ``log_softmax(logits / T)`` at it (untruncated; T = 1 when greedy).
+    """
+    temperature = sampling.temperature
+    scaled = logits.float() if temperature == 0.0 else logits.float() / temperature
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    if temperature == 0.0:
+        token = int(torch.argmax(log_probs).item())
+        return token, float(log_probs[token].item())
+    probs = log_probs.exp()
+    if 0 < sampling.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, sampling.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1) / sorted_probs.sum()
+        # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass before it
+        # already does.
+        drop_sorted = (cumulative - sorted_probs / sorted_probs.sum()) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        probs = torch.where(drop, torch.zeros_like(probs), probs)
+    token = int(torch.multinomial(probs, 1, generator=generator).item())
+    return token, float(log_probs[token].item())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Token:
+    token_id: int
+    logprob: float
+    finish_reason: str | None
+
+
+_Item = _Token | BaseException
+
+
+class TransformersBackend:
+    """Samples from a transformers causal LM in this process.
+
+    Attributes:
+        name: ``"transformers"``.
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_context: int | None = None,
+        chunk_size: int = 4,
+    ) -> None:
+        """Create the backend.
+
+        Args:
+            model: A loaded ``PreTrainedModel``, or a model directory loaded by :meth:`start`.
+            device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the loaded model's device, else CPU.
+            dtype: torch dtype name used when loading from a directory (e.g. ``"bfloat16"``); default float32.
+            max_context: Context length; default the config's ``max_position_embeddings``.
+            chunk_size: Most tokens per streamed chunk (fewer when decoding is slower than the consumer).
+        """
+        self._source = model
+        self._model: Any = None if isinstance(model, str | Path) else model
+        self._device = device
+        self._dtype = dtype
+        self._max_context = max_context
+        self._chunk_size = max(1, chunk_size)
+        self._lock = asyncio.Lock()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cache_arg = "cache"
+
+    async def start(self) -> None:
+        """Load the model (when given a directory) and start the worker thread; idempotent."""
+        if self._executor is not None:
+            return
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="transformers")
+        try:
+            if self._model is None:
+                self._model = await asyncio.get_running_loop().run_in_executor(executor, self._load)
+            elif self._device is not None:
+                self._model = self._model.to(self._device)
+        except (OSError, ValueError) as exc:
+            executor.shutdown(wait=False)
+            raise BackendUnavailable(f"transformers backend: cannot load {self._source}: {exc}") from exc
+        self._model.eval()
+        params = inspect.signature(self._model.forward).parameters
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either.
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._executor = executor
+
+    def _load(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        dtype = getattr(torch, self._dtype) if self._dtype else torch.float32
+        loader: Any = AutoModelForCausalLM
+        model = loader.from_pretrained(str(self._source), dtype=dtype)
+        return model.to(self._device or "cpu")
+
+    async def close(self) -> None:
+        """Stop the worker thread; idempotent. The model stays loaded for a later :meth:`start`."""
+        async with self._lock:  # lets a generation in flight finish first
+            if self._executor is not None:
+                executor, self._executor = self._executor, None
+                executor.shutdown(wait=True)
+
+    async def healthy(self) -> bool:
+        """Whether the model is loaded."""
+        return self._executor is not None
+
+    @property
+    def context_length(self) -> int:
+        """The model's context length (tokens)."""
+        if self._max_context is not None:
+            return self._max_context
+        return int(getattr(self._model.config, "max_position_embeddings", 1 << 31))
+
+    def _check(self, request: GenerationRequest) -> int:
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise MalformedRequest("the prompt has no tokens")
+        vocab = int(self._model.config.vocab_size)
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise MalformedRequest(f"prompt token IDs must lie in [0, {vocab})")
+        limit = self.context_length
+        if len(prompt) >= limit:
+            raise ContextLengthExceeded(len(prompt), limit)
+        room = limit - len(prompt)
+        sampling = request.sampling
+        if sampling.temperature < 0.0 or not 0.0 < sampling.top_p <= 1.0:
+            raise MalformedRequest("temperature must be >= 0 and top_p in (0, 1]")
+        max_tokens = sampling.max_tokens
+        if max_tokens is not None and max_tokens < 1:
+            raise MalformedRequest(f"max_tokens must be at least 1, got {max_tokens}")
+        # Clamped rather than refused: the proxy resolves max_tokens to the room left anyway.
+        return room if max_tokens is None else min(max_tokens, room)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Sample a response, streaming chunks as tokens are decoded when ``request.stream``.
+
+        Raises:
+            BackendUnavailable: :meth:`start` has not run.
+            ContextLengthExceeded: The prompt fills the context.
+            MalformedRequest: Empty prompt, IDs outside the vocabulary, or ``max_tokens`` below 1.
+        """
+        if self._executor is None:
+            raise BackendUnavailable("transformers backend is not started")
+        max_tokens = self._check(request)
+        async with self._lock:
+            executor = self._executor
+            if executor is None:
+                raise BackendUnavailable("transformers backend was closed")
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue[_Item] = asyncio.Queue()
+            stop = threading.Event()
+
+            def emit(item: _Item) -> None:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+            future = loop.run_in_executor(executor, self._decode, request, max_tokens, emit, stop)
+            try:
+                ids: list[int] = []
+                logprobs: list[float] = []
+                finish: str | None = None
+                while finish is None:
+                    item = await queue.get()
+                    items = [item]
+                    while not queue.empty() and len(items) < self._chunk_size:
+                        items.append(queue.get_nowait())
+                    for it in items:
+                        if isinstance(it, BaseException):
+                            raise it
+                        ids.append(it.token_id)
+                        logprobs.append(it.logprob)
+                        finish = it.finish_reason
+                    if request.stream and (len(ids) >= self._chunk_size or finish is not None):
+                        yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
+                        ids, logprobs = [], []
+                if not request.stream:
+                    yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
+            finally:
+                # Stop decoding when the caller goes away, and wait so the next call gets a free model.
+                stop.set()
+                await future
+
+    def _decode(
+        self,
+        request: GenerationRequest,
+        max_tokens: int,
+        emit: Any,
+        stop: threading.Event,
+    ) -> None:
+        try:
+            self._decode_loop(request, max_tokens, emit, stop)
+        except Exception as exc:  # reported to the caller through the queue, never lost in the thread
+            emit(Internal(f"transformers backend failed while decoding: {exc!r}"))
+
+    def _decode_loop(self, request: GenerationRequest, max_tokens: int, emit: Any, stop: threading.Event) -> None:
+        from transformers import DynamicCache
+
+        model = self._model
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device)
+        if request.sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(request.sampling.seed)
+        stops = frozenset(request.stop_token_ids)
+        with torch.inference_mode():
+            inputs = torch.tensor([list(request.prompt_token_ids)], dtype=torch.long, device=device)
+            cache = DynamicCache(config=model.config)
+            for step in range(max_tokens):
+                if stop.is_set():
+                    return
+                out = model(input_ids=inputs, use_cache=True, **{self._cache_arg: cache})
+                token, logprob = sample_next(out.logits[0, -1], request.sampling, generator)
+                finish: str | None = None
+                if token in stops:
+                    finish = "stop"
+                elif step == max_tokens - 1:
+                    finish = "length"
+                emit(_Token(token, logprob, finish))
+                if finish is not None:
+                    return
+                inputs = torch.tensor([[token]], dtype=torch.long, device=device)

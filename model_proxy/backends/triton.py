@@ -1,0 +1,266 @@
+"""Triton Inference Server backend speaking TensorRT-LLM's tensor names over gRPC (``tritonclient.grpc.aio``).
+
+Request tensors (batch of one): ``input_ids`` [1, n], ``input_lengths`` [1, 1], ``request_output_len`` [1, 1],
+``end_id`` and ``pad_id`` [1, 1], ``streaming`` and ``return_log_probs`` [1, 1], and the optional sampling
+tensors ``temperature``, ``runtime_top_k``, ``runtime_top_p`` and ``random_seed`` (names configurable through
+:class:`TritonTensorNames`, e.g. ``top_k``/``top_p`` for an ensemble or BLS model). When a request has more
+than one stop ID, the first is ``end_id`` and all of them go in ``stop_words_list`` [1, 2, n].
+
+Response tensors: ``output_ids`` [1, beam, n], ``sequence_length`` [1, beam], ``output_log_probs``
+[1, beam, n] and ``cum_log_probs`` [1, beam]; beam 0 is used. The server must return the sampled end token
+(configure the model so), and, unless ``output_includes_prompt`` is set, only generated tokens.
+
+A non-decoupled model is called with unary ``ModelInfer``. A decoupled model (``decoupled=True``) is
+called over the bidirectional stream: one response per step when streaming, else a single response.
+A call ends at the first sampled stop ID, at ``max_tokens``, or at a response flagged
+``triton_final_response``, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput, InferResult
+from tritonclient.utils import InferenceServerException
+
+from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.errors import BackendOverloaded, BackendTimeout, BackendUnavailable, MalformedRequest
+from polar_core.errors import Internal, PolarError
+
+__all__ = ["TritonBackend", "TritonTensorNames"]
+
+_RETRY_AFTER_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TritonTensorNames:
+    """Names of the sampling input tensors, which differ between TensorRT-LLM's model flavours."""
+
+    temperature: str = "temperature"
+    top_k: str = "runtime_top_k"
+    top_p: str = "runtime_top_p"
+    seed: str = "random_seed"
+
+
+def _tensor(name: str, array: np.ndarray[Any, Any], datatype: str) -> InferInput:
+    tensor = InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _map_error(exc: InferenceServerException | grpc.RpcError, url: str) -> PolarError:
+    if isinstance(exc, grpc.RpcError):
+        code = str(exc.code()) if hasattr(exc, "code") else ""
+        message = exc.details() if hasattr(exc, "details") else str(exc)
+    else:
+        code = exc.status() or ""
+        message = exc.message()
+    text = f"triton at {url}: {message}"
+    if code.endswith("RESOURCE_EXHAUSTED"):
+        return BackendOverloaded(text, retry_after_s=_RETRY_AFTER_S)
+    if code.endswith("DEADLINE_EXCEEDED"):
+        return BackendTimeout(text)
+    if code.endswith("INVALID_ARGUMENT"):
+        return MalformedRequest(text)
+    # UNAVAILABLE, NOT_FOUND (model not loaded), INTERNAL/UNKNOWN (the server's own failures).
+    return BackendUnavailable(text, retry_after_s=_RETRY_AFTER_S)
+
+
+class TritonBackend:
+    """A Triton server hosting a TensorRT-LLM-style model.
+
+    Attributes:
+        name: ``"triton"``.
+        url: ``host:port`` of the gRPC endpoint.
+    """
+
+    name = "triton"
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        *,
+        decoupled: bool = False,
+        pad_id: int = 0,
+        tensor_names: TritonTensorNames | None = None,
+        output_includes_prompt: bool = False,
+        timeout_s: float | None = 600.0,
+    ) -> None:
+        """Create the backend; :meth:`start` opens the channel.
+
+        Args:
+            url: ``host:port`` of Triton's gRPC endpoint.
+            model_name: The model to call (``tensorrt_llm``, ``ensemble``, ...).
+            decoupled: Whether the model is decoupled (then every call uses the gRPC stream).
+            pad_id: Sent as ``pad_id``.
+            tensor_names: Names of the sampling tensors.
+            output_includes_prompt: Whether ``output_ids`` repeat the prompt (``exclude_input_in_output``
+                off); the prompt is then cut off.
+            timeout_s: Deadline of one call, in seconds.
+        """
+        self.url = url
+        self._model = model_name
+        self._decoupled = decoupled
+        self._pad_id = pad_id
+        self._names = tensor_names or TritonTensorNames()
+        self._output_includes_prompt = output_includes_prompt
+        self._timeout_s = timeout_s
+        self._client: triton_aio.InferenceServerClient | None = None
+
+    async def start(self) -> None:
+        """Open the gRPC channel; idempotent (the server may still be starting: see :meth:`healthy`)."""
+        if self._client is None:
+            self._client = triton_aio.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        """Close the channel; idempotent."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def healthy(self) -> bool:
+        """Whether the server is ready and the model loaded."""
+        if self._client is None:
+            return False
+        try:
+            return bool(await self._client.is_model_ready(self._model, client_timeout=5.0))
+        except (InferenceServerException, grpc.RpcError):
+            return False
+
+    def _inputs(self, request: GenerationRequest, streaming: bool) -> list[InferInput]:
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise MalformedRequest("the prompt has no tokens")
+        max_tokens = request.sampling.max_tokens
+        if max_tokens is None or max_tokens < 1:
+            raise MalformedRequest(f"the triton backend needs max_tokens >= 1, got {max_tokens}")
+        sampling = request.sampling
+        stops = request.stop_token_ids
+        end_id = stops[0] if stops else -1
+
+        def i32(value: int) -> np.ndarray[Any, Any]:
+            return np.array([[value]], dtype=np.int32)
+
+        tensors = [
+            _tensor("input_ids", np.array([prompt], dtype=np.int32), "INT32"),
+            _tensor("input_lengths", i32(len(prompt)), "INT32"),
+            _tensor("request_output_len", i32(max_tokens), "INT32"),
+            _tensor("end_id", i32(end_id), "INT32"),
+            _tensor("pad_id", i32(self._pad_id), "INT32"),
+            _tensor("streaming", np.array([[streaming]], dtype=np.bool_), "BOOL"),
+            _tensor("return_log_probs", np.array([[True]], dtype=np.bool_), "BOOL"),
+            _tensor(self._names.temperature, np.array([[sampling.temperature]], dtype=np.float32), "FP32"),
+        ]
+        if sampling.top_k > 0:
+            tensors.append(_tensor(self._names.top_k, i32(sampling.top_k), "INT32"))
+        if sampling.top_p < 1.0:
+            tensors.append(_tensor(self._names.top_p, np.array([[sampling.top_p]], dtype=np.float32), "FP32"))
+        if sampling.seed is not None:
+            seed = np.array([[sampling.seed]], dtype=np.uint64)
+            tensors.append(_tensor(self._names.seed, seed, "UINT64"))
+        if len(stops) > 1:
+            words = np.array([[list(stops), list(range(1, len(stops) + 1))]], dtype=np.int32)
+            tensors.append(_tensor("stop_words_list", words, "INT32"))
+        return tensors
+
+    def _tokens(self, result: InferResult, prompt_length: int, streaming: bool) -> tuple[list[int], list[float]]:
+        ids_array = result.as_numpy("output_ids")
+        lps_array = result.as_numpy("output_log_probs")
+        if ids_array is None:
+            raise Internal(f"triton at {self.url}: the response has no output_ids")
+        if lps_array is None:
+            raise Internal(f"triton at {self.url}: the response has no output_log_probs (return_log_probs)")
+        ids_row = ids_array.reshape(ids_array.shape[0], -1, ids_array.shape[-1])[0, 0]
+        lps_row = lps_array.reshape(lps_array.shape[0], -1, lps_array.shape[-1])[0, 0]
+        lengths = result.as_numpy("sequence_length")
+        count = len(ids_row)
+        if not streaming and lengths is not None:
+            count = min(count, int(lengths.reshape(-1)[0]))
+        ids = [int(t) for t in ids_row[:count]]
+        if self._output_includes_prompt and not streaming:
+            ids = ids[prompt_length:]
+        logprobs = [float(x) for x in lps_row[: len(ids)]]
+        if len(logprobs) != len(ids):
+            raise Internal(f"triton at {self.url}: {len(ids)} output IDs but {len(logprobs)} log-probabilities")
+        return ids, logprobs
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Sample a response from the model.
+
+        Raises:
+            BackendUnavailable: The server is down, the model not loaded, or the server failed.
+            BackendOverloaded: The server refused for load.
+            BackendTimeout: The call ran past ``timeout_s``.
+            MalformedRequest: The server rejected the inputs, or ``max_tokens`` is unset.
+        """
+        if self._client is None:
+            raise BackendUnavailable(f"triton backend for {self.url} is not started")
+        try:
+            if self._decoupled:
+                async for chunk in self._generate_stream(self._client, request):
+                    yield chunk
+            else:
+                result = await self._client.infer(
+                    self._model,
+                    self._inputs(request, streaming=False),
+                    request_id=request.request_id,
+                    client_timeout=self._timeout_s,
+                )
+                ids, logprobs = self._tokens(result, len(request.prompt_token_ids), streaming=False)
+                yield GenerationChunk(tuple(ids), tuple(logprobs), self._finish(request, ids, True))
+        except (InferenceServerException, grpc.RpcError) as exc:
+            raise _map_error(exc, self.url) from exc
+
+    @staticmethod
+    def _finish(request: GenerationRequest, ids: Sequence[int], final: bool) -> str | None:
+        if ids and ids[-1] in request.stop_token_ids:
+            return "stop"
+        max_tokens = request.sampling.max_tokens or 0
+        if len(ids) >= max_tokens:
+            return "length"
+        # The server ended early without a stop ID (e.g. a stop word it strips): report a stop.
+        return "stop" if final else None
+
+    async def _generate_stream(
+        self, client: triton_aio.InferenceServerClient, request: GenerationRequest
+    ) -> AsyncIterator[GenerationChunk]:
+        done = asyncio.Event()
+        inputs = self._inputs(request, streaming=request.stream)
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self._model, "inputs": inputs, "request_id": request.request_id}
+            # Keep our half of the stream open until the answer is complete.
+            await done.wait()
+
+        responses = client.stream_infer(requests(), stream_timeout=self._timeout_s)
+        sampled: list[int] = []
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise _map_error(error, self.url)
+                response = result.get_response()
+                flag = response.parameters.get("triton_final_response")
+                final = bool(flag is not None and flag.bool_param) or not request.stream
+                if not response.outputs:
+                    if final:
+                        # An empty final response: the server ended without a stop ID or the length.
+                        yield GenerationChunk((), (), "stop")
+                        return
+                    continue
+                ids, logprobs = self._tokens(result, len(request.prompt_token_ids), streaming=request.stream)
+                sampled.extend(ids)
+                finish = self._finish(request, sampled, final)
+                yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
+                if finish is not None:
+                    return
+            raise BackendUnavailable(f"triton at {self.url}: the stream ended before the answer did")
+        finally:
+            done.set()
+            responses.cancel()
