@@ -25,10 +25,21 @@ else
   log "Python packages up to date"
 fi
 
-# System tools for isolated runtimes (bubblewrap). Only when we may install them.
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  log "installing bubblewrap"
-  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends bubblewrap git >/dev/null
+# System tools: bubblewrap (local runtime), Docker engine and debootstrap (docker runtime and its offline
+# test image), git (workspaces, patches). Installed only when missing and when we may install them.
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v git >/dev/null 2>&1 || missing+=(git)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing system packages: ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    log "warning: missing ${missing[*]}; the tests that need them will be skipped"
+  fi
 fi
 
 for extra in scripts/setup_backends.sh scripts/setup_harnesses.sh; do

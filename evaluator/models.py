@@ -1,0 +1,153 @@
+"""Plain dataclasses of the evaluator domain (the servicer converts them to and from protobuf)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any, Self
+
+from polar_core.records import TerminalStatus, Trace
+
+__all__ = [
+    "AgentStatus",
+    "Artifacts",
+    "EvaluationResult",
+    "EvaluatorSpec",
+    "PrepareParams",
+    "TestOutcome",
+    "TestStatus",
+]
+
+
+class AgentStatus(enum.StrEnum):
+    """How the agent run ended, as the gateway saw it."""
+
+    COMPLETED = "completed"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class TestStatus(enum.StrEnum):
+    """The result of one test."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    MISSING = "missing"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvaluatorSpec:
+    """The task file's ``evaluator`` table: ``strategy`` plus strategy options."""
+
+    strategy: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrepareParams:
+    """What Prepare needs.
+
+    Attributes:
+        spec: The evaluator spec.
+        task_id: For logs.
+        session_id: For logs.
+        repository_snapshot: Host path of the repository to evaluate in; overrides ``options["repo"]``.
+        image: Container image; non-empty selects the Docker runtime.
+        metadata: The task's metadata.
+        request_id: Makes Prepare idempotent; empty means every call prepares anew.
+    """
+
+    spec: EvaluatorSpec
+    task_id: str = ""
+    session_id: str = ""
+    repository_snapshot: str = ""
+    image: str = ""
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    request_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Artifacts:
+    """What the agent produced.
+
+    Attributes:
+        patch: The agent's change in git diff format; ``None`` or empty when it changed nothing.
+        files: Files the agent produced, by path relative to the repository root.
+        agent_status: How the agent run ended.
+        traces: The session's traces, for evaluators that score traces individually.
+    """
+
+    patch: bytes | None = None
+    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    agent_status: AgentStatus = AgentStatus.COMPLETED
+    traces: tuple[Trace, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TestOutcome:
+    """One test's result."""
+
+    __test__ = False
+
+    test_id: str
+    status: TestStatus
+    duration_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvaluationResult:
+    """The score of one evaluation.
+
+    Attributes:
+        reward: The session's reward.
+        status: The terminal status (separate from the reward).
+        test_outcomes: Per-test results, when the strategy runs tests.
+        trace_rewards: Per-trace rewards indexed by ``trace_index``; empty for a session-level reward.
+        log_ref: Path of the evaluation log.
+        error_message: Why the evaluation failed, when it did.
+        duration_s: How long it ran.
+    """
+
+    reward: float
+    status: TerminalStatus
+    test_outcomes: tuple[TestOutcome, ...] = ()
+    trace_rewards: tuple[float, ...] = ()
+    log_ref: str = ""
+    error_message: str = ""
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (for the stored result)."""
+        return {
+            "reward": self.reward,
+            "status": self.status.value,
+            "test_outcomes": [
+                {"test_id": t.test_id, "status": t.status.value, "duration_s": t.duration_s} for t in self.test_outcomes
+            ],
+            "trace_rewards": list(self.trace_rewards),
+            "log_ref": self.log_ref,
+            "error_message": self.error_message,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            reward=float(data["reward"]),
+            status=TerminalStatus(data["status"]),
+            test_outcomes=tuple(
+                TestOutcome(t["test_id"], TestStatus(t["status"]), float(t["duration_s"]))
+                for t in data.get("test_outcomes", [])
+            ),
+            trace_rewards=tuple(float(r) for r in data.get("trace_rewards", [])),
+            log_ref=str(data.get("log_ref", "")),
+            error_message=str(data.get("error_message", "")),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )

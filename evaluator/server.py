@@ -1,0 +1,64 @@
+"""gRPC server of the EvaluatorService."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
+
+from evaluator.service import EvaluatorService
+from evaluator.servicer import EvaluatorServicer
+from evaluator.settings import EvaluatorSettings
+from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.tracing import create_tracer_provider
+
+__all__ = ["create_server", "main"]
+
+_SERVICE = evaluator_service_pb2.DESCRIPTOR.services_by_name["EvaluatorService"]
+
+
+class _ClosingServer:
+    """Stops the gRPC server, then releases the evaluator's runtimes."""
+
+    def __init__(self, server: grpc.aio.Server, service: EvaluatorService) -> None:
+        self._server = server
+        self._service = service
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._server, name)
+
+    async def stop(self, grace: float | None) -> None:
+        await self._server.stop(grace)
+        await self._service.close()
+
+
+async def create_server(
+    settings: EvaluatorSettings, *, tracer_provider: TracerProvider | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Start the EvaluatorService on ``settings.host:settings.port`` (0 picks a port) and return it.
+
+    Stopping the returned server also releases every runtime the evaluator still holds.
+    """
+    service = EvaluatorService(settings)
+    servicer = EvaluatorServicer(service)
+    registration = ServiceRegistration(
+        _SERVICE.full_name,
+        lambda server: evaluator_service_pb2_grpc.add_EvaluatorServiceServicer_to_server(servicer, server),
+    )
+    server, port = await start_grpc_server(
+        [registration],
+        host=settings.host,
+        port=settings.port,
+        tracer_provider=tracer_provider,
+        auth_token=settings.auth_token,
+    )
+    return _ClosingServer(server, service), port  # type: ignore[return-value]
+
+
+def main() -> None:
+    """Run the EvaluatorService until SIGTERM."""
+    settings = EvaluatorSettings.load()
+    provider = create_tracer_provider("evaluator")
+    asyncio.run(run_until_signal(lambda: create_server(settings, tracer_provider=provider), name="evaluator"))

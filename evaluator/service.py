@@ -1,0 +1,273 @@
+"""The evaluator's domain service: Prepare, Evaluate, Release (no gRPC here; see ``servicer.py``).
+
+Every evaluation gets a handle and a directory ``<state_dir>/evaluations/<handle>/`` holding its log
+(``eval.log``, the ``log_ref``), its JUnit report and its result (``result.json``). A stored result is
+returned by every later Evaluate of that handle, even after Release or a restart, so an evaluation never
+runs twice. Runtimes are single-use: the one Prepare started is stopped as soon as its evaluation ends.
+
+Status rules (docs/evaluator.md): exceptions from runtimes or strategies are ``infra_error``; running past
+the deadline is ``eval_timeout``; Release during an evaluation is ``cancelled``; when the agent timed out,
+its patch is still evaluated and a ``resolved``/``unresolved`` verdict is reported as ``agent_timeout``
+with the reward the evaluation gave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from evaluator.errors import HandleNotFound
+from evaluator.evallog import EvalLog
+from evaluator.models import AgentStatus, Artifacts, EvaluationResult, PrepareParams
+from evaluator.settings import EvaluatorSettings
+from evaluator.strategies import EvalContext, EvalTimeout, Strategy, build_strategy
+from evaluator.strategies.base import opt_float
+from polar_core.errors import PolarError, Unavailable
+from polar_core.records import TerminalStatus
+from runtimes import DefaultRuntimeFactory, Runtime, RuntimeCancelled, RuntimeFactory, RuntimeKind, RuntimeSpec
+
+__all__ = ["EvaluatorService"]
+
+_log = logging.getLogger(__name__)
+
+# Beyond the evaluation's own deadline, how long the backstop waits for a strategy to notice it.
+_BACKSTOP_GRACE_S = 30.0
+# How long Release waits for a cancelled evaluation to wind down before cancelling its task outright.
+_RELEASE_WAIT_S = 30.0
+
+
+@dataclasses.dataclass
+class _Entry:
+    strategy: Strategy
+    ctx: EvalContext
+    task: asyncio.Task[EvaluationResult] | None = None
+    released: bool = False
+
+
+class EvaluatorService:
+    """Prepares clean runtimes and scores artifacts in them.
+
+    Args:
+        settings: The evaluator's settings.
+        runtime_factory: Builds runtimes; default: local/docker/apptainer from the spec.
+    """
+
+    def __init__(self, settings: EvaluatorSettings, *, runtime_factory: RuntimeFactory | None = None) -> None:
+        self._settings = settings
+        self._factory = runtime_factory or DefaultRuntimeFactory(base_dir=settings.runtimes_dir)
+        self._entries: dict[str, _Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.evaluations_run = 0
+        """How many evaluations actually ran (stored results returned again do not count)."""
+
+    # -- Prepare -----------------------------------------------------------------------------------------
+
+    async def prepare(self, params: PrepareParams) -> str:
+        """Build the evaluation environment; return its handle. Idempotent by ``params.request_id``.
+
+        Raises:
+            InvalidArgument: Unknown strategy or malformed options.
+            Unavailable: The runtime could not be started or set up in time.
+        """
+        if params.request_id:
+            handle = "ev-" + hashlib.sha256(params.request_id.encode()).hexdigest()[:24]
+        else:
+            handle = "ev-" + uuid.uuid4().hex[:24]
+        lock = self._locks.setdefault(handle, asyncio.Lock())
+        async with lock:
+            if handle in self._entries or self._result_path(handle).exists():
+                return handle
+            strategy = build_strategy(params.spec)
+            runtime = None
+            if strategy.needs_runtime:
+                runtime = self._factory.create(self._runtime_spec(params), session_id=f"eval-{handle}")
+            ctx = self._context(handle, params, runtime)
+            ctx.deadline = time.monotonic() + self._settings.prepare_timeout_s
+            ctx.log.write("prepare", f"task={params.task_id} session={params.session_id} "
+                          f"strategy={params.spec.strategy}")  # fmt: skip
+            try:
+                if runtime is not None:
+                    await runtime.start()
+                await strategy.prepare(ctx)
+            except BaseException as exc:
+                ctx.log.write("prepare failed", repr(exc))
+                if runtime is not None:
+                    await asyncio.shield(runtime.stop())
+                if isinstance(exc, EvalTimeout):
+                    raise Unavailable("preparing the evaluation timed out", retry_after_s=5.0) from None
+                raise
+            self._entries[handle] = _Entry(strategy=strategy, ctx=ctx)
+        return handle
+
+    def _runtime_spec(self, params: PrepareParams) -> RuntimeSpec:
+        table: dict[str, Any] = dict(params.spec.options.get("runtime") or {})
+        if params.image:
+            table.setdefault("kind", RuntimeKind.DOCKER.value)
+            table["image"] = params.image
+        defaults: dict[str, Any] = {
+            "isolation": self._settings.local_isolation,
+            "docker_host": self._settings.docker_host or None,
+            "memory_limit": self._settings.docker_memory_limit,
+            "pids_limit": self._settings.docker_pids_limit,
+        }
+        return RuntimeSpec.from_mapping(table, **defaults)
+
+    def _context(self, handle: str, params: PrepareParams, runtime: Runtime | None) -> EvalContext:
+        workdir = self._settings.evaluations_dir / handle
+        python = params.spec.options.get("python")
+        if not isinstance(python, str) or not python:
+            local = runtime is None or self._runtime_spec(params).kind is RuntimeKind.LOCAL
+            python = self._settings.local_python if local else self._settings.container_python
+        return EvalContext(
+            handle=handle,
+            params=params,
+            options=params.spec.options,
+            runtime=runtime,
+            log=EvalLog(workdir / "eval.log"),
+            workdir=workdir,
+            python=python,
+        )
+
+    # -- Evaluate ----------------------------------------------------------------------------------------
+
+    async def evaluate(self, handle: str, artifacts: Artifacts, *, timeout_s: float | None = None) -> EvaluationResult:
+        """Score ``artifacts`` in the prepared environment; a repeated call returns the first result.
+
+        Raises:
+            HandleNotFound: The handle was never prepared (or was released before any evaluation).
+        """
+        stored = self._load_result(handle)
+        if stored is not None:
+            return stored
+        entry = self._entries.get(handle)
+        if entry is None:
+            raise HandleNotFound(f"no prepared evaluation {handle!r}", details={"handle": handle})
+        if entry.task is None:
+            entry.task = asyncio.create_task(self._run(handle, entry, artifacts, timeout_s))
+        # Shielded: a caller that goes away must not cancel an evaluation another caller may await.
+        return await asyncio.shield(entry.task)
+
+    def _timeout(self, entry: _Entry, timeout_s: float | None) -> float:
+        if timeout_s is not None and timeout_s > 0:
+            return timeout_s
+        from_task = opt_float(entry.ctx.options, "timeout_seconds", None)
+        return from_task if from_task else self._settings.default_timeout_s
+
+    async def _run(self, handle: str, entry: _Entry, artifacts: Artifacts, timeout_s: float | None) -> EvaluationResult:
+        ctx = entry.ctx
+        self.evaluations_run += 1
+        started = time.monotonic()
+        timeout = self._timeout(entry, timeout_s)
+        ctx.deadline = started + timeout
+        ctx.log.write("evaluate", f"agent_status={artifacts.agent_status.value} timeout={timeout:.0f}s "
+                      f"patch_bytes={len(artifacts.patch or b'')}")  # fmt: skip
+        try:
+            result = await self._score(entry, artifacts, timeout)
+        finally:
+            if ctx.runtime is not None:
+                await asyncio.shield(ctx.runtime.stop())
+        result = _apply_agent_status(result, artifacts.agent_status)
+        result = dataclasses.replace(
+            result, log_ref=str(ctx.log.path.absolute()), duration_s=time.monotonic() - started
+        )
+        ctx.log.write(f"result: {result.status.value} reward={result.reward}", result.error_message)
+        self._store_result(handle, result)
+        return result
+
+    async def _score(self, entry: _Entry, artifacts: Artifacts, limit_s: float) -> EvaluationResult:
+        if artifacts.agent_status is AgentStatus.CANCELLED:
+            return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message="the agent run was cancelled")
+        try:
+            async with asyncio.timeout(limit_s + _BACKSTOP_GRACE_S):
+                return await entry.strategy.evaluate(entry.ctx, artifacts)
+        except (EvalTimeout, TimeoutError) as exc:
+            return EvaluationResult(0.0, TerminalStatus.EVAL_TIMEOUT, error_message=str(exc) or "timed out")
+        except RuntimeCancelled as exc:
+            return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message=exc.message)
+        except asyncio.CancelledError:
+            if not entry.released:
+                raise
+            return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message="released while evaluating")
+        except PolarError as exc:
+            if entry.released:
+                return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message="released while evaluating")
+            entry.ctx.log.write("infrastructure error", f"{type(exc).__name__}: {exc.message}")
+            return EvaluationResult(0.0, TerminalStatus.INFRA_ERROR, error_message=exc.message)
+        except Exception as exc:
+            # An evaluator crash (ours or a custom evaluator's) is never the model's failure.
+            _log.exception("evaluation %s crashed", entry.ctx.handle)
+            entry.ctx.log.write("evaluator crashed", f"{type(exc).__name__}: {exc}")
+            return EvaluationResult(0.0, TerminalStatus.INFRA_ERROR, error_message=f"evaluator crashed: {exc!r}")
+
+    # -- Release -----------------------------------------------------------------------------------------
+
+    async def release(self, handle: str) -> bool:
+        """Free a prepared environment, cancelling an evaluation in progress. Idempotent.
+
+        Returns:
+            Whether the handle was live.
+        """
+        entry = self._entries.pop(handle, None)
+        self._locks.pop(handle, None)
+        if entry is None:
+            return False
+        entry.released = True
+        runtime = entry.ctx.runtime
+        if entry.task is not None and not entry.task.done():
+            # Cancelling the runtime makes the evaluation end on its own with a cancelled result, which is
+            # stored; cancelling the task is for strategies without a runtime or ones that do not notice.
+            if runtime is not None:
+                await runtime.cancel()
+                await asyncio.wait([entry.task], timeout=_RELEASE_WAIT_S)
+            if not entry.task.done():
+                entry.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await entry.task
+        elif runtime is not None:
+            await runtime.stop()
+        return True
+
+    async def close(self) -> None:
+        """Release every live handle (on shutdown)."""
+        for handle in list(self._entries):
+            await self.release(handle)
+
+    # -- Stored results ----------------------------------------------------------------------------------
+
+    def _result_path(self, handle: str) -> Path:
+        return self._settings.evaluations_dir / handle / "result.json"
+
+    def _load_result(self, handle: str) -> EvaluationResult | None:
+        if "/" in handle or handle in ("", ".", ".."):
+            raise HandleNotFound(f"no prepared evaluation {handle!r}")
+        path = self._result_path(handle)
+        try:
+            return EvaluationResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+
+    def _store_result(self, handle: str, result: EvaluationResult) -> None:
+        path = self._result_path(handle)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
+        tmp.replace(path)
+
+
+def _apply_agent_status(result: EvaluationResult, agent_status: AgentStatus) -> EvaluationResult:
+    # A timed-out agent's patch is still judged; the verdict becomes agent_timeout, the reward is kept.
+    # Evaluation-side statuses (invalid_patch, eval_timeout, infra_error, cancelled) say more and stay.
+    if agent_status is AgentStatus.TIMEOUT and result.status in (
+        TerminalStatus.RESOLVED,
+        TerminalStatus.UNRESOLVED,
+    ):
+        return dataclasses.replace(result, status=TerminalStatus.AGENT_TIMEOUT)
+    return result

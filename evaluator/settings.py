@@ -1,0 +1,53 @@
+"""Evaluator settings (``POLAR_EVALUATOR_*`` environment variables, ``[evaluator]`` TOML table)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from polar_core.settings import ServiceSettings
+
+__all__ = ["EvaluatorSettings"]
+
+
+class EvaluatorSettings(ServiceSettings):
+    """Settings of the evaluator service.
+
+    Attributes:
+        default_timeout_s: Evaluation time limit when neither the request nor the task sets one.
+        prepare_timeout_s: Time limit of Prepare (runtime start and repository snapshot).
+        runtime_dir: Parent of local session directories; default ``<state_dir>/runtimes``.
+        local_isolation: Local runtime isolation: ``auto``, ``bwrap``, ``unshare`` or ``none``.
+        local_python: The Python that runs tests in the local runtime (needs pytest); default: this one.
+        container_python: The Python command inside container images.
+        docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
+        docker_memory_limit: Memory limit of evaluation containers.
+        docker_pids_limit: Process limit of evaluation containers.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="POLAR_EVALUATOR_", frozen=True, extra="forbid")
+    toml_table: ClassVar[str] = "evaluator"
+
+    default_timeout_s: float = Field(default=1800.0, gt=0)
+    prepare_timeout_s: float = Field(default=600.0, gt=0)
+    runtime_dir: Path | None = None
+    local_isolation: str = "auto"
+    local_python: str = sys.executable
+    container_python: str = "python3"
+    docker_host: str = ""
+    docker_memory_limit: str = "4g"
+    docker_pids_limit: int = 1024
+
+    @property
+    def evaluations_dir(self) -> Path:
+        """Where results and logs of evaluations are kept."""
+        return self.state_dir / "evaluations"
+
+    @property
+    def runtimes_dir(self) -> Path:
+        """Parent of local session directories."""
+        return self.runtime_dir or self.state_dir / "runtimes"

@@ -1,0 +1,103 @@
+"""The evaluator's core cases in the Docker runtime (private dockerd; skipped when absent)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluator import Artifacts, EvaluatorService, EvaluatorSettings, EvaluatorSpec, PrepareParams, TestStatus
+from evaluator.testing import example_spec, make_patch
+from polar_core.records import TerminalStatus
+from runtimes import DefaultRuntimeFactory
+from runtimes.docker import LABEL_MANAGED
+from runtimes.docker_testing import ensure_python_image, start_private_dockerd
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def docker_env():
+    daemon = start_private_dockerd()
+    if daemon is None:
+        pytest.skip("no dockerd here")
+    client = daemon.client()
+    image = ensure_python_image(client, Path.home() / ".cache" / "polar" / "images")
+    if image is None:
+        daemon.stop()
+        pytest.skip("cannot build the test image here")
+    yield client, image
+    client.close()
+    daemon.stop()
+
+
+@pytest.fixture
+async def service(tmp_path: Path, docker_env):
+    client, _ = docker_env
+    factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=client)
+    svc = EvaluatorService(EvaluatorSettings(state_dir=tmp_path / "state"), runtime_factory=factory)
+    yield svc
+    await svc.close()
+    assert client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}) == []
+
+
+async def _evaluate(svc, image: str, spec: EvaluatorSpec, artifacts: Artifacts, **kw):
+    handle = await svc.prepare(PrepareParams(spec=spec, image=image, session_id="s"))
+    return handle, await svc.evaluate(handle, artifacts, **kw)
+
+
+async def test_reference_fix_resolves_and_repeat_is_stored(service, docker_env) -> None:
+    _, image = docker_env
+    spec, fix = example_spec("deep_merge")
+    handle, result = await _evaluate(service, image, spec, Artifacts(patch=fix))
+    assert result.status is TerminalStatus.RESOLVED, result.error_message
+    assert all(o.status is TestStatus.PASSED for o in result.test_outcomes)
+    assert await service.evaluate(handle, Artifacts(patch=b"junk")) == result
+    assert service.evaluations_run == 1
+
+
+async def test_breaking_and_test_editing_patches_are_unresolved(service, docker_env) -> None:
+    _, image = docker_env
+    spec, _ = example_spec("kv_parser")
+    repo = Path(spec.options["repo"])
+    source = (repo / "kvparse.py").read_text()
+    tests = (repo / "tests" / "test_kvparse.py").read_text()
+    breaking = make_patch(repo, {"kvparse.py": source.replace("key.strip()] = value.strip()", "key] = value")})
+    _, result = await _evaluate(service, image, spec, Artifacts(patch=breaking))
+    assert result.status is TerminalStatus.UNRESOLVED
+    cheating = make_patch(repo, {"tests/test_kvparse.py": tests.replace('"abc=="', '"abc"')})
+    _, result = await _evaluate(service, image, spec, Artifacts(patch=cheating))
+    assert result.status is TerminalStatus.UNRESOLVED
+    failed = {o.test_id for o in result.test_outcomes if o.status is not TestStatus.PASSED}
+    assert failed == {"tests/test_kvparse.py::test_value_containing_equals"}
+
+
+async def test_garbage_patch_is_invalid(service, docker_env) -> None:
+    _, image = docker_env
+    spec, _ = example_spec("intervals")
+    _, result = await _evaluate(service, image, spec, Artifacts(patch=b"--- a/x\n+++ b/x\n@@ garbage\n"))
+    assert result.status is TerminalStatus.INVALID_PATCH
+
+
+async def test_killed_container_is_infra_error(service, docker_env) -> None:
+    client, image = docker_env
+    spec, fix = example_spec("paginate")
+    handle = await service.prepare(PrepareParams(spec=spec, image=image, session_id="s"))
+    (container,) = client.containers.list(filters={"label": f"{LABEL_MANAGED}=true"})
+    container.kill()
+    result = await service.evaluate(handle, Artifacts(patch=fix))
+    assert result.status is TerminalStatus.INFRA_ERROR
+
+
+async def test_hanging_test_is_eval_timeout(service, docker_env, tmp_path: Path) -> None:
+    _, image = docker_env
+    repo = tmp_path / "hang"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    (repo / "tests" / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(1000)\n")
+    spec = EvaluatorSpec("swe", {"repo": str(repo), "fail_to_pass": ["tests/test_hang.py::test_hang"]})
+    started = time.monotonic()
+    _, result = await _evaluate(service, image, spec, Artifacts(), timeout_s=5.0)
+    assert result.status is TerminalStatus.EVAL_TIMEOUT
+    assert time.monotonic() - started < 40

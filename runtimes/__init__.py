@@ -1,0 +1,29 @@
+"""Runtimes: sandboxes with a session directory, in which harnesses run and evaluators score.
+
+See docs/runtimes.md. Implementations: :class:`runtimes.local.LocalRuntime` (bubblewrap),
+:class:`runtimes.docker.DockerRuntime`, :class:`runtimes.apptainer.ApptainerRuntime` (unverified).
+"""
+
+from __future__ import annotations
+
+from runtimes.base import ExecResult, Runtime, resolve_in_root
+from runtimes.errors import PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.factory import DefaultRuntimeFactory, RuntimeFactory, create_runtime
+from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
+
+__all__ = [
+    "DefaultRuntimeFactory",
+    "ExecResult",
+    "Isolation",
+    "NetworkMode",
+    "PathEscapesSession",
+    "Runtime",
+    "RuntimeCancelled",
+    "RuntimeDied",
+    "RuntimeFactory",
+    "RuntimeKind",
+    "RuntimeNotStarted",
+    "RuntimeSpec",
+    "create_runtime",
+    "resolve_in_root",
+]

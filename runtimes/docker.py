@@ -1,0 +1,330 @@
+"""The Docker runtime: one container per session, driven through the Docker SDK.
+
+Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
+memory and pids limits, and labels that name their owner, so :func:`reap_orphaned_containers` can remove
+containers whose owning process died. ``cancel`` and ``stop`` remove the container (``force``).
+Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
+process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import io
+import logging
+import os
+import socket
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker
+import docker.errors
+
+from polar_core.errors import NotFound
+from runtimes.base import ExecResult, resolve_in_root
+from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.spec import NetworkMode, RuntimeSpec
+
+__all__ = ["LABEL_MANAGED", "DockerRuntime", "reap_orphaned_containers"]
+
+_log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "polar.managed"
+_LABEL_SESSION = "polar.session"
+_LABEL_HOST = "polar.owner_host"
+_LABEL_PID = "polar.owner_pid"
+# Extra seconds docker exec may take beyond the command's own timeout before the container is presumed hung.
+_EXEC_GRACE_S = 30.0
+_TIMEOUT_EXIT_CODES = (124, 137)
+
+
+def _owner_labels(session_id: str) -> dict[str, str]:
+    return {
+        LABEL_MANAGED: "true",
+        _LABEL_SESSION: session_id,
+        _LABEL_HOST: socket.gethostname(),
+        _LABEL_PID: str(os.getpid()),
+    }
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphaned_containers(client: Any, *, all_owners: bool = False) -> list[str]:
+    """Remove Polar containers whose owning process on this host is gone (or all of them).
+
+    Args:
+        client: A ``docker.DockerClient``.
+        all_owners: Remove every Polar-managed container on this host, owner alive or not.
+
+    Returns:
+        The names of the removed containers.
+    """
+    removed: list[str] = []
+    host = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+        labels = container.labels
+        if labels.get(_LABEL_HOST) != host:
+            continue
+        pid = int(labels.get(_LABEL_PID, "0") or 0)
+        if all_owners or not _pid_alive(pid):
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                continue
+            removed.append(container.name)
+    return removed
+
+
+def _tar_of(src: Path | bytes, name: str, exclude: Sequence[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if isinstance(src, bytes):
+            info = tarfile.TarInfo(name)
+            info.size = len(src)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(src))
+        else:
+
+            def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+                base = PurePosixPath(info.name).name
+                return None if any(fnmatch.fnmatch(base, pat) for pat in exclude) else info
+
+            tar.add(str(src), arcname=name, filter=keep)
+    return buf.getvalue()
+
+
+class DockerRuntime:
+    """A container per session.
+
+    Args:
+        spec: The runtime spec (``kind`` docker, ``image`` set).
+        session_id: The session; it names the container (``polar-<session_id>``) and labels it.
+        client: A ``docker.DockerClient``; built from ``spec.docker_host`` when omitted.
+    """
+
+    def __init__(self, spec: RuntimeSpec, *, session_id: str, client: Any | None = None) -> None:
+        self._spec = spec
+        self._session_id = session_id
+        self._client = client
+        self._container: Any | None = None
+        self._cancelled = False
+        self._root = PurePosixPath(spec.container_root)
+
+    @property
+    def session_id(self) -> str:
+        """The id of the session this runtime belongs to."""
+        return self._session_id
+
+    @property
+    def root(self) -> PurePosixPath:
+        """The session directory inside the container."""
+        return self._root
+
+    @property
+    def container_id(self) -> str | None:
+        """The container's id once started."""
+        return None if self._container is None else str(self._container.id)
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            self._client = (
+                docker.DockerClient(base_url=self._spec.docker_host) if self._spec.docker_host else docker.from_env()
+            )
+        return self._client
+
+    async def start(self) -> None:
+        """Create and start the container, and the session directory in it."""
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled")
+        if self._container is not None:
+            return
+        self._container = await asyncio.to_thread(self._run_container)
+        dirs = [str(self._root / "home"), str(self._root / "tmp")]
+        result = await self._exec_in(self._live(), ["mkdir", "-p", *dirs], "/", None, 60.0)
+        if not result.ok:
+            raise RuntimeDied(f"cannot create the session directory in the container: {result.stderr}")
+
+    def _run_container(self) -> Any:
+        network = "host" if self._spec.network is NetworkMode.HOST else "none"
+        kwargs: dict[str, Any] = {
+            "command": ["sleep", "infinity"],
+            "detach": True,
+            "init": True,
+            "name": f"polar-{self._session_id}",
+            "labels": _owner_labels(self._session_id),
+            "network_mode": network,
+            "mem_limit": self._spec.memory_limit,
+            "pids_limit": self._spec.pids_limit,
+            "working_dir": "/",
+        }
+        if self._spec.cpus is not None:
+            kwargs["nano_cpus"] = int(self._spec.cpus * 1e9)
+        if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
+            # The container has no network; the proxy's Unix socket is its only way out.
+            kwargs["volumes"] = {str(self._spec.proxy_socket): {"bind": "/polar/proxy.sock", "mode": "rw"}}
+        try:
+            return self._docker().containers.run(self._spec.image, **kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise NotFound(f"image {self._spec.image!r} not found: {exc}") from None
+        except docker.errors.DockerException as exc:
+            raise RuntimeDied(f"cannot start a container from {self._spec.image!r}: {exc}") from None
+
+    async def stop(self) -> None:
+        """Remove the container. Idempotent."""
+        container, self._container = self._container, None
+        if container is not None:
+            await asyncio.to_thread(_remove, container)
+
+    async def cancel(self) -> None:
+        """Remove the container; in-flight and later calls raise RuntimeCancelled."""
+        self._cancelled = True
+        await self.stop()
+
+    def _live(self) -> Any:
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled")
+        if self._container is None:
+            raise RuntimeNotStarted(f"runtime {self._session_id} is not running")
+        return self._container
+
+    def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = {
+            "HOME": str(self._root / "home"),
+            "TMPDIR": str(self._root / "tmp"),
+            "LANG": "C.UTF-8",
+            "POLAR_SESSION_DIR": str(self._root),
+        }
+        merged.update(self._spec.env)
+        merged.update(env or {})
+        return merged
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | PurePosixPath | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
+    ) -> ExecResult:
+        """Run a command in the container; see :meth:`runtimes.base.Runtime.exec`."""
+        container = self._live()
+        workdir = str(resolve_in_root(self._root, cwd)) if cwd is not None else str(self._root)
+        return await self._exec_in(container, argv, workdir, env, timeout)
+
+    async def _exec_in(
+        self,
+        container: Any,
+        argv: Sequence[str],
+        workdir: str,
+        env: Mapping[str, str] | None,
+        timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
+    ) -> ExecResult:
+        wrapped = ["timeout", "-k", "5", f"{timeout:.3f}", *argv]
+        started = time.monotonic()
+        try:
+            exit_code, (out, err) = await asyncio.wait_for(
+                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self._environment(env)),
+                timeout + _EXEC_GRACE_S,
+            )
+        except TimeoutError:
+            await self.stop()
+            raise RuntimeDied(f"docker exec hung past its timeout in {self._session_id}") from None
+        except docker.errors.DockerException as exc:
+            self._raise_if_cancelled()
+            raise RuntimeDied(f"docker exec failed in {self._session_id}: {exc}") from None
+        duration = time.monotonic() - started
+        self._raise_if_cancelled()
+        if exit_code is None or not await asyncio.to_thread(_running, container):
+            raise RuntimeDied(f"container of {self._session_id} died while a command ran")
+        timed_out = exit_code in _TIMEOUT_EXIT_CODES and duration >= timeout - 0.5
+        return ExecResult(
+            exit_code=int(exit_code),
+            stdout=(out or b"").decode("utf-8", errors="replace"),
+            stderr=(err or b"").decode("utf-8", errors="replace"),
+            timed_out=timed_out,
+            duration_s=duration,
+        )
+
+    @staticmethod
+    def _exec_blocking(
+        container: Any, argv: list[str], workdir: str, env: dict[str, str]
+    ) -> tuple[int | None, tuple[bytes | None, bytes | None]]:
+        result = container.exec_run(argv, workdir=workdir, environment=env, demux=True)
+        return result.exit_code, result.output
+
+    def _raise_if_cancelled(self) -> None:
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled while a command ran")
+
+    async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
+        """Copy a host file/directory or bytes below the session directory (``put_archive``)."""
+        container = self._live()
+        target = resolve_in_root(self._root, dest)
+        mkdir = await self.exec(["mkdir", "-p", str(target.parent)], timeout=60.0)
+        if not mkdir.ok:
+            raise RuntimeDied(f"cannot create {target.parent} in the container: {mkdir.stderr}")
+        data = await asyncio.to_thread(_tar_of, src, target.name, tuple(exclude))
+        try:
+            ok = await asyncio.to_thread(container.put_archive, str(target.parent), data)
+        except docker.errors.DockerException as exc:
+            self._raise_if_cancelled()
+            raise RuntimeDied(f"upload to {target} failed: {exc}") from None
+        if not ok:
+            raise RuntimeDied(f"upload to {target} failed")
+
+    async def download(self, src: str | PurePosixPath) -> bytes:
+        """Read a regular file below the session directory (``get_archive``)."""
+        container = self._live()
+        source = resolve_in_root(self._root, src)
+        try:
+            data = await asyncio.to_thread(_get_file, container, str(source))
+        except docker.errors.NotFound:
+            raise NotFound(f"no file {source} in the container") from None
+        except docker.errors.DockerException as exc:
+            self._raise_if_cancelled()
+            raise RuntimeDied(f"download of {source} failed: {exc}") from None
+        if data is None:
+            raise NotFound(f"{source} is not a regular file")
+        return data
+
+
+def _get_file(container: Any, path: str) -> bytes | None:
+    stream, _stat = container.get_archive(path)
+    buf = io.BytesIO(b"".join(stream))
+    with tarfile.open(fileobj=buf, mode="r") as tar:
+        member = tar.next()
+        if member is None or not member.isfile():
+            return None
+        fh = tar.extractfile(member)
+        return None if fh is None else fh.read()
+
+
+def _running(container: Any) -> bool:
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return bool(container.status == "running")
+
+
+def _remove(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        # "removal already in progress" is fine; anything else is worth a log line, not a crash on cleanup.
+        _log.warning("cannot remove container %s: %s", container.name, exc)

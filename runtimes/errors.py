@@ -1,0 +1,35 @@
+"""Errors raised by runtimes.
+
+Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them without knowing runtimes)::
+
+    polar_core.errors.InvalidArgument
+    └── PathEscapesSession      a path leaves the session directory
+    polar_core.errors.FailedPrecondition
+    └── RuntimeNotStarted       exec/upload/download before start() or after stop()
+    polar_core.errors.Unavailable
+    └── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
+    polar_core.errors.Cancelled
+    └── RuntimeCancelled        cancel() was called; in-flight and later calls raise this
+"""
+
+from __future__ import annotations
+
+from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
+
+__all__ = ["PathEscapesSession", "RuntimeCancelled", "RuntimeDied", "RuntimeNotStarted"]
+
+
+class PathEscapesSession(InvalidArgument):
+    """A path given to upload or download resolves outside the session directory."""
+
+
+class RuntimeNotStarted(FailedPrecondition):
+    """The runtime is not running (never started, or stopped)."""
+
+
+class RuntimeDied(Unavailable):
+    """The runtime stopped working underneath its owner; an infrastructure failure, never a model failure."""
+
+
+class RuntimeCancelled(Cancelled):
+    """The runtime was cancelled."""

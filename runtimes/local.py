@@ -1,0 +1,256 @@
+"""The local runtime: a per-session directory on the host, commands isolated with bubblewrap.
+
+Isolation, strongest first (``isolation: auto`` picks the first that works on this machine):
+
+* ``bwrap`` — ``bwrap --unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces (loopback
+  only), a read-only view of the system directories and the Python in use, and the session directory as
+  the only writable place besides a private ``/tmp``. Host files outside those (other sessions, the task's
+  reference fix, credentials under ``/root``) are not visible.
+* ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
+  the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
+* ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
+
+Every command gets a clean environment: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``, a fixed ``PATH``,
+plus the spec's and the caller's variables. Nothing from the host environment leaks in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path, PurePosixPath
+
+from runtimes._hostdir import HostSessionDir
+from runtimes._process import run_process
+from runtimes.base import ExecResult
+from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
+
+__all__ = ["LocalRuntime", "detect_isolation"]
+
+_log = logging.getLogger(__name__)
+
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+_FORWARDER = ".polar/forwarder.py"
+_PROXY_SOCKET = ".polar/proxy.sock"
+
+
+async def _probe(argv: Sequence[str]) -> bool:
+    try:
+        result = await run_process(argv, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=10.0)
+    except OSError:
+        return False
+    return result.ok
+
+
+async def detect_isolation() -> Isolation:
+    """Return the strongest isolation that works on this machine (probing with ``true``)."""
+    if shutil.which("bwrap") and await _probe(
+        ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    ):
+        return Isolation.BWRAP
+    if shutil.which("unshare") and await _probe(
+        ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "true"]
+    ):
+        return Isolation.UNSHARE
+    return Isolation.NONE
+
+
+class LocalRuntime:
+    """A session directory under ``base_dir`` with commands run in a bubblewrap (or weaker) sandbox.
+
+    Args:
+        spec: The runtime spec (``kind`` local).
+        session_id: Names the session directory (``base_dir/session_id``).
+        base_dir: Parent of session directories.
+    """
+
+    def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
+        self._spec = spec
+        self._session_id = session_id
+        host_root = (base_dir / session_id).absolute()
+        # Inside bwrap the session directory keeps its host path, so paths in logs mean the same everywhere.
+        self._dir = HostSessionDir(host_root, PurePosixPath(host_root))
+        self._isolation: Isolation | None = None
+        self._started = False
+        self._cancelled = False
+        self._live_groups: set[int] = set()
+
+    @property
+    def session_id(self) -> str:
+        """The id of the session this runtime belongs to."""
+        return self._session_id
+
+    @property
+    def root(self) -> PurePosixPath:
+        """The session directory (the same path inside and outside the sandbox)."""
+        return self._dir.inner_root
+
+    @property
+    def host_root(self) -> Path:
+        """The session directory on the host."""
+        return self._dir.host_root
+
+    @property
+    def isolation(self) -> Isolation | None:
+        """The isolation in use once started."""
+        return self._isolation
+
+    async def start(self) -> None:
+        """Create the session directory and choose the isolation."""
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled")
+        if self._started:
+            return
+        root = self.host_root
+        for sub in ("home", "tmp", ".polar"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        isolation = self._spec.isolation
+        if isolation is Isolation.AUTO:
+            isolation = await detect_isolation()
+        if isolation is Isolation.NONE:
+            _log.warning("local runtime %s runs commands without isolation", self._session_id)
+        self._isolation = isolation
+        if self._spec.network is NetworkMode.PROXY:
+            forwarder = resources.files("runtimes").joinpath("_forwarder.py").read_bytes()
+            (root / _FORWARDER).write_bytes(forwarder)
+        self._started = True
+
+    async def stop(self) -> None:
+        """Kill running commands and delete the session directory. Idempotent."""
+        self._started = False
+        self._kill_all()
+        await asyncio.to_thread(shutil.rmtree, self.host_root, True)
+
+    async def cancel(self) -> None:
+        """Kill running commands and delete the session directory; later calls raise RuntimeCancelled."""
+        self._cancelled = True
+        await self.stop()
+
+    def _kill_all(self) -> None:
+        for pgid in list(self._live_groups):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+    def _check_running(self) -> None:
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled")
+        if not self._started:
+            raise RuntimeNotStarted(f"runtime {self._session_id} is not running")
+        if not self.host_root.is_dir():
+            raise RuntimeDied(f"session directory {self.host_root} has vanished")
+
+    def environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """The complete environment a command gets."""
+        merged = {
+            "PATH": _DEFAULT_PATH,
+            "HOME": str(self.root / "home"),
+            "TMPDIR": str(self.root / "tmp"),
+            "LANG": "C.UTF-8",
+            "POLAR_SESSION_DIR": str(self.root),
+        }
+        if self._spec.network is NetworkMode.PROXY:
+            merged["POLAR_PROXY_URL"] = f"http://127.0.0.1:{self._spec.proxy_port}"
+        merged.update(self._spec.env)
+        merged.update(env or {})
+        return merged
+
+    def wrap_argv(self, argv: Sequence[str], *, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
+        """The host command line that runs ``argv`` under the chosen isolation."""
+        inner = list(argv)
+        if self._spec.network is NetworkMode.PROXY and self._isolation is not Isolation.NONE:
+            inner = [
+                sys.executable,
+                str(self.root / _FORWARDER),
+                str(self._spec.proxy_port),
+                str(self.root / _PROXY_SOCKET),
+                "--",
+                *inner,
+            ]
+        if self._isolation is Isolation.BWRAP:
+            return [*self._bwrap_prefix(cwd, env), "--", *inner]
+        if self._isolation is Isolation.UNSHARE:
+            net = [] if self._spec.network is NetworkMode.HOST else ["--net"]
+            return [
+                "unshare", "--user", "--map-root-user", *net, "--pid", "--ipc", "--uts", "--mount",
+                "--fork", "--kill-child", "--mount-proc", "--", *inner,
+            ]  # fmt: skip
+        return inner
+
+    def _read_only_paths(self) -> list[Path]:
+        paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
+        paths.extend(self._spec.read_only_paths)
+        seen: list[Path] = []
+        for path in paths:
+            if path.exists() and path not in seen:
+                seen.append(path)
+        return seen
+
+    def _bwrap_prefix(self, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+        if self._spec.network is NetworkMode.HOST:
+            args.append("--share-net")
+        for name in _SYSTEM_DIRS:
+            path = Path(name)
+            if path.is_symlink():
+                args += ["--symlink", os.readlink(path), name]
+            elif path.exists():
+                args += ["--ro-bind", name, name]
+        for path in self._read_only_paths():
+            args += ["--ro-bind", str(path), str(path)]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--bind", str(self.host_root), str(self.root)]
+        if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
+            args += ["--bind", str(self._spec.proxy_socket), str(self.root / _PROXY_SOCKET)]
+        args += ["--chdir", str(cwd), "--clearenv"]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        return args
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | PurePosixPath | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
+    ) -> ExecResult:
+        """Run a command in the sandbox; see :meth:`runtimes.base.Runtime.exec`."""
+        self._check_running()
+        inner_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
+        full_env = self.environment(env)
+        wrapped = self.wrap_argv(argv, cwd=PurePosixPath(inner_cwd), env=full_env)
+        # bwrap sets the environment itself (--clearenv/--setenv); the other modes pass it directly.
+        host_env = {"PATH": _DEFAULT_PATH} if self._isolation is Isolation.BWRAP else full_env
+        host_cwd = None if self._isolation is Isolation.BWRAP else inner_cwd
+        result = await run_process(
+            wrapped,
+            cwd=host_cwd,
+            env=host_env,
+            timeout=timeout,
+            on_start=self._live_groups.add,
+            on_end=self._live_groups.discard,
+        )
+        if self._cancelled:
+            raise RuntimeCancelled("runtime was cancelled while a command ran")
+        if not self.host_root.is_dir():
+            raise RuntimeDied(f"session directory {self.host_root} vanished while a command ran")
+        return result
+
+    async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
+        """Copy a host file/directory or bytes below the session directory."""
+        self._check_running()
+        await self._dir.upload(src, dest, exclude)
+
+    async def download(self, src: str | PurePosixPath) -> bytes:
+        """Read a regular file below the session directory."""
+        self._check_running()
+        return await self._dir.download(src)
