@@ -19,7 +19,9 @@ from polar_core.services import SERVICE_NAMES, service_spec
 @pytest.mark.parametrize("name", SERVICE_NAMES)
 async def test_service_serves_health_on_port_zero(name: str, tmp_path: Path) -> None:
     spec = service_spec(name)
-    settings = spec.settings_cls.load(state_dir=tmp_path)
+    # The proxy's embedded default loads SmolLM2 (about 20 s); the tiny fixture model starts in a second.
+    extra: dict[str, object] = {"model": "tiny"} if name == "proxy" else {}
+    settings = spec.settings_cls.load(state_dir=tmp_path, **extra)
     server, port = await spec.start(settings)
     try:
         assert port > 0

@@ -9,6 +9,7 @@ from reconstructor.core import (
     ReconstructionOptions,
     ReconstructionResult,
     SessionOutcome,
+    build_chains,
     reconstruct,
     reconstruct_session,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "SessionOutcome",
     "SplitReason",
     "WeightingMode",
+    "build_chains",
     "detect_end_of_turn_ids",
     "end_of_turn_ids_from_tokenizer",
     "reconstruct",

@@ -4,81 +4,103 @@ A chain is the review's ``z = p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ … ‖ a_K`` (equ
 each call's raw sampled IDs ``a_m`` (mask 1, behaviour logprobs) separated by interstitial spans ``u_m``
 taken from the next prompt (mask 0, logprob 0.0). Sampled IDs are never replaced by a re-tokenised rendering.
 
-Two merge rules are implemented:
+Which chains a call may join (it *qualifies* for them):
 
-* ``prefix-merge`` (Polar's rule, equations 5–7): a call joins a chain whose last prompt ``p_m`` is a
-  strict token prefix of its prompt. The tail ``t = p_{m+1}[|p_m|:]`` holds the template's canonical
-  rendering of ``a_m``, an end-of-turn token and the inserted context; ``u_m`` starts after the first
-  end-of-turn token when ``a_m`` ended with one and at it otherwise. A tail without an end-of-turn token is
-  an unsafe boundary and the call starts a new chain. Whether the merged context equals the call's real
-  prompt is checked and reported (``exact_context``), not assumed.
-* ``exact``: a call joins a chain only when the chain's whole sequence ``z`` is a token prefix of its
-  prompt, so every trainable token keeps exactly the context it was sampled in (review §11.1).
+* ``prefix-merge`` (Polar's rule, equations 5–7): the chain's last prompt ``p_m`` is a strict token prefix of
+  the call's prompt.
+* ``exact`` (review §11.1): additionally, the chain's whole sequence ``z`` so far is a token prefix of the
+  call's prompt, so every trainable token keeps exactly the context it was sampled in.
 
-When several chains qualify, the candidate is chosen by: the chain ending in the call's ``parent_call_id``;
-then a chain whose merge would be context-exact; then the longest last prompt; then the most recent chain.
+Among qualifying chains the call joins, in this order of preference: the chain whose last call is the
+call's ``parent_call_id``; then the chain with the longest matching prefix; then the most recent chain (the
+one whose last call came latest). ``prefer_exact_context`` (off by default, not Polar's rule) inserts
+"the merge would be context-exact" after the parent preference.
+
+For ``prefix-merge`` the tail ``t = p_{m+1}[|p_m|:]`` of the chosen chain holds the template's canonical
+rendering of ``a_m``, an end-of-turn token and the inserted context. With ``k`` the first end-of-turn
+position of ``t``, ``u_m = t[k+1:]`` when ``a_m`` ended with that token and ``t[k:]`` otherwise (equation 7).
+When that boundary cannot be found safely the call starts a new chain instead: the tail has no end-of-turn
+token, or ``a_m`` holds an end-of-turn token before its end (so the first one in the tail may sit inside the
+rendering of ``a_m``). Whether the merged context equals the call's real prompt is computed, not assumed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from polar_core.records import CompletionRecord, ReconstructionStrategy
 from reconstructor.errors import EndOfTurnUnknown
-from reconstructor.prefix import TokenArray, as_tokens, find_first_of, is_prefix
+from reconstructor.prefix import TokenArray, as_tokens, equal_tokens
 from reconstructor.stats import SplitReason
 
-__all__ = ["Chain", "ChainBuilder", "PreparedCall"]
-
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["Chain", "ChainBuilder", "PreparedCall", "prepare"]
 
 
 @dataclasses.dataclass(slots=True)
 class PreparedCall:
-    """A completion with its token sequences converted once to arrays."""
+    """A completion with its prompt converted once to an ``int32`` array.
+
+    Prompts are long (up to the context length) and are compared against every open chain, so they are
+    compared vectorised; the conversion from a Python list is the one O(prompt) step that is not
+    vectorised (~75 M tokens/s), so it happens exactly once per record. Responses and interstitials are
+    short; they stay Python lists, which are faster than arrays at that size and are what a trace holds.
+    """
 
     record: CompletionRecord
     prompt: TokenArray
-    response: TokenArray
-    logprobs: FloatArray
 
     @classmethod
     def of(cls, record: CompletionRecord) -> PreparedCall:
-        """Convert ``record``'s token lists to arrays."""
-        return cls(
-            record=record,
-            prompt=as_tokens(record.prompt_token_ids),
-            response=as_tokens(record.response_token_ids),
-            logprobs=np.asarray(record.response_logprobs, dtype=np.float64),
-        )
+        """Convert ``record``'s prompt to an array."""
+        return cls(record=record, prompt=as_tokens(record.prompt_token_ids))
+
+    @property
+    def response(self) -> list[int]:
+        """The sampled IDs."""
+        return self.record.response_token_ids
+
+
+def prepare(records: Iterable[CompletionRecord]) -> list[PreparedCall]:
+    """Convert every record once; see :class:`PreparedCall`."""
+    return [PreparedCall.of(r) for r in records]
 
 
 @dataclasses.dataclass(slots=True)
 class Chain:
-    """One trace under construction."""
+    """One trace under construction.
+
+    Attributes:
+        calls: The merged calls, in order.
+        tokens: The response side so far: ``a_1 ‖ u_1 ‖ a_2 ‖ …``.
+        mask: Its loss mask.
+        logprobs: Its logprobs (0.0 on interstitials).
+        exact_context: Whether every merged call that sampled at least one token sits right after a context
+            equal to its own prompt (the contract's definition: it speaks about trainable tokens).
+        sequence_exact: Whether that holds for every merged call, including ones that sampled nothing; when
+            it does, the chain's sequence is its last prompt followed by its last response.
+    """
 
     calls: list[PreparedCall]
-    prompt: TokenArray
-    context: TokenArray
-    """The whole sequence so far: the first prompt, sampled spans and interstitials."""
-    tokens: list[TokenArray]
-    mask: list[npt.NDArray[np.int8]]
-    logprobs: list[FloatArray]
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float]
     exact_context: bool = True
+    sequence_exact: bool = True
+    _context: TokenArray | None = None
 
     @classmethod
     def start(cls, call: PreparedCall) -> Chain:
         """Open a chain with ``call`` as its first completion."""
+        response = call.record.response_token_ids
         return cls(
             calls=[call],
-            prompt=call.prompt,
-            context=np.concatenate([call.prompt, call.response]),
-            tokens=[call.response],
-            mask=[np.ones(call.response.shape[0], dtype=np.int8)],
-            logprobs=[call.logprobs],
+            tokens=list(response),
+            mask=[1] * len(response),
+            logprobs=list(call.record.response_logprobs),
         )
 
     @property
@@ -86,25 +108,42 @@ class Chain:
         """The most recently merged call."""
         return self.calls[-1]
 
-    def append(self, call: PreparedCall, interstitial: TokenArray, exact: bool) -> None:
-        """Append an interstitial span (mask 0) and ``call``'s sampled span (mask 1)."""
-        n = interstitial.shape[0]
-        self.tokens += [interstitial, call.response]
-        self.mask += [np.zeros(n, dtype=np.int8), np.ones(call.response.shape[0], dtype=np.int8)]
-        self.logprobs += [np.zeros(n, dtype=np.float64), call.logprobs]
-        self.context = np.concatenate([self.context, interstitial, call.response])
+    def context(self) -> TokenArray:
+        """Return the whole sequence so far, ``p_1 ‖ a_1 ‖ u_1 ‖ … ‖ a_m``, as an array.
+
+        Only inexact chains need it (an exact chain's sequence is its last prompt followed by its last
+        response), so it is built lazily and extended with what was appended since it was last built.
+        """
+        prompt = self.calls[0].prompt
+        if self._context is None:
+            self._context = prompt
+        done = self._context.shape[0] - prompt.shape[0]
+        if done < len(self.tokens):
+            self._context = np.concatenate([self._context, as_tokens(self.tokens[done:])])
+        return self._context
+
+    def append(self, call: PreparedCall, interstitial: list[int], exact: bool) -> None:
+        """Append an interstitial span (mask 0, logprob 0.0) and ``call``'s sampled span (mask 1)."""
+        response = call.record.response_token_ids
+        self.tokens += interstitial
+        self.tokens += response
+        self.mask += [0] * len(interstitial)
+        self.mask += [1] * len(response)
+        self.logprobs += [0.0] * len(interstitial)
+        self.logprobs += call.record.response_logprobs
         self.calls.append(call)
-        self.exact_context = self.exact_context and exact
-
-    def response_arrays(self) -> tuple[TokenArray, npt.NDArray[np.int8], FloatArray]:
-        """Return the response tokens, loss mask and logprobs as single arrays."""
-        return np.concatenate(self.tokens), np.concatenate(self.mask), np.concatenate(self.logprobs)
+        self.sequence_exact = self.sequence_exact and exact
+        if response:
+            self.exact_context = self.exact_context and exact
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Merge:
-    interstitial: TokenArray
+class _Merge(NamedTuple):
+    interstitial: list[int]
     exact: bool
+
+
+_Candidate = tuple[bool, int, int, Chain]
+"""(is the parent, length of the matching prefix, seq of the chain's last call, chain): larger is better."""
 
 
 class ChainBuilder:
@@ -113,96 +152,172 @@ class ChainBuilder:
     Args:
         strategy: The reconstruction strategy.
         end_of_turn_ids: Token IDs that close an assistant turn; needed by ``prefix-merge`` only.
-        split_on_policy_version: Start a new chain when the candidate chain's last call was sampled by a
+        split_on_policy_version: Start a new chain when the chosen chain's last call was sampled by a
             different policy version.
+        prefer_exact_context: (``prefix-merge``) after the parent preference, prefer a chain whose merge
+            would be context-exact. Off by default: Polar's rule does not look at context exactness.
+
+    Attributes:
+        chains: The chains so far, in order of creation.
+        splits: One reason per call that started a chain although a chain existed.
+        merges: Calls merged into an existing chain.
+        mismatched_calls: Merged calls whose merged context differs from their prompt.
+        mismatched_tokens: Sampled tokens of those calls.
+        compared_tokens: Prompt tokens compared element-wise (the work measured by ``bench/reconstruct``).
     """
 
     def __init__(
         self,
         strategy: ReconstructionStrategy,
-        end_of_turn_ids: TokenArray,
+        end_of_turn_ids: Iterable[int],
         *,
         split_on_policy_version: bool = False,
+        prefer_exact_context: bool = False,
     ) -> None:
         self._strategy = strategy
-        self._eot = end_of_turn_ids
+        self._eot = frozenset(int(t) for t in end_of_turn_ids)
         self._split_on_version = split_on_policy_version
+        self._prefer_exact = prefer_exact_context and strategy is ReconstructionStrategy.PREFIX_MERGE
         self.chains: list[Chain] = []
         self.splits: list[str] = []
         self.merges = 0
         self.mismatched_calls = 0
         self.mismatched_tokens = 0
+        self.compared_tokens = 0
 
     def add(self, call: PreparedCall) -> None:
-        """Merge ``call`` into the best qualifying chain or open a new one."""
+        """Merge ``call`` into the preferred qualifying chain, or open a new chain and record why."""
         if self._strategy is ReconstructionStrategy.PER_REQUEST or not self.chains:
             self.chains.append(Chain.start(call))
             return
-        first_reason: str | None = None
-        for chain, context_is_prefix in self._candidates(call):
-            outcome = self._plan(chain, call, context_is_prefix)
-            if isinstance(outcome, str):
-                first_reason = first_reason or outcome
-                continue
-            chain.append(call, outcome.interstitial, outcome.exact)
-            self.merges += 1
-            if not outcome.exact:
-                self.mismatched_calls += 1
-                self.mismatched_tokens += int(call.response.shape[0])
+        candidates, reason = self._candidates(call)
+        if not candidates:
+            self._split(call, reason)
             return
-        if first_reason is None:
-            first_reason = self._unmatched_reason(call)
-        self.splits.append(first_reason)
+        if self._prefer_exact:
+            plans = [(c, self._plan(c[3], call)) for c in candidates]
+            best, plan = max(plans, key=lambda cp: (cp[0][0], _is_exact(cp[1]), cp[0][1], cp[0][2]))
+        else:
+            best = candidates[0] if len(candidates) == 1 else max(candidates, key=lambda c: c[:3])
+            plan = self._plan(best[3], call)
+        if isinstance(plan, str):
+            self._split(call, plan)
+            return
+        best[3].append(call, plan.interstitial, plan.exact)
+        self.merges += 1
+        if not plan.exact:
+            self.mismatched_calls += 1
+            self.mismatched_tokens += len(call.response)
+
+    def _split(self, call: PreparedCall, reason: str) -> None:
+        self.splits.append(reason)
         self.chains.append(Chain.start(call))
 
-    def _candidates(self, call: PreparedCall) -> list[tuple[Chain, bool]]:
-        """Return the chains ``call`` may join, best first, each with whether its context prefixes the call."""
+    def _candidates(self, call: PreparedCall) -> tuple[list[_Candidate], str]:
+        """Return the chains ``call`` qualifies for, and the split reason to use when there are none."""
         parent = call.record.parent_call_id
-        scored: list[tuple[bool, bool, int, int, Chain]] = []
-        for order, chain in enumerate(self.chains):
-            # The last prompt is a prefix of the chain's context, so this cheap test also gates ``exact``.
-            if not is_prefix(chain.last.prompt, call.prompt):
+        prompt = call.prompt
+        ids = call.record.prompt_token_ids
+        size = len(ids)
+        exact_mode = self._strategy is ReconstructionStrategy.EXACT
+        found: list[_Candidate] = []
+        repeated = inexact = False
+        for chain in self.chains:
+            last = chain.last
+            last_ids = last.record.prompt_token_ids
+            n = len(last_ids)
+            # Cheap rejections on the lists (no numpy scalar boxing), then one vectorised comparison.
+            if n > size or (
+                n and (last_ids[0] != ids[0] or last_ids[-1] != ids[n - 1] or last_ids[n >> 1] != ids[n >> 1])
+            ):
                 continue
-            context_is_prefix = is_prefix(chain.context, call.prompt)
-            if self._strategy is ReconstructionStrategy.EXACT and not context_is_prefix:
+            self.compared_tokens += n
+            if not equal_tokens(last.prompt, prompt[:n]):
                 continue
-            is_parent = parent is not None and chain.last.record.call_id == parent
-            scored.append((is_parent, context_is_prefix, chain.last.prompt.shape[0], order, chain))
-        scored.sort(key=lambda s: s[:4], reverse=True)
-        return [(s[4], s[1]) for s in scored]
+            if n == size:
+                repeated = True  # an identical prompt: a retry or a parallel sample, not a continuation
+                continue
+            matched = n
+            if exact_mode:
+                # Exact chains only: their sequence is the last prompt followed by the last response.
+                response = last.response
+                r = len(response)
+                self.compared_tokens += r
+                if n + r > size or ids[n : n + r] != response:
+                    inexact = True
+                    continue
+                matched = n + r
+            is_parent = parent is not None and last.record.call_id == parent
+            found.append((is_parent, matched, last.record.seq, chain))
+        # A prompt equal to a chain's last prompt names the call best (a retry or a parallel sample), even
+        # when an older chain's last prompt also prefixes it.
+        if repeated:
+            reason = SplitReason.REPEATED_PROMPT
+        elif inexact:
+            reason = SplitReason.INEXACT_CONTEXT
+        else:
+            reason = SplitReason.PREFIX_MISMATCH
+        return found, reason
 
-    def _plan(self, chain: Chain, call: PreparedCall, context_is_prefix: bool) -> _Merge | str:
-        """Return how ``call`` would join ``chain``, or the reason it cannot."""
-        if self._split_on_version and chain.last.record.policy_version != call.record.policy_version:
+    def _plan(self, chain: Chain, call: PreparedCall) -> _Merge | str:
+        """Return how ``call`` would join ``chain``, or the reason it must not."""
+        last = chain.last
+        if self._split_on_version and last.record.policy_version != call.record.policy_version:
             return SplitReason.POLICY_VERSION
+        ids = call.record.prompt_token_ids
+        n = len(last.record.prompt_token_ids)
+        response = last.response
         if self._strategy is ReconstructionStrategy.EXACT:
-            return _Merge(call.prompt[chain.context.shape[0] :], exact=True)
-        if self._eot.shape[0] == 0:
+            return _Merge(ids[n + len(response) :], exact=True)
+        if not self._eot:
             raise EndOfTurnUnknown(
                 "prefix-merge needs end-of-turn token IDs: pass them, or a tokenizer that names them",
                 details={"session_id": call.record.session_id},
             )
-        last_prompt = chain.last.prompt
-        tail = call.prompt[last_prompt.shape[0] :]
-        if tail.shape[0] == 0:
-            return SplitReason.REPEATED_PROMPT
-        k = find_first_of(tail, self._eot)
+        if not self._eot.isdisjoint(response[:-1]):
+            # The rendering of a_m holds an end-of-turn token too: the first one in the tail may sit inside
+            # it, so the boundary is ambiguous.
+            return SplitReason.MALFORMED_TAIL
+        k = self._first_end_of_turn(ids, n)
         if k < 0:
             return SplitReason.NO_END_OF_TURN
-        response = chain.last.response
-        ends_with_eot = response.shape[0] > 0 and bool(np.isin(response[-1], self._eot))
-        interstitial = tail[k + 1 :] if ends_with_eot else tail[k:]
-        # The merged context is context ‖ interstitial and the interstitial is a suffix of the prompt, so the
-        # two are equal exactly when the lengths agree and the context prefixes the prompt.
-        exact = context_is_prefix and chain.context.shape[0] + interstitial.shape[0] == call.prompt.shape[0]
-        return _Merge(interstitial, exact=exact)
+        # Skip the template's terminator only when a_m already ends with that very token (equation 7).
+        interstitial = ids[k + 1 :] if response and response[-1] == ids[k] else ids[k:]
+        return _Merge(interstitial, exact=self._merge_is_exact(chain, call, len(interstitial)))
 
-    def _unmatched_reason(self, call: PreparedCall) -> str:
-        """Name why no chain qualified at all."""
-        if self._strategy is ReconstructionStrategy.EXACT and any(
-            is_prefix(c.last.prompt, call.prompt, strict=True) for c in self.chains
-        ):
-            return SplitReason.INEXACT_CONTEXT
-        if any(np.array_equal(c.last.prompt, call.prompt) for c in self.chains):
-            return SplitReason.REPEATED_PROMPT
-        return SplitReason.PREFIX_MISMATCH
+    def _first_end_of_turn(self, ids: list[int], start: int) -> int:
+        """Return the first position at or after ``start`` holding an end-of-turn ID, or -1."""
+        if len(self._eot) == 1:
+            (eot,) = self._eot
+            try:
+                return ids.index(eot, start)  # C-level scan that stops at the first hit
+            except ValueError:
+                return -1
+        return next((i for i in range(start, len(ids)) if ids[i] in self._eot), -1)
+
+    def _merge_is_exact(self, chain: Chain, call: PreparedCall, interstitial: int) -> bool:
+        """Return whether ``chain``'s sequence followed by the interstitial equals ``call``'s prompt.
+
+        The interstitial is a suffix of the prompt, so the two are equal exactly when the lengths agree and
+        the chain's sequence is a prefix of the prompt.
+        """
+        ids = call.record.prompt_token_ids
+        last = chain.last
+        if chain.sequence_exact:
+            # The sequence is last.prompt ‖ last.response and last.prompt is already known to prefix the
+            # prompt: only the (short) sampled span needs comparing.
+            n, response = len(last.record.prompt_token_ids), last.response
+            if n + len(response) + interstitial != len(ids):
+                return False
+            self.compared_tokens += len(response)
+            return ids[n : n + len(response)] == response
+        context = chain.context()
+        size = context.shape[0]
+        if size + interstitial != len(ids):
+            return False
+        self.compared_tokens += size
+        return equal_tokens(context, call.prompt[:size])
+
+
+def _is_exact(plan: _Merge | str) -> bool:
+    return isinstance(plan, _Merge) and plan.exact

@@ -48,6 +48,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=Path, help="sessions.jsonl with session_id, task_id, status, reward")
     parser.add_argument("--weighting", choices=[w.value for w in WeightingMode], default=WeightingMode.SESSION.value)
     parser.add_argument("--split-on-policy-version", action="store_true", help="never merge across versions")
+    parser.add_argument(
+        "--prefer-exact-context",
+        action="store_true",
+        help="prefix-merge: among qualifying chains prefer a context-exact merge (not Polar's rule; off by default)",
+    )
     parser.add_argument("--stats", type=Path, help="also write the statistics to this JSON file")
     parser.set_defaults(func=run)
 
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         end_of_turn_ids=eot,
         weighting=WeightingMode(args.weighting),
         split_on_policy_version=args.split_on_policy_version,
+        prefer_exact_context=args.prefer_exact_context,
     )
     outcomes = load_outcomes(args.sessions) if args.sessions else {}
     records = [CompletionRecord.from_dict(row) for row in read_jsonl(args.input)]

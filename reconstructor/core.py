@@ -10,13 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-import numpy as np
-
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
-from reconstructor.chains import Chain, ChainBuilder, PreparedCall
+from reconstructor.chains import Chain, ChainBuilder, PreparedCall, prepare
 from reconstructor.eot import detect_end_of_turn_ids
 from reconstructor.errors import MalformedCompletions
-from reconstructor.prefix import as_tokens
 from reconstructor.stats import ReconstructionStats
 from reconstructor.weights import WeightingMode, trace_weights
 
@@ -24,6 +21,7 @@ __all__ = [
     "ReconstructionOptions",
     "ReconstructionResult",
     "SessionOutcome",
+    "build_chains",
     "reconstruct",
     "reconstruct_session",
 ]
@@ -39,12 +37,16 @@ class ReconstructionOptions:
             completions (only ``prefix-merge`` needs them).
         weighting: How trace weights are normalised.
         split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+        prefer_exact_context: (``prefix-merge``) when several chains qualify, prefer one whose merge keeps
+            the call's context exact before comparing prefix lengths. Off by default: Polar's order is
+            parent, longest prefix, most recent.
     """
 
     strategy: ReconstructionStrategy = ReconstructionStrategy.PREFIX_MERGE
     end_of_turn_ids: tuple[int, ...] = ()
     weighting: WeightingMode = WeightingMode.SESSION
     split_on_policy_version: bool = False
+    prefer_exact_context: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,7 +75,8 @@ def reconstruct_session(
 
     Records are visited in ``seq`` order whatever order they are given in. Sessions whose status carries
     no learning signal (``infra_error``, ``cancelled``) keep their traces for inspection, with every mask
-    entry and weight 0, so no trainer can learn from an infrastructure failure.
+    entry and logprob 0, so no trainer can learn from an infrastructure failure; their weights follow the
+    weighting mode like any other session's.
 
     Args:
         records: The session's completion records.
@@ -96,12 +99,9 @@ def reconstruct_session(
     eot = options.end_of_turn_ids
     if not eot and options.strategy is ReconstructionStrategy.PREFIX_MERGE:
         eot = detect_end_of_turn_ids(ordered)
-    builder = ChainBuilder(options.strategy, as_tokens(eot), split_on_policy_version=options.split_on_policy_version)
-    for record in ordered:
-        builder.add(PreparedCall.of(record))
-
+    builder = build_chains(prepare(ordered), options, eot)
     trainable = outcome.status.trainable
-    weights = trace_weights(len(builder.chains), options.weighting, trainable=trainable)
+    weights = trace_weights(len(builder.chains), options.weighting)
     traces = [
         _to_trace(chain, index, outcome, weight, trainable)
         for index, (chain, weight) in enumerate(zip(builder.chains, weights, strict=True))
@@ -115,6 +115,28 @@ def reconstruct_session(
     stats.trainable_tokens = sum(sum(t.loss_mask) for t in traces)
     stats.total_tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in traces)
     return ReconstructionResult(traces, stats)
+
+
+def build_chains(calls: Iterable[PreparedCall], options: ReconstructionOptions, eot: Sequence[int]) -> ChainBuilder:
+    """Assign prepared calls (one session, in seq order) to chains; the chain-building phase alone.
+
+    Args:
+        calls: The session's calls, converted by :func:`~reconstructor.chains.prepare`, in seq order.
+        options: The reconstruction options.
+        eot: The end-of-turn IDs to use (``options.end_of_turn_ids`` or detected ones).
+
+    Returns:
+        The builder, holding the chains and the counters.
+    """
+    builder = ChainBuilder(
+        options.strategy,
+        eot,
+        split_on_policy_version=options.split_on_policy_version,
+        prefer_exact_context=options.prefer_exact_context,
+    )
+    for call in calls:
+        builder.add(call)
+    return builder
 
 
 def reconstruct(
@@ -175,20 +197,17 @@ def _distinct(values: Sequence[str]) -> list[str]:
 
 
 def _to_trace(chain: Chain, index: int, outcome: SessionOutcome, weight: float, trainable: bool) -> Trace:
-    tokens, mask, logprobs = chain.response_arrays()
-    if not trainable:
-        mask = np.zeros_like(mask)
-        logprobs = np.zeros_like(logprobs)
+    n = len(chain.tokens)
     records = [c.record for c in chain.calls]
     return Trace(
         session_id=records[0].session_id,
         task_id=outcome.task_id,
         trace_index=index,
         call_ids=[r.call_id for r in records],
-        prompt_token_ids=list(records[0].prompt_token_ids),  # a list copy is cheaper than ndarray.tolist()
-        response_token_ids=tokens.tolist(),
-        loss_mask=mask.tolist(),
-        response_logprobs=logprobs.tolist(),
+        prompt_token_ids=list(records[0].prompt_token_ids),
+        response_token_ids=chain.tokens,
+        loss_mask=chain.mask if trainable else [0] * n,
+        response_logprobs=chain.logprobs if trainable else [0.0] * n,
         reward=outcome.reward,
         weight=weight,
         status=outcome.status.value,

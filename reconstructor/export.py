@@ -154,7 +154,8 @@ def to_padded_arrays(traces: Sequence[Trace], *, pad_token_id: int = 0, max_leng
             mask = np.asarray(trace.loss_mask[:r], dtype=np.float32)
             loss_mask[row, p:n] = mask
             # Keep placeholders out of the batch even if a producer wrote non-zero values at mask 0.
-            old_logprobs[row, p:n] = np.asarray(trace.response_logprobs[:r], dtype=np.float32) * mask
+            logprobs = np.asarray(trace.response_logprobs[:r], dtype=np.float32)
+            old_logprobs[row, p:n] = np.where(mask > 0, logprobs, np.float32(0.0))
     return PaddedBatch(
         input_ids=input_ids,
         attention_mask=attention,

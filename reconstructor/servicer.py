@@ -72,6 +72,7 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
             end_of_turn_ids=tuple(request.end_of_turn_token_ids) or self._default_eot,
             weighting=_WEIGHTING.get(request.weighting, self._settings.default_weighting),
             split_on_policy_version=self._settings.split_on_policy_version,
+            prefer_exact_context=self._settings.prefer_exact_context,
         )
         outcome = SessionOutcome(
             task_id=request.task_id, reward=request.reward, status=status_from_proto(request.terminal_status)

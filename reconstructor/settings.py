@@ -26,6 +26,8 @@ class ReconstructorSettings(ServiceSettings):
             session's completions.
         default_weighting: Weighting used when a request leaves it unspecified.
         split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+        prefer_exact_context: (prefix-merge) prefer context-exact merges when several chains qualify; off by
+            default (Polar's order: parent, longest prefix, most recent).
         proxy_page_size: Completions fetched per ``ListCompletions`` page when reading from a proxy.
         proxy_timeout_s: Limit on each ``ListCompletions`` call.
     """
@@ -38,5 +40,6 @@ class ReconstructorSettings(ServiceSettings):
     tokenizer_dir: Path | None = None
     default_weighting: WeightingMode = WeightingMode.SESSION
     split_on_policy_version: bool = False
+    prefer_exact_context: bool = False
     proxy_page_size: int = Field(default=500, ge=1, le=10_000)
     proxy_timeout_s: float = Field(default=60.0, gt=0)

@@ -21,18 +21,34 @@ class SplitReason:
     PREFIX_MISMATCH = "prefix_mismatch"
     """No chain's last prompt is a token prefix of the call's prompt (compaction, subagent, rewrite)."""
     REPEATED_PROMPT = "repeated_prompt"
-    """The only matching chains end in a prompt equal to the call's (a retry or a parallel sample)."""
+    """No chain qualifies and one ends in a prompt equal to the call's (a retry or a parallel sample)."""
     NO_END_OF_TURN = "no_end_of_turn"
     """The tail after the previous prompt has no end-of-turn token, so the boundary is unsafe."""
+    MALFORMED_TAIL = "malformed_tail"
+    """The previous sampled response holds an end-of-turn token before its end, so the first one in the tail
+    may belong to its rendering: the boundary is ambiguous."""
     INEXACT_CONTEXT = "inexact_context"
-    """(``exact`` only) the merged context would differ from the prompt the call was sampled with."""
+    """(``exact`` only) a chain's last prompt prefixes the call's, but the chain's whole sequence does not."""
     POLICY_VERSION = "policy_version"
-    """The matching chain was sampled by another policy version and splitting on versions is enabled."""
+    """The chosen chain was sampled by another policy version and splitting on versions is enabled."""
 
 
 @dataclasses.dataclass(slots=True)
 class ReconstructionStats:
-    """Counters of one reconstruction; add them up with :meth:`combine`."""
+    """Counters of one reconstruction; add them up with :meth:`combine`.
+
+    Attributes:
+        calls: Completions read.
+        chains: Traces produced.
+        merges: Calls merged into an existing chain (``calls == chains + merges``).
+        splits_by_reason: Calls that started a new chain although another chain existed, by
+            :class:`SplitReason`.
+        mismatched_context_calls: Merged calls whose merged context differs from the prompt they were sampled
+            with (only ``prefix-merge`` produces them; review §11.1).
+        mismatched_context_tokens: The sampled (trainable) tokens of those calls.
+        trainable_tokens: Tokens with loss mask 1 over all traces.
+        total_tokens: Prompt and response tokens over all traces: what a trainer processes.
+    """
 
     calls: int = 0
     chains: int = 0

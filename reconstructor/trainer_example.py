@@ -6,8 +6,9 @@ What it shows, in order of importance:
   group's mean and standard deviation (review equation 11), however many traces reconstruction split it into.
 * The loss is reduced per trace (token mean over mask-1 positions), then averaged with the trace weights, so
   with session weighting every session counts the same (review equation 12, ``g_session``).
-* The importance ratio uses the behaviour logprob recorded at sampling time, only at mask-1 positions; the
-  0.0 placeholders of masked positions never enter the loss.
+* Truncated importance sampling: each mask-1 token is weighted by ``min(pi / pi_behaviour, C)`` (no
+  gradient), using the behaviour logprob recorded at sampling time; the 0.0 placeholders of masked positions
+  never enter the loss or its gradient.
 
 Run ``python -m reconstructor.trainer_example`` for a demonstration on the tiny fixture model: it samples
 multi-turn sessions through the real chat template, reconstructs them, checks that recomputed logprobs match
@@ -48,6 +49,7 @@ class GrpoConfig:
     """GRPO hyper-parameters of the example."""
 
     clip_eps: float = 0.2
+    tis_cap: float = 2.0
     learning_rate: float = 1e-3
     pad_token_id: int = 0
     eps: float = 1e-6
@@ -79,40 +81,74 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     return torch.nn.functional.pad(picked, (1, 0))
 
 
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return ``values`` where ``mask`` is 1 and exactly 0.0 elsewhere.
+
+    ``torch.where`` rather than a product: a placeholder that is ``inf`` or ``nan`` would survive ``x * 0``,
+    and its gradient through the unselected branch is exactly zero.
+    """
+    import torch
+
+    return torch.where(mask > 0, values, torch.zeros_like(values))
+
+
 def grpo_loss(
     new_logprobs: torch.Tensor,
     batch: dict[str, torch.Tensor],
     advantages: torch.Tensor,
     *,
     clip_eps: float = 0.2,
+    tis_cap: float = 2.0,
+    proximal_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Return the clipped-ratio policy loss and metrics.
+    """Return the GRPO policy loss with truncated importance sampling (TIS), and metrics.
+
+    For each mask-1 token with behaviour logprob ``b`` (recorded when it was sampled), proximal logprob
+    ``q`` (the current parameters before this update; by default ``new_logprobs`` detached) and new logprob
+    ``n``::
+
+        w     = min(exp(q - b), tis_cap)                      truncated importance weight, no gradient
+        rho   = exp(n - q)                                    PPO ratio against the proximal policy
+        loss  = -w * min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)
+
+    With the default proximal policy ``rho`` is 1 with gradient ``d n``, so the update is the truncated-IS
+    policy gradient ``min(pi/pi_b, C) * A * grad log pi``: it corrects for the behaviour policy (another
+    engine, older weights) without letting a rare token's ratio blow up. The per-token losses are averaged
+    over each trace's mask-1 tokens, then over traces with their weights (session weights make every
+    session count once). Mask-0 positions (prompt, interstitials, padding) enter nowhere: their logprobs
+    are replaced by 0.0 before any exponential, so neither the loss nor its gradient depends on them.
 
     Args:
         new_logprobs: ``[batch, length]`` logprobs under the current parameters (see :func:`token_logprobs`).
         batch: A batch from :func:`~reconstructor.export.to_padded_tensors`.
         advantages: ``[batch]`` advantages from :func:`group_advantages`.
         clip_eps: PPO clipping range.
+        tis_cap: The truncation ``C`` of the importance weight.
+        proximal_logprobs: Logprobs of the pre-update parameters, when several optimiser steps reuse a batch.
     """
     import torch
 
     mask = batch["loss_mask"]
-    # Masked positions get a log-ratio of exactly 0, so placeholder logprobs can never overflow exp().
-    log_ratio = (new_logprobs - batch["old_logprobs"]) * mask
-    ratio = torch.exp(log_ratio)
+    new = _masked(new_logprobs, mask)
+    behaviour = _masked(batch["old_logprobs"], mask)
+    proximal = new.detach() if proximal_logprobs is None else _masked(proximal_logprobs.detach(), mask)
+    tis = torch.clamp(torch.exp(proximal - behaviour), max=tis_cap)  # 1.0 at masked positions, no gradient
+    ratio = torch.exp(new - proximal)
     adv = advantages.unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     tokens = mask.sum(-1).clamp(min=1.0)
-    per_trace = -(surrogate * mask).sum(-1) / tokens
+    per_trace = -_masked(tis * surrogate, mask).sum(-1) / tokens
     weights = batch["weights"]
     loss = (per_trace * weights).sum() / weights.sum().clamp(min=1e-12)
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
-        clipped = ((ratio - 1).abs() > clip_eps).float() * mask
+        behaviour_ratio = torch.exp(proximal - behaviour)
         metrics = {
-            "loss": float(loss),
-            "mean_ratio": float((ratio * mask).sum() / n),
-            "clip_fraction": float(clipped.sum() / n),
+            "loss": float(loss.detach()),
+            "mean_ratio": float(_masked(ratio, mask).sum() / n),
+            "clip_fraction": float(_masked(((ratio - 1).abs() > clip_eps).float(), mask).sum() / n),
+            "mean_tis_weight": float(_masked(tis, mask).sum() / n),
+            "tis_truncated_fraction": float(_masked((behaviour_ratio > tis_cap).float(), mask).sum() / n),
         }
     return loss, metrics
 
@@ -123,14 +159,15 @@ def train_step(
     """Run one GRPO update on ``traces`` and return its metrics."""
     import torch
 
+    # Traces without a trainable token (infra_error and cancelled sessions) join no group and no average.
     trainable = [t for t in traces if any(t.loss_mask) and t.weight > 0]
     if not trainable:
-        return {"loss": 0.0, "mean_ratio": 1.0, "clip_fraction": 0.0}
+        return {"loss": 0.0}
     batch = to_padded_tensors(trainable, pad_token_id=config.pad_token_id)
     advantages = torch.tensor(group_advantages(trainable, eps=config.eps), dtype=torch.float32)
     model.train(True)
     new = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-    loss, metrics = grpo_loss(new, batch, advantages, clip_eps=config.clip_eps)
+    loss, metrics = grpo_loss(new, batch, advantages, clip_eps=config.clip_eps, tis_cap=config.tis_cap)
     optimizer.zero_grad()
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()

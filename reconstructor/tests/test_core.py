@@ -137,15 +137,64 @@ def test_compaction_and_subagent_split_into_separate_chains():
     check_all(result, records)
 
 
-def test_parallel_samples_continue_the_chain_whose_context_matches():
+def test_parallel_samples_with_identical_prompts_start_separate_chains():
     p = [1, 2]
     a = rec(0, p, [20, EOT])
     b = rec(1, p, [30, EOT])  # same prompt: a retry or a parallel sample
-    cont = rec(2, [1, 2, 30, EOT, 40], [50, EOT])  # continues b, not a
+    cont = rec(2, [1, 2, 30, EOT, 40], [50, EOT])  # continues b, which is also the most recent
     result = reconstruct_session([a, b, cont], PREFIX)
     assert [t.call_ids for t in result.traces] == [["c0"], ["c1", "c2"]]
     assert result.stats.splits_by_reason == {SplitReason.REPEATED_PROMPT: 1}
     assert result.traces[1].exact_context
+    check_all(result, [a, b, cont])
+
+
+def test_equal_prefixes_go_to_the_most_recent_chain_even_when_its_context_differs():
+    # The call continues a (it renders 20), but Polar's order does not look at contexts: with equal prefix
+    # lengths the most recent chain wins, and the trace says its context is not exact.
+    a, b = rec(0, [1, 2], [20, EOT]), rec(1, [1, 2], [30, EOT])
+    cont = rec(2, [1, 2, 20, EOT, 40], [50, EOT])
+    result = reconstruct_session([a, b, cont], PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0"], ["c1", "c2"]]
+    assert [t.exact_context for t in result.traces] == [True, False]
+    assert (result.stats.mismatched_context_calls, result.stats.mismatched_context_tokens) == (1, 2)
+    check_all(result, [a, b, cont])
+    # prefer_exact_context is an opt-in departure from Polar's order; exact never merges a mismatch.
+    preferring = ReconstructionOptions(end_of_turn_ids=(EOT,), prefer_exact_context=True)
+    assert [t.call_ids for t in reconstruct_session([a, b, cont], preferring).traces] == [["c0", "c2"], ["c1"]]
+    assert [t.call_ids for t in reconstruct_session([a, b, cont], EXACT).traces] == [["c0", "c2"], ["c1"]]
+
+
+def test_most_recent_means_the_chain_extended_last():
+    c0, c1 = rec(0, [1], [20, EOT]), rec(1, [1], [21, EOT])  # two samples: chains A (c0) then B (c1)
+    c2 = rec(2, [1, 21, EOT, 3], [22, EOT], parent="c1")  # B continues
+    c3 = rec(3, [1, 21, EOT, 3], [24, EOT])  # repeats c2's prompt, so only A qualifies: A is extended last
+    c4 = rec(4, [1, 21, EOT, 3, 24, EOT, 5], [25, EOT])  # A and B end in equal prompts
+    result = reconstruct_session([c0, c1, c2, c3, c4], PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0", "c3", "c4"], ["c1", "c2"]]
+    check_all(result, [c0, c1, c2, c3, c4])
+
+
+def test_longest_prefix_wins_over_a_more_recent_shorter_one():
+    first = rec(0, [1, 2], [20, EOT])
+    second = rec(1, [1, 2, 20, EOT, 3], [21, EOT])  # extends the first chain: its last prompt is now longer
+    late = rec(2, [1, 2], [22, EOT])  # a late parallel sample of the first prompt: newest chain
+    cont = rec(3, [1, 2, 20, EOT, 3, 21, EOT, 4], [23, EOT])  # both chains' last prompts prefix it
+    result = reconstruct_session([first, second, late, cont], PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0", "c1", "c3"], ["c2"]]
+    assert all(t.exact_context for t in result.traces)
+
+
+def test_parent_call_id_wins_over_a_longer_prefix_and_recency():
+    first = rec(0, [1, 2], [20, EOT])
+    second = rec(1, [1, 2, 20, EOT, 3], [21, EOT])
+    late = rec(2, [1, 2], [22, EOT])
+    # Names the short, older-extended chain (c2) as its parent although c1's longer prompt prefixes it too.
+    cont = rec(3, [1, 2, 20, EOT, 3, 21, EOT, 4], [23, EOT], parent="c2")
+    result = reconstruct_session([first, second, late, cont], PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0", "c1"], ["c2", "c3"]]
+    assert result.traces[1].exact_context is False  # c3 was not sampled after c2's tokens
+    check_all(result, [first, second, late, cont])
 
 
 def test_parent_call_id_wins_over_other_candidates():
@@ -156,6 +205,44 @@ def test_parent_call_id_wins_over_other_candidates():
     cont = rec(2, [1, 2, 31, EOT, 40], [50, EOT], parent="c0")
     result = reconstruct_session([a, b, cont], PREFIX)
     assert [t.call_ids for t in result.traces] == [["c0", "c2"], ["c1"]]
+
+
+def test_an_unsafe_boundary_of_the_preferred_chain_splits_instead_of_trying_another():
+    first = rec(0, [1], [20, EOT])
+    second = rec(1, [1, 20, EOT, 3], [21], finish="length")
+    # The longest candidate is (c0, c1): its tail [4] has no end-of-turn. The shorter chain (c2) would
+    # accept it, but choosing it would be a guess.
+    late = rec(2, [1], [22, EOT])
+    cont = rec(3, [1, 20, EOT, 3, 4], [23, EOT])
+    result = reconstruct_session([first, second, late, cont], PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0", "c1"], ["c2"], ["c3"]]
+    assert result.stats.splits_by_reason == {SplitReason.PREFIX_MISMATCH: 1, SplitReason.NO_END_OF_TURN: 1}
+
+
+def test_end_of_turn_inside_the_sampled_response_is_a_malformed_boundary():
+    # a1 holds an end-of-turn before its end: the first one in the tail may belong to a1's rendering.
+    records = [rec(0, [1], [20, EOT, 21, EOT]), rec(1, [1, 20, EOT, 21, EOT, 30], [40, EOT])]
+    result = reconstruct_session(records, PREFIX)
+    assert [t.call_ids for t in result.traces] == [["c0"], ["c1"]]
+    assert result.stats.splits_by_reason == {SplitReason.MALFORMED_TAIL: 1}
+
+
+def test_template_terminator_other_than_the_sampled_one_is_kept():
+    # Two end-of-turn IDs: the response stopped on 98, the template closes the turn with 99.
+    options = ReconstructionOptions(end_of_turn_ids=(98, 99))
+    records = [rec(0, [1], [20, 98]), rec(1, [1, 20, 99, 30], [40, 99])]
+    (trace,) = reconstruct_session(records, options).traces
+    assert trace.response_token_ids == [20, 98, 99, 30, 40, 99]
+    assert trace.loss_mask == [1, 1, 0, 0, 1, 1]
+    assert trace.exact_context is False
+
+
+def test_an_empty_response_does_not_make_trainable_context_inexact():
+    # c1 sampled nothing (aborted); the chain still continues through its prompt.
+    records = [rec(0, [1], [20, EOT]), rec(1, [1, 20, EOT, 3], [], finish="abort"), rec(2, [1, 20, EOT, 3, 4], [5])]
+    result = reconstruct_session(records, ReconstructionOptions(end_of_turn_ids=(EOT,)))
+    check_all(result, records)
+    assert [t.exact_context for t in result.traces] == [True] * len(result.traces)
 
 
 def test_tail_without_end_of_turn_is_an_unsafe_boundary():
@@ -184,7 +271,7 @@ def test_untrainable_status_masks_everything(status):
     assert trace.status == status.value
     assert set(trace.loss_mask) == {0}
     assert set(trace.response_logprobs) == {0.0}
-    assert trace.weight == 0.0
+    assert trace.weight == 1.0  # session normalisation still holds; the zero mask is what excludes it
     assert result.stats.trainable_tokens == 0
     check_all(result, records)
 

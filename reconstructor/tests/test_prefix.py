@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconstructor.prefix import as_tokens, common_prefix_length, find_first_of, is_prefix
+from reconstructor.prefix import as_tokens, common_prefix_length, equal_tokens, find_first_of, is_prefix
 
 ids = st.lists(st.integers(0, 5), max_size=20)
 
@@ -34,3 +34,9 @@ def test_as_tokens_accepts_lists_iterables_and_arrays():
     assert as_tokens(iter([1, 2])).tolist() == [1, 2]
     arr = np.arange(3, dtype=np.int32)
     assert np.shares_memory(as_tokens(arr), arr)
+
+
+@given(a=ids, b=ids)
+def test_equal_tokens_matches_list_equality_for_equal_lengths(a, b):
+    n = min(len(a), len(b))
+    assert equal_tokens(as_tokens(a[:n]), as_tokens(b[:n])) == (a[:n] == b[:n])

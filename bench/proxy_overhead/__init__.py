@@ -1,0 +1,1 @@
+"""Benchmark: latency the model proxy adds over a direct HTTP call to the same stub backend."""

@@ -1,0 +1,161 @@
+"""The model proxy as one object: sessions, engine and the provider HTTP server (uvicorn, own port).
+
+``model_proxy.server`` (gRPC) constructs a :class:`ProxyApp`, starts it, and registers
+:class:`~model_proxy.servicer.ModelProxyServicer` over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+
+from model_proxy.backends.base import Backend
+from model_proxy.core.engine import EngineConfig, ProxyEngine
+from model_proxy.core.normalize import build_rules
+from model_proxy.core.parsing import create_parser
+from model_proxy.core.render import ChatRenderer
+from model_proxy.core.sessions import SessionRegistry
+from model_proxy.core.store import SessionStore
+from model_proxy.http.app import ProxyHttp
+from model_proxy.settings import ProxySettings
+from polar_core.errors import FailedPrecondition
+
+__all__ = ["ProxyApp", "resolve_context_length", "stop_token_ids"]
+
+_log = logging.getLogger(__name__)
+_END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
+
+
+def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The IDs that end a turn: the tokenizer's EOS plus well-known end-of-turn tokens it has."""
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.append(eos)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    ids.extend(vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab)
+    return tuple(dict.fromkeys(ids))
+
+
+def resolve_context_length(settings: ProxySettings, backend: Backend, tokenizer: Any) -> int:
+    """Settings first, then the backend's ``context_length``, then the tokenizer's, else 32768."""
+    if settings.context_length:
+        return settings.context_length
+    for source in (backend, tokenizer):
+        value = getattr(source, "context_length", None) or getattr(source, "model_max_length", None)
+        if isinstance(value, int) and 0 < value < 10_000_000:
+            return value
+    return 32768
+
+
+class ProxyApp:
+    """Sessions, the call engine and the provider HTTP server of one proxy process."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        backend: Backend,
+        tokenizer: Any,
+        *,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        """Build the proxy (nothing starts until :meth:`start`).
+
+        Args:
+            settings: Proxy settings.
+            backend: The inference backend (started and closed with the proxy).
+            tokenizer: The policy model's Hugging Face tokenizer.
+            tracer_provider: Provider for spans; None uses the global one.
+        """
+        self.settings = settings
+        self.backend = backend
+        store = SessionStore(settings.state_dir / "proxy", fsync=settings.fsync)
+        self.registry = SessionRegistry(store, prefix_cache_entries=settings.prefix_cache_entries)
+        tracer = tracer_provider.get_tracer("model_proxy") if tracer_provider is not None else None
+        self.engine = ProxyEngine(
+            backend=backend,
+            tokenizer=tokenizer,
+            renderer=ChatRenderer(tokenizer, chat_template=settings.chat_template, verify=settings.verify_prefix_cache),
+            parser=create_parser(settings.tool_call_parser),
+            rules=build_rules(settings.normalization_rules, settings.strip_system_line_patterns),
+            registry=self.registry,
+            config=EngineConfig(
+                context_length=resolve_context_length(settings, backend, tokenizer),
+                default_max_tokens=settings.default_max_tokens,
+                backend_timeout_s=settings.backend_timeout_s,
+                stop_token_ids=stop_token_ids(tokenizer),
+            ),
+            policy_version=settings.policy_version,
+            tracer=tracer,
+        )
+        self.http = ProxyHttp(
+            self.engine,
+            retry_after_s=settings.retry_after_s,
+            max_body_bytes=settings.max_body_bytes,
+            model_name=settings.model_name,
+        )
+        self._server: uvicorn.Server | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+        self.http_port = 0
+
+    @property
+    def base_url(self) -> str:
+        """The base URL harnesses use (``public_base_url`` or ``http://host:port``)."""
+        if self.settings.public_base_url:
+            return self.settings.public_base_url.rstrip("/")
+        host = self.settings.http_host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.http_port}"
+
+    async def start(self) -> int:
+        """Load stored sessions, start the backend and the HTTP server; returns the HTTP port."""
+        if self._server is not None:
+            return self.http_port
+        loaded = await asyncio.to_thread(self.registry.load)
+        if loaded:
+            _log.info("loaded %d stored sessions", loaded)
+        await self.backend.start()
+        family = socket.AF_INET6 if ":" in self.settings.http_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted sockets inherit this on Linux: no Nagle delay between SSE events or response parts.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((self.settings.http_host, self.settings.http_port))
+        sock.listen(2048)
+        sock.setblocking(False)
+        config = uvicorn.Config(
+            self.http.app,
+            log_level="warning",
+            access_log=False,  # access logs would print ?key= query strings
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            server_header=False,
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        if server.should_exit:
+            sock.close()
+            raise FailedPrecondition("the proxy's HTTP server failed to start")
+        self._server, self._sock = server, sock
+        self.http_port = sock.getsockname()[1]
+        self._main = asyncio.create_task(server.main_loop())
+        return self.http_port
+
+    async def stop(self) -> None:
+        """Stop the HTTP server and close the backend (idempotent)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.should_exit = True
+            if self._main is not None:
+                await self._main
+            await server.shutdown(sockets=[self._sock] if self._sock else None)
+        await self.backend.close()

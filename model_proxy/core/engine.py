@@ -1,0 +1,353 @@
+"""The call pipeline shared by every protocol: normalise, render, check, gate, generate, parse, record.
+
+:meth:`ProxyEngine.start_call` does everything that can fail with a clean HTTP error *before* a response
+starts: it renders and tokenises the prompt, checks the context length, waits at the generation gate and
+pulls the backend's first chunk. The returned :class:`Call` then yields output deltas and finally a
+:class:`~model_proxy.core.events.CallResult`, after the completion record is durable. Streaming and
+non-streaming answers consume the same events, so their captured IDs, logprobs and parsed output agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from model_proxy.backends.base import Backend
+from model_proxy.core.events import CallResult, OutputEvent
+from model_proxy.core.gate import GenerationGate
+from model_proxy.core.normalize import NormalizationRule, apply_rules
+from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimmer, TokenDecoder
+from model_proxy.core.render import ChatRenderer, RenderedPrompt
+from model_proxy.core.sessions import Session, SessionRegistry
+from model_proxy.core.types import GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
+from model_proxy.errors import BackendTimeout, ContextLengthExceeded
+from polar_core.errors import Internal, PolarError
+from polar_core.records import CompletionRecord
+
+__all__ = ["Call", "EngineConfig", "ProxyEngine"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Static limits of the engine."""
+
+    context_length: int
+    default_max_tokens: int
+    backend_timeout_s: float
+    stop_token_ids: tuple[int, ...]
+
+
+class ProxyEngine:
+    """Runs model calls for sessions and records them."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        tokenizer: TokenDecoder,
+        renderer: ChatRenderer,
+        parser: OutputParser,
+        rules: Sequence[NormalizationRule],
+        registry: SessionRegistry,
+        config: EngineConfig,
+        policy_version: str,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.parser = parser
+        self.rules = list(rules)
+        self.registry = registry
+        self.config = config
+        self.gate = GenerationGate()
+        self.policy_version = policy_version
+        self.tracer = tracer or trace.get_tracer("model_proxy")
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def prepare(self, session: Session, request: InternalRequest, call_id: str) -> tuple[RenderedPrompt, list[str]]:
+        """Normalise and render a request; returns the prompt and the rules that fired."""
+        fired = apply_rules(self.rules, request)
+        rendered = self.renderer.render(request.messages, request.tools, session.cache, call_id)
+        return rendered, fired
+
+    def count_tokens(self, request: InternalRequest) -> int:
+        """Number of prompt tokens ``request`` renders to (no session cache, nothing recorded)."""
+        apply_rules(self.rules, request)
+        text = self.renderer.render_text(request.messages, request.tools)
+        return len(self.renderer.tokenize(text, None).token_ids)
+
+    async def start_call(
+        self, session: Session, request: InternalRequest, *, trace_context: Context | None = None
+    ) -> Call:
+        """Start a call; returns once the backend produced its first chunk.
+
+        Raises:
+            ContextLengthExceeded: The prompt leaves no room in the model's context.
+            PolarError: Backend errors (unavailable, overloaded, timeout) before the first chunk.
+        """
+        started_at = time.time()
+        call_id = "call_" + secrets.token_hex(12)
+        rendered, fired = self.prepare(session, request, call_id)
+        n_prompt = len(rendered.token_ids)
+        limit = self.config.context_length
+        if n_prompt >= limit:
+            raise ContextLengthExceeded(n_prompt, limit)
+        room = limit - n_prompt
+        wanted = request.sampling.max_tokens or self.config.default_max_tokens or room
+        sampling = dataclasses.replace(request.sampling, max_tokens=min(wanted, room))
+        span = self.tracer.start_span(
+            f"chat {request.model}",
+            context=trace_context,
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.system": "polar",
+                "gen_ai.request.model": request.model,
+                "gen_ai.request.max_tokens": sampling.max_tokens or 0,
+                "gen_ai.request.temperature": sampling.temperature,
+                "polar.protocol": request.protocol,
+                "polar.session_id": session.session_id,
+                "polar.call_id": call_id,
+                "gen_ai.usage.input_tokens": n_prompt,
+                "polar.prompt_tokens_reused": rendered.reused_tokens,
+            },
+        )
+        call = Call(self, session, request, rendered, fired, sampling, call_id, started_at, span)
+        SessionRegistry.call_started(session)
+        try:
+            await call.start()
+        except BaseException as exc:
+            call.cleanup()
+            span.record_exception(exc)
+            span.end()
+            raise
+        return call
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a reference to a background task until it ends."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+_ABORT = None
+
+
+class Call:
+    """One running model call."""
+
+    def __init__(
+        self,
+        engine: ProxyEngine,
+        session: Session,
+        request: InternalRequest,
+        rendered: RenderedPrompt,
+        fired: list[str],
+        sampling: SamplingParams,
+        call_id: str,
+        started_at: float,
+        span: trace.Span,
+    ) -> None:
+        self.engine = engine
+        self.session = session
+        self.request = request
+        self.rendered = rendered
+        self.fired = fired
+        self.sampling = sampling
+        self.call_id = call_id
+        self.started_at = started_at
+        self.span = span
+        self.policy_version = ""
+        self._queue: asyncio.Queue[GenerationChunk | BaseException | None] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
+        self._ticket: int | None = None
+        self._first: GenerationChunk | None = None
+        self._cleaned = False
+        self._committed = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Number of prompt tokens."""
+        return len(self.rendered.token_ids)
+
+    async def start(self) -> None:
+        """Enter the gate, stamp the policy version, start the backend and wait for its first chunk."""
+        self._ticket = await self.engine.gate.enter(self.abort)
+        self.policy_version = self.engine.policy_version
+        gen = GenerationRequest(
+            prompt_token_ids=tuple(self.rendered.token_ids),
+            sampling=self.sampling,
+            stop_token_ids=self.engine.config.stop_token_ids,
+            request_id=self.call_id,
+            affinity_key=self.session.session_id,
+            stream=self.request.stream,
+        )
+        self._pump = asyncio.create_task(self._run_backend(gen))
+        first = await self._queue.get()
+        if isinstance(first, BaseException):
+            raise first
+        if first is None:
+            first = GenerationChunk((), (), "abort")
+        self._first = first
+
+    async def _run_backend(self, gen: GenerationRequest) -> None:
+        try:
+            async with asyncio.timeout(self.engine.config.backend_timeout_s):
+                async for chunk in self.engine.backend.generate(gen):
+                    self._queue.put_nowait(chunk)
+                    if chunk.finish_reason is not None:
+                        return
+            self._queue.put_nowait(GenerationChunk((), (), "stop"))
+        except asyncio.CancelledError:
+            self._queue.put_nowait(_ABORT)
+        except TimeoutError:
+            self._queue.put_nowait(
+                BackendTimeout(f"the backend did not finish within {self.engine.config.backend_timeout_s:g} s")
+            )
+        except PolarError as exc:
+            self._queue.put_nowait(exc)
+        except Exception as exc:
+            _log.exception("backend %s failed", self.engine.backend.name)
+            self._queue.put_nowait(Internal(f"backend failure: {type(exc).__name__}"))
+
+    def abort(self) -> None:
+        """Stop sampling; the call ends with ``finish_reason`` ``abort`` and what was sampled so far."""
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+
+    async def events(self) -> AsyncIterator[OutputEvent | CallResult]:
+        """Yield output deltas, then the :class:`CallResult` (after the record is durable)."""
+        engine = self.engine
+        decoder = IncrementalDecoder(engine.tokenizer)
+        trimmer = StopTrimmer(self.sampling.stop)
+        stream = engine.parser.stream(lambda i: f"{self.call_id}_{i}")
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish = "abort"
+        try:
+            item: GenerationChunk | BaseException | None = self._first
+            self._first = None
+            while True:
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                ids.extend(item.token_ids)
+                logprobs.extend(item.logprobs)
+                text = trimmer.feed(decoder.feed(item.token_ids))
+                for event in stream.feed(text) if text else ():
+                    yield event
+                if item.finish_reason is not None:
+                    finish = item.finish_reason
+                    break
+                item = await self._queue.get()
+            tail = trimmer.feed(decoder.flush()) + trimmer.flush()
+            for event in [*stream.feed(tail), *stream.finish()]:
+                yield event
+            parsed = stream.result()
+            if parsed.tool_calls and finish == "stop":
+                finish = "tool_calls"
+            result = await self._commit(ids, logprobs, finish, parsed, trimmer.matched)
+            yield result
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: what was sampled is still recorded, as an aborted call.
+            if not self._committed:
+                self.abort()
+                parsed = stream.result()
+                task = asyncio.ensure_future(self._commit(ids, logprobs, "abort", parsed, None))
+                engine.keep(task)
+            raise
+        finally:
+            if self._pump is not None and not self._pump.done():
+                self._pump.cancel()
+            self.cleanup()
+
+    async def collect(self) -> CallResult:
+        """Run the call to the end and return its result."""
+        async for item in self.events():
+            if isinstance(item, CallResult):
+                return item
+        raise Internal("call ended without a result")
+
+    async def _commit(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        parsed: Any,
+        stop_sequence: str | None,
+    ) -> CallResult:
+        self._committed = True
+        req = self.request
+        if len(logprobs) != len(ids):
+            raise Internal(f"backend returned {len(ids)} token IDs but {len(logprobs)} logprobs")
+        record = CompletionRecord(
+            session_id=self.session.session_id,
+            call_id=self.call_id,
+            seq=-1,
+            prompt_token_ids=list(self.rendered.token_ids),
+            response_token_ids=ids,
+            response_logprobs=logprobs,
+            protocol=req.protocol,
+            model=req.model,
+            policy_version=self.policy_version,
+            parent_call_id=self.rendered.parent_call_id,
+            finish_reason=finish,
+            request={
+                "model": req.model,
+                "messages": [m.to_template_dict() for m in req.messages],
+                "tools": [t.to_template_dict() for t in req.tools],
+                "tool_choice": req.tool_choice,
+                **req.normalized,
+            },
+            response={
+                "text": parsed.text,
+                "reasoning": parsed.reasoning,
+                "tool_calls": [dataclasses.asdict(c) for c in parsed.tool_calls],
+                "stop_sequence": stop_sequence,
+            },
+            started_at=self.started_at,
+            ended_at=time.time(),
+            extra={
+                "normalization_rules_fired": list(self.fired),
+                "tool_call_parse_error": parsed.tool_call_parse_error,
+                "sampling": self.sampling.to_dict(),
+                "backend": self.engine.backend.name,
+                "replica": "",
+            },
+        )
+        task = asyncio.ensure_future(self.engine.registry.append(self.session, record))
+        self.engine.keep(task)
+        await asyncio.shield(task)
+        self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
+        self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
+        return CallResult(
+            call_id=self.call_id,
+            model=req.model,
+            parsed=parsed,
+            finish_reason=finish,
+            stop_sequence=stop_sequence,
+            prompt_tokens=len(self.rendered.token_ids),
+            completion_tokens=len(ids),
+            record=record,
+        )
+
+    def cleanup(self) -> None:
+        """Leave the gate and the session's in-flight count (idempotent)."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        if self._ticket is not None:
+            self.engine.gate.leave(self._ticket)
+        SessionRegistry.call_finished(self.session)
+        self.span.end()

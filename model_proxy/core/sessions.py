@@ -1,0 +1,171 @@
+"""Proxy sessions: opened over gRPC, authenticated by token on every HTTP call, holding their records.
+
+Tokens are ``secrets.token_urlsafe(32)``; only their SHA-256 digests are kept on disk, so after a restart the
+old tokens still authenticate, and reopening a session returns a fresh token (the old one stays valid).
+Sessions are never created implicitly: an unknown or closed token is :class:`UnknownSession`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from model_proxy.core.render import PrefixCache
+from model_proxy.core.store import SessionMeta, SessionStore
+from model_proxy.errors import UnknownSession
+from polar_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from polar_core.records import CompletionRecord
+
+__all__ = ["Session", "SessionRegistry"]
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Session:
+    """One open (or closed) session."""
+
+    meta: SessionMeta
+    records: list[CompletionRecord]
+    cache: PrefixCache
+    token: str | None = None
+    in_flight: int = 0
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    write_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+    def notify(self) -> None:
+        """Wake every watcher (each waits on the event current when it last looked)."""
+        event, self.wake = self.wake, asyncio.Event()
+        event.set()
+
+    @property
+    def session_id(self) -> str:
+        """The session id."""
+        return self.meta.session_id
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session refuses new calls."""
+        return self.meta.closed
+
+
+class SessionRegistry:
+    """All sessions of this proxy, keyed by id and by token digest."""
+
+    def __init__(self, store: SessionStore, *, prefix_cache_entries: int) -> None:
+        self._store = store
+        self._cache_entries = prefix_cache_entries
+        self._by_id: dict[str, Session] = {}
+        self._by_digest: dict[str, Session] = {}
+
+    def load(self) -> int:
+        """Load stored sessions (after a restart); returns how many."""
+        for stored in self._store.load_all():
+            session = Session(stored.meta, stored.records, PrefixCache(self._cache_entries))
+            self._by_id[stored.meta.session_id] = session
+            for digest in stored.meta.token_digests:
+                self._by_digest[digest] = session
+        return len(self._by_id)
+
+    async def open(
+        self, session_id: str, model: str, *, policy_version: str = "", metadata: Mapping[str, Any] | None = None
+    ) -> tuple[Session, str]:
+        """Open a session (idempotent while open); returns it and its token.
+
+        Raises:
+            InvalidArgument: Empty session id or model.
+            FailedPrecondition: The session was closed.
+        """
+        if not session_id or not model:
+            raise InvalidArgument("session_id and model are required")
+        session = self._by_id.get(session_id)
+        if session is not None:
+            if session.closed:
+                raise FailedPrecondition(f"session {session_id!r} was closed")
+            if session.token is not None:
+                return session, session.token
+        token = secrets.token_urlsafe(32)
+        digest = _digest(token)
+        if session is None:
+            meta = SessionMeta(session_id, model, [digest], False, policy_version, dict(metadata or {}))
+            session = Session(meta, [], PrefixCache(self._cache_entries))
+        else:
+            session.meta.token_digests.append(digest)
+        session.token = token
+        await asyncio.to_thread(self._store.save_meta, session.meta)
+        self._by_id[session_id] = session
+        self._by_digest[digest] = session
+        return session, token
+
+    def authenticate(self, token: str | None) -> Session:
+        """Return the open session whose token this is.
+
+        Raises:
+            UnknownSession: No token, an unknown token, or a closed session's token.
+        """
+        if not token:
+            raise UnknownSession("missing API key: send the session token as the API key")
+        session = self._by_digest.get(_digest(token))
+        if session is None or session.closed:
+            raise UnknownSession("invalid API key: not the token of an open session")
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """Return a session by id.
+
+        Raises:
+            NotFound: Unknown session.
+        """
+        session = self._by_id.get(session_id)
+        if session is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        return session
+
+    async def close(self, session_id: str) -> Session:
+        """Close a session (idempotent); its records stay readable."""
+        session = self.get(session_id)
+        if not session.closed:
+            session.meta.closed = True
+            session.token = None
+            await asyncio.to_thread(self._store.save_meta, session.meta)
+        session.notify()
+        return session
+
+    async def append(self, session: Session, record: CompletionRecord) -> CompletionRecord:
+        """Give ``record`` the session's next seq, write it durably, keep it and wake watchers."""
+        async with session.write_lock:
+            record.seq = len(session.records)
+            # Shielded: a caller that goes away must not leave a half-written line behind.
+            await asyncio.shield(asyncio.to_thread(self._store.append, record))
+            session.records.append(record)
+        session.notify()
+        return record
+
+    @staticmethod
+    def call_started(session: Session) -> None:
+        """Note that a call of ``session`` began."""
+        session.in_flight += 1
+
+    @staticmethod
+    def call_finished(session: Session) -> None:
+        """Note that a call of ``session`` ended (recorded or not); wakes watchers of a closed session."""
+        session.in_flight -= 1
+        session.notify()
+
+    async def watch(self, session_id: str, from_seq: int) -> AsyncIterator[CompletionRecord]:
+        """Yield records from ``from_seq`` on; ends when the session is closed and has no call in flight."""
+        session = self.get(session_id)
+        next_seq = max(0, from_seq)
+        while True:
+            while next_seq < len(session.records):
+                yield session.records[next_seq]
+                next_seq += 1
+            if session.closed and session.in_flight == 0:
+                return
+            await session.wake.wait()

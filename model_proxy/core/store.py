@@ -1,0 +1,119 @@
+"""Durable per-session storage: ``<state_dir>/sessions/<dir>/session.json`` and ``completions.jsonl``.
+
+Completion records are appended one JSON line each and fsync'd before the call is answered, so a restarted
+proxy loses no finished call. ``session.json`` holds the session's metadata and the SHA-256 digests of its
+tokens (never a token itself); it is replaced atomically. A torn last line (a crash mid-append) is dropped
+on load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from polar_core.errors import InvalidArgument
+from polar_core.records import CompletionRecord
+
+__all__ = ["SessionMeta", "SessionStore", "StoredSession"]
+
+_log = logging.getLogger(__name__)
+_SAFE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+@dataclasses.dataclass(slots=True)
+class SessionMeta:
+    """What is persisted about a session besides its records."""
+
+    session_id: str
+    model: str
+    token_digests: list[str]
+    closed: bool = False
+    policy_version: str = ""
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class StoredSession:
+    """A session as loaded from disk."""
+
+    meta: SessionMeta
+    records: list[CompletionRecord]
+
+
+def _dirname(session_id: str) -> str:
+    if _SAFE.fullmatch(session_id) and session_id not in (".", ".."):
+        return session_id
+    return "h-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+
+
+class SessionStore:
+    """Reads and writes session files; blocking methods are meant to run in a worker thread."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self._root = root / "sessions"
+        self._fsync = fsync
+
+    def _dir(self, session_id: str) -> Path:
+        return self._root / _dirname(session_id)
+
+    def save_meta(self, meta: SessionMeta) -> None:
+        """Write ``session.json`` atomically."""
+        directory = self._dir(meta.session_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / "session.json.tmp"
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(meta), fh)
+            fh.flush()
+            if self._fsync:
+                os.fsync(fh.fileno())
+        tmp.replace(directory / "session.json")
+
+    def append(self, record: CompletionRecord) -> None:
+        """Append one record to its session's ``completions.jsonl`` and make it durable."""
+        line = json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+        path = self._dir(record.session_id) / "completions.jsonl"
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            if self._fsync:
+                os.fsync(fh.fileno())
+
+    def load_all(self) -> list[StoredSession]:
+        """Load every stored session (records in seq order)."""
+        if not self._root.is_dir():
+            return []
+        out: list[StoredSession] = []
+        for directory in sorted(self._root.iterdir()):
+            meta_path = directory / "session.json"
+            if not meta_path.is_file():
+                continue
+            meta = SessionMeta(**json.loads(meta_path.read_text(encoding="utf-8")))
+            out.append(StoredSession(meta, self._load_records(directory / "completions.jsonl")))
+        return out
+
+    @staticmethod
+    def _load_records(path: Path) -> list[CompletionRecord]:
+        if not path.is_file():
+            return []
+        records: list[CompletionRecord] = []
+        data = path.read_bytes()
+        good = 0
+        for raw in data.splitlines(keepends=True):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                records.append(CompletionRecord.from_dict(json.loads(raw)))
+            except (ValueError, InvalidArgument):
+                break
+            good += len(raw)
+        if good != len(data):
+            _log.warning("dropping a torn record at the end of %s", path)
+            with path.open("r+b") as fh:
+                fh.truncate(good)
+        return records

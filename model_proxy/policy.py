@@ -1,0 +1,75 @@
+"""The policy model the proxy serves: its tokenizer (always) and, for the in-process backend, its weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from model_proxy.backends.base import Backend
+from model_proxy.backends.factory import create_backend
+from polar_core.errors import InvalidArgument
+
+__all__ = ["PolicyModel", "load_policy", "make_backend"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyModel:
+    """A loaded policy: ``weights`` is None unless an in-process backend needs them."""
+
+    name: str
+    tokenizer: Any
+    weights: Any | None = None
+
+
+def load_policy(model: str, *, with_weights: bool) -> PolicyModel:
+    """Load ``smollm2``, ``tiny`` or a Hugging Face directory; weights only when ``with_weights``."""
+    # Imported lazily: torch and transformers take seconds to import and gRPC-only users never need them.
+    from polar_core import model_fixtures
+
+    tokenizer: Any
+    weights: Any = None
+    if model == "tiny":
+        tokenizer = model_fixtures.build_tiny_tokenizer()
+        weights = model_fixtures.build_tiny_model(tokenizer) if with_weights else None
+        return PolicyModel(model, tokenizer, weights)
+    if model == "smollm2":
+        if with_weights:
+            tokenizer, weights = model_fixtures.load_smollm2()
+            return PolicyModel(model, tokenizer, weights)
+        from transformers import AutoTokenizer
+
+        path = model_fixtures.smollm2_gguf_path()
+        return PolicyModel(model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+    directory = Path(model)
+    if not directory.is_dir():
+        raise InvalidArgument(f"model {model!r} is neither 'smollm2', 'tiny' nor a model directory")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if with_weights:
+        weights = AutoModelForCausalLM.from_pretrained(directory)
+        weights.eval()
+    return PolicyModel(model, tokenizer, weights)
+
+
+def make_backend(name: str, options: Mapping[str, Any], policy: PolicyModel) -> Backend:
+    """Create the backend; the in-process one samples from the already-loaded policy weights."""
+    if name == "transformers" and "model_dir" not in options:
+        from model_proxy.backends.transformers_backend import TransformersBackend
+
+        if policy.weights is None:
+            raise InvalidArgument("the transformers backend needs the policy's weights")
+        extra = sorted(set(options) - {"device", "dtype", "max_context", "chunk_size"})
+        if extra:
+            raise InvalidArgument(f"backend 'transformers' has no option(s) {extra}")
+        max_context = options.get("max_context")
+        return TransformersBackend(
+            policy.weights,
+            device=options.get("device"),
+            dtype=options.get("dtype"),
+            max_context=int(max_context) if max_context is not None else None,
+            chunk_size=int(options.get("chunk_size", 4)),
+        )
+    return create_backend(name, options, policy.tokenizer)

@@ -1,0 +1,258 @@
+"""Anthropic Messages: request translation, JSON answers and the SSE event stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from model_proxy.core.engine import Call
+from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
+from model_proxy.core.types import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
+from model_proxy.errors import MalformedRequest
+from model_proxy.protocols.anthropic.models import Block, MessagesRequest
+from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
+
+__all__ = ["AnthropicAdapter"]
+
+_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "end_turn"}
+_ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "context_length": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "conflict": "invalid_request_error",
+    "overloaded": "overloaded_error",
+    "unavailable": "api_error",
+    "timeout": "api_error",
+    "unimplemented": "api_error",
+    "internal": "api_error",
+}
+
+
+def _block_text(content: str | list[Block] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return text_of_parts(content)
+
+
+def _translate_messages(req: MessagesRequest, ignored: list[str]) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    if req.system:
+        system = req.system if isinstance(req.system, str) else "\n".join(b.text or "" for b in req.system)
+        out.append(ChatMessage("system", system))
+    names: dict[str, str] = {}
+    for msg in req.messages:
+        blocks = [Block(type="text", text=msg.content)] if isinstance(msg.content, str) else msg.content
+        if msg.role == "system":
+            out.append(ChatMessage("system", _block_text(blocks)))
+        elif msg.role == "assistant":
+            turn = ChatMessage("assistant")
+            reasoning: list[str] = []
+            for block in blocks:
+                if block.type == "text":
+                    turn.content += block.text or ""
+                elif block.type == "thinking":
+                    reasoning.append(block.thinking or "")
+                elif block.type == "tool_use":
+                    if not block.id or not block.name or not isinstance(block.input, dict):
+                        raise MalformedRequest("tool_use blocks need id, name and an input object")
+                    names[block.id] = block.name
+                    turn.tool_calls.append(ToolCall(block.id, block.name, block.input))
+                else:
+                    ignored.append(f"assistant block {block.type}")
+            turn.reasoning = "".join(reasoning) or None
+            out.append(turn)
+        else:
+            text: list[str] = []
+            for block in blocks:
+                if block.type == "text":
+                    text.append(block.text or "")
+                elif block.type == "tool_result":
+                    if text:
+                        out.append(ChatMessage("user", "".join(text)))
+                        text = []
+                    if not block.tool_use_id:
+                        raise MalformedRequest("tool_result blocks need a tool_use_id")
+                    out.append(
+                        ChatMessage(
+                            "tool",
+                            _block_text(block.content),
+                            tool_call_id=block.tool_use_id,
+                            name=names.get(block.tool_use_id),
+                        )
+                    )
+                else:
+                    ignored.append(f"user block {block.type}")
+            if text or not blocks:
+                out.append(ChatMessage("user", "".join(text)))
+    return out
+
+
+class AnthropicAdapter:
+    """The Anthropic Messages protocol."""
+
+    protocol = "anthropic_messages"
+
+    def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
+        """Validate and translate a Messages request."""
+        try:
+            req = MessagesRequest.model_validate(body)
+        except ValidationError as exc:
+            raise malformed(exc) from None
+        ignored: list[str] = []
+        tools: list[ToolSpec] = []
+        for tool in req.tools or []:
+            if tool.type not in (None, "custom") or tool.input_schema is None:
+                ignored.append(f"tool {tool.name} ({tool.type})")
+                continue
+            tools.append(ToolSpec(tool.name, tool.description or "", tool.input_schema))
+        messages = _translate_messages(req, ignored)
+        tool_choice = None
+        if req.tool_choice is not None:
+            tool_choice = req.tool_choice.type if req.tool_choice.type != "tool" else f"tool:{req.tool_choice.name}"
+        sampling = SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if not req.top_k else req.top_k,
+            max_tokens=req.max_tokens,
+            stop=tuple(req.stop_sequences or ()),
+        )
+        internal = InternalRequest(
+            protocol=self.protocol,
+            model=req.model,
+            messages=messages,
+            tools=tools,
+            sampling=sampling,
+            stream=req.stream,
+            tool_choice=tool_choice,
+            normalized={"ignored": ignored} if ignored else {},
+        )
+        return ParsedRequest(req, internal)
+
+    @staticmethod
+    def _usage(result: CallResult) -> dict[str, Any]:
+        return {
+            "input_tokens": result.prompt_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": result.completion_tokens,
+        }
+
+    @staticmethod
+    def _stop(result: CallResult) -> str:
+        if result.stop_sequence is not None:
+            return "stop_sequence"
+        return _STOP.get(result.finish_reason, "end_turn")
+
+    def response(self, request: ParsedRequest, result: CallResult) -> dict[str, Any]:
+        """The Messages JSON answer."""
+        parsed = result.parsed
+        content: list[dict[str, Any]] = []
+        if parsed.reasoning:
+            content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+        if parsed.text or not parsed.tool_calls:
+            content.append({"type": "text", "text": parsed.text})
+        for call in parsed.tool_calls:
+            content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
+        return {
+            "id": "msg_" + result.call_id,
+            "type": "message",
+            "role": "assistant",
+            "model": result.model,
+            "content": content,
+            "stop_reason": self._stop(result),
+            "stop_sequence": result.stop_sequence,
+            "usage": self._usage(result),
+        }
+
+    async def stream(self, request: ParsedRequest, call: Call) -> AsyncIterator[bytes]:
+        """The Messages SSE stream: message_start, content blocks, message_delta, message_stop."""
+        yield sse(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_" + call.call_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": call.request.model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {
+                        "input_tokens": call.prompt_tokens,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                        "output_tokens": 0,
+                    },
+                },
+            },
+            "message_start",
+        )
+        index = -1
+        open_kind: str | None = None
+
+        def start(kind: str, block: dict[str, Any]) -> bytes:
+            nonlocal index, open_kind
+            index += 1
+            open_kind = kind
+            return sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
+
+        def stop() -> bytes:
+            nonlocal open_kind
+            open_kind = None
+            return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+
+        def delta(body: dict[str, Any]) -> bytes:
+            return sse({"type": "content_block_delta", "index": index, "delta": body}, "content_block_delta")
+
+        async for item in call.events():
+            if isinstance(item, TextDelta):
+                if open_kind != "text":
+                    if open_kind is not None:
+                        yield stop()
+                    yield start("text", {"type": "text", "text": ""})
+                yield delta({"type": "text_delta", "text": item.text})
+            elif isinstance(item, ReasoningDelta):
+                if open_kind != "thinking":
+                    if open_kind is not None:
+                        yield stop()
+                    yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                yield delta({"type": "thinking_delta", "thinking": item.text})
+            elif isinstance(item, ToolCallDone):
+                if open_kind is not None:
+                    yield stop()
+                c = item.call
+                yield start("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+                yield delta({"type": "input_json_delta", "partial_json": json.dumps(c.arguments, ensure_ascii=False)})
+                yield stop()
+            else:
+                if index < 0:
+                    yield start("text", {"type": "text", "text": ""})
+                if open_kind is not None:
+                    yield stop()
+                yield sse(
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": self._stop(item), "stop_sequence": item.stop_sequence},
+                        "usage": self._usage(item),
+                    },
+                    "message_delta",
+                )
+                yield sse({"type": "message_stop"}, "message_stop")
+
+    def error_body(self, error: ErrorInfo) -> dict[str, Any]:
+        """Anthropic's error JSON."""
+        message = error.message
+        if error.kind == "context_length":
+            message = f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
+        return {"type": "error", "error": {"type": _ERROR_TYPES.get(error.kind, "api_error"), "message": message}}
+
+    def stream_error(self, error: ErrorInfo) -> bytes:
+        """Anthropic's ``error`` SSE event."""
+        return sse(self.error_body(error), "error")

