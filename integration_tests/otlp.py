@@ -71,7 +71,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def start(self) -> int:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)  # type: ignore[no-untyped-call]
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self._server.start()
         return self.port
@@ -87,10 +87,10 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
             return list(self._spans)
 
     async def wait_for(
-        self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float = 10.0
+        self, predicate: Callable[[list[ReceivedSpan]], bool], within_s: float = 10.0
     ) -> list[ReceivedSpan]:
         """Wait until ``predicate(spans)`` is true; return the spans."""
-        return await asyncio.to_thread(self._wait, predicate, timeout)
+        return await asyncio.to_thread(self._wait, predicate, within_s)
 
 
 def _value(v: Any) -> Any:

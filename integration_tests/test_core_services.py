@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +21,7 @@ from polar_core.services import SERVICE_NAMES, service_spec
 async def test_service_serves_health_on_port_zero(name: str, tmp_path: Path) -> None:
     spec = service_spec(name)
     # The proxy's embedded default loads SmolLM2 (about 20 s); the tiny fixture model starts in a second.
-    extra: dict[str, object] = {"model": "tiny"} if name == "proxy" else {}
+    extra: dict[str, Any] = {"model": "tiny"} if name == "proxy" else {}
     settings = spec.settings_cls.load(state_dir=tmp_path, **extra)
     server, port = await spec.start(settings)
     try:
@@ -49,7 +50,7 @@ class _FailingGateway(gateway_service_pb2_grpc.GatewayServiceServicer):
 
 
 async def _start_failing(token: str = "") -> tuple[grpc.aio.Server, int]:
-    servicer = _FailingGateway()
+    servicer = _FailingGateway()  # type: ignore[abstract]
     return await start_grpc_server(
         [
             ServiceRegistration(
@@ -73,11 +74,14 @@ async def test_errors_map_to_precise_status_codes_with_details() -> None:
             err = info.value
             assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert err.details() == "postrun queue is full"
-            raw = dict(err.trailing_metadata() or ())["grpc-status-details-bin"]
+            metadata: Any = err.trailing_metadata() or ()
+            raw = dict(metadata)["grpc-status-details-bin"]
             status = status_pb2.Status.FromString(raw)
             infos = [error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()]
-            assert status.details[0].Unpack(infos[0]) and status.details[1].Unpack(infos[1])
-            assert infos[0].reason == "ResourceExhausted" and infos[0].metadata["stage"] == "POSTRUN"
+            assert status.details[0].Unpack(infos[0])
+            assert status.details[1].Unpack(infos[1])
+            assert infos[0].reason == "ResourceExhausted"
+            assert infos[0].metadata["stage"] == "POSTRUN"
             assert infos[1].retry_delay.ToNanoseconds() == 2_500_000_000
 
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -90,10 +94,14 @@ async def test_errors_map_to_precise_status_codes_with_details() -> None:
             assert "secret internal detail" not in (info.value.details() or "")
 
             call = stub.WatchSessions(gateway_service_pb2.WatchSessionsRequest(), timeout=5)
-            received = []
-            with pytest.raises(grpc.aio.AioRpcError) as info:
+            received: list[Any] = []
+
+            async def drain() -> None:
                 async for item in call:
                     received.append(item)
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await drain()
             assert len(received) == 1
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -33,7 +34,8 @@ async def test_evaluate_over_grpc(tmp_path: Path, patch_kind: str) -> None:
             spec, fix = _spec_proto("paginate")
             prepared = await stub.Prepare(pb.PrepareRequest(evaluator=spec, task_id="paginate", request_id="r1"))
             again = await stub.Prepare(pb.PrepareRequest(evaluator=spec, task_id="paginate", request_id="r1"))
-            assert prepared.handle and again.handle == prepared.handle
+            assert prepared.handle
+            assert again.handle == prepared.handle
             patch = fix if patch_kind == "reference" else b"this is not a patch\n"
             request = pb.EvaluateRequest(
                 handle=prepared.handle,
@@ -44,14 +46,13 @@ async def test_evaluate_over_grpc(tmp_path: Path, patch_kind: str) -> None:
             if patch_kind == "reference":
                 assert first.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED
                 assert first.reward == 1.0
-                assert first.test_outcomes and all(
-                    t.outcome == pb.TEST_OUTCOME_STATUS_PASSED for t in first.test_outcomes
-                )
+                assert first.test_outcomes
+                assert all(t.outcome == pb.TEST_OUTCOME_STATUS_PASSED for t in first.test_outcomes)
             else:
                 assert first.terminal_status == status_pb2.TERMINAL_STATUS_INVALID_PATCH
                 assert first.reward == 0.0
             assert second == first
-            assert Path(first.log_ref).exists()
+            assert await asyncio.to_thread(Path(first.log_ref).exists)
             released = await stub.Release(pb.ReleaseRequest(handle=prepared.handle))
             assert released.released
             with pytest.raises(grpc.aio.AioRpcError) as info:

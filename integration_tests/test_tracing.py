@@ -11,6 +11,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+from polar.common.v1 import status_pb2
 from polar.proxy.v1 import model_proxy_service_pb2 as proxy_pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 from polar.reconstructor.v1 import reconstructor_service_pb2 as recon_pb
@@ -21,7 +22,6 @@ from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar.common.v1 import status_pb2
 from polar_core.channels import open_channel
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.server import start_grpc_server
@@ -42,7 +42,9 @@ async def test_one_trace_spans_reconstructor_and_proxy(otlp_receiver: OtlpReceiv
     tokenizer: Any = build_tiny_tokenizer()
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     backend = ScriptedBackend([ScriptTurn.from_dict({"text": "hello there"})], tokenizer, end_of_turn_id=eot)
-    app = ProxyApp(ProxySettings(state_dir=tmp_path / "proxy", fsync=False), backend, tokenizer, tracer_provider=proxy_tp)
+    app = ProxyApp(
+        ProxySettings(state_dir=tmp_path / "proxy", fsync=False), backend, tokenizer, tracer_provider=proxy_tp
+    )
     await app.start()
     proxy_server, proxy_port = await start_grpc_server(
         [registration(app)], host="127.0.0.1", port=0, tracer_provider=proxy_tp

@@ -3,41 +3,75 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import ServiceRegistration, placeholder_servicer, run_until_signal, start_grpc_server
+from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
 from polar_core.tracing import create_tracer_provider
+from rollout_server.app import RolloutApp
+from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
 
-__all__ = ["create_server", "main"]
+__all__ = ["RolloutServer", "create_server", "main", "start_rollout_server"]
 
 _SERVICE = rollout_service_pb2.DESCRIPTOR.services_by_name["RolloutService"]
 
 
-async def create_server(
-    settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None
-) -> tuple[grpc.aio.Server, int]:
-    """Start the RolloutService on ``settings.host:settings.port`` (0 picks a port) and return it."""
-    servicer = placeholder_servicer(
-        rollout_service_pb2_grpc.RolloutServiceServicer,
-        _SERVICE.full_name,
-        [m.name for m in _SERVICE.methods],
-        "issue #6",
-    )
+@dataclasses.dataclass(slots=True)
+class RolloutServer:
+    """A running rollout server: the gRPC server, its port, and the app behind it."""
+
+    server: grpc.aio.Server
+    port: int
+    app: RolloutApp
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving, then stop the background loops and close the store."""
+        await self.server.stop(grace)
+        await self.app.close()
+
+
+async def start_rollout_server(
+    settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None, app: RolloutApp | None = None
+) -> RolloutServer:
+    """Open the app (reconciling with gateways), serve it, and start its loops."""
+    app = app or await RolloutApp.open(settings, tracer_provider=tracer_provider)
+    servicer = RolloutServicer(app.core)
     registration = ServiceRegistration(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
     )
-    return await start_grpc_server(
+    server, port = await start_grpc_server(
         [registration],
         host=settings.host,
         port=settings.port,
         tracer_provider=tracer_provider,
         auth_token=settings.auth_token,
     )
+    await app.start()
+    return RolloutServer(server, port, app)
+
+
+async def _close_on_termination(handle: RolloutServer) -> None:
+    await handle.server.wait_for_termination()
+    await handle.app.close()
+
+
+async def create_server(
+    settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Start the RolloutService on ``settings.host:settings.port`` (0 picks a port) and return it.
+
+    The app's loops and store are closed when the returned server terminates.
+    """
+    handle = await start_rollout_server(settings, tracer_provider=tracer_provider)
+    closer = asyncio.create_task(_close_on_termination(handle))
+    # Keep a reference on the server so the closing task is not garbage-collected.
+    handle.server._polar_closer = closer  # type: ignore[attr-defined]
+    return handle.server, handle.port
 
 
 def main() -> None:

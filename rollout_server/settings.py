@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from polar_core.settings import ServiceSettings
@@ -12,7 +13,51 @@ __all__ = ["RolloutSettings"]
 
 
 class RolloutSettings(ServiceSettings):
-    """Settings of the RolloutService; environment prefix ``POLAR_ROLLOUT_``, TOML table ``[rollout]``."""
+    """Settings of the RolloutService; environment prefix ``POLAR_ROLLOUT_``, TOML table ``[rollout]``.
+
+    Attributes:
+        store_url: Where tasks and results live: empty for SQLite at ``state_dir/rollout.sqlite3``,
+            ``sqlite:///PATH`` for another SQLite file, or ``postgresql://...`` for PostgreSQL (several hosts).
+        gateway_addresses: Gateways to use without registration (``host:port``); their id and capacity are
+            read with GetCapacity and refreshed every ``heartbeat_interval_s``.
+        gateway_auth_token: Token sent to gateways (and trainer callbacks); empty means ``auth_token``.
+        heartbeat_interval_s: How often gateways should heartbeat.
+        lease_ttl_s: How long a gateway registration lives without a heartbeat.
+        dispatch_interval_s: Longest pause of the dispatch loop when nothing wakes it.
+        dispatch_batch: Most sessions dispatched per loop turn.
+        max_attempts: Attempts per session; only ``infra_error`` is retried, never a model failure.
+        retry_backoff_s: Delay before the first retry of an ``infra_error`` session; doubles per retry.
+        busy_backoff_s: Delay after RESOURCE_EXHAUSTED when the gateway gave no retry hint.
+        session_grace_s: Slack on top of a task's ``timeout_seconds`` for runtime start and evaluation.
+        task_timeout_s: Default limit for a whole task, from submission.
+        max_active_tasks: Admission limit: SubmitTask answers RESOURCE_EXHAUSTED beyond it.
+        gateway_rpc_timeout_s: Deadline of each call to a gateway.
+        callback_max_attempts: Default delivery attempts before a result is dead-lettered.
+        callback_backoff_s: Delay before the second delivery attempt; doubles per attempt.
+        callback_backoff_max_s: Upper bound of the delivery backoff.
+        callback_timeout_s: Deadline of each delivery call.
+        watchdog_interval_s: How often deadlines, leases and lost sessions are checked.
+    """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
     toml_table: ClassVar[str] = "rollout"
+
+    store_url: str = ""
+    gateway_addresses: list[str] = Field(default_factory=list)
+    gateway_auth_token: str = ""
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    lease_ttl_s: float = Field(default=20.0, gt=0)
+    dispatch_interval_s: float = Field(default=0.5, gt=0)
+    dispatch_batch: int = Field(default=256, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=1.0, ge=0)
+    busy_backoff_s: float = Field(default=1.0, ge=0)
+    session_grace_s: float = Field(default=300.0, ge=0)
+    task_timeout_s: float = Field(default=6 * 3600.0, gt=0)
+    max_active_tasks: int = Field(default=10_000, ge=1)
+    gateway_rpc_timeout_s: float = Field(default=10.0, gt=0)
+    callback_max_attempts: int = Field(default=8, ge=1)
+    callback_backoff_s: float = Field(default=0.5, ge=0)
+    callback_backoff_max_s: float = Field(default=60.0, ge=0)
+    callback_timeout_s: float = Field(default=10.0, gt=0)
+    watchdog_interval_s: float = Field(default=1.0, gt=0)

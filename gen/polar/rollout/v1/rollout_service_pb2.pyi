@@ -15,7 +15,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TaskInfo(_message.Message):
-    __slots__ = ("task", "status", "sessions_total", "sessions_done", "sessions_usable", "sessions_running", "sessions_by_status", "mean_reward", "submitted_at", "finished_at", "error_message")
+    __slots__ = ("task", "status", "sessions_total", "sessions_done", "sessions_usable", "sessions_running", "sessions_by_status", "mean_reward", "submitted_at", "finished_at", "error_message", "statistics", "deadline")
     class SessionsByStatusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class TaskInfo(_message.Message):
     SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     task: _task_pb2.Task
     status: _status_pb2.TaskStatus
     sessions_total: int
@@ -45,13 +47,69 @@ class TaskInfo(_message.Message):
     submitted_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error_message: str
-    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., status: _Optional[_Union[_status_pb2.TaskStatus, str]] = ..., sessions_total: _Optional[int] = ..., sessions_done: _Optional[int] = ..., sessions_usable: _Optional[int] = ..., sessions_running: _Optional[int] = ..., sessions_by_status: _Optional[_Mapping[str, int]] = ..., mean_reward: _Optional[float] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    statistics: TaskStatistics
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., status: _Optional[_Union[_status_pb2.TaskStatus, str]] = ..., sessions_total: _Optional[int] = ..., sessions_done: _Optional[int] = ..., sessions_usable: _Optional[int] = ..., sessions_running: _Optional[int] = ..., sessions_by_status: _Optional[_Mapping[str, int]] = ..., mean_reward: _Optional[float] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_message: _Optional[str] = ..., statistics: _Optional[_Union[TaskStatistics, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Distribution(_message.Message):
+    __slots__ = ("count", "mean", "p50", "p90", "max")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P90_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    max: float
+    def __init__(self, count: _Optional[int] = ..., mean: _Optional[float] = ..., p50: _Optional[float] = ..., p90: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class PolicyAgeBucket(_message.Message):
+    __slots__ = ("policy_age", "sessions", "mean_reward")
+    POLICY_AGE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_REWARD_FIELD_NUMBER: _ClassVar[int]
+    policy_age: int
+    sessions: int
+    mean_reward: float
+    def __init__(self, policy_age: _Optional[int] = ..., sessions: _Optional[int] = ..., mean_reward: _Optional[float] = ...) -> None: ...
+
+class TaskStatistics(_message.Message):
+    __slots__ = ("session_duration_seconds", "calls", "chains", "policy_age", "reward_by_policy_age", "sessions_dropped", "sessions_retried", "sessions_truncated", "attempts_total", "deliveries_pending", "deliveries_dead_lettered", "deliveries_delivered")
+    SESSION_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_AGE_FIELD_NUMBER: _ClassVar[int]
+    REWARD_BY_POLICY_AGE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_RETRIED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    session_duration_seconds: Distribution
+    calls: Distribution
+    chains: Distribution
+    policy_age: Distribution
+    reward_by_policy_age: _containers.RepeatedCompositeFieldContainer[PolicyAgeBucket]
+    sessions_dropped: int
+    sessions_retried: int
+    sessions_truncated: int
+    attempts_total: int
+    deliveries_pending: int
+    deliveries_dead_lettered: int
+    deliveries_delivered: int
+    def __init__(self, session_duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ..., calls: _Optional[_Union[Distribution, _Mapping]] = ..., chains: _Optional[_Union[Distribution, _Mapping]] = ..., policy_age: _Optional[_Union[Distribution, _Mapping]] = ..., reward_by_policy_age: _Optional[_Iterable[_Union[PolicyAgeBucket, _Mapping]]] = ..., sessions_dropped: _Optional[int] = ..., sessions_retried: _Optional[int] = ..., sessions_truncated: _Optional[int] = ..., attempts_total: _Optional[int] = ..., deliveries_pending: _Optional[int] = ..., deliveries_dead_lettered: _Optional[int] = ..., deliveries_delivered: _Optional[int] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
-    __slots__ = ("task",)
+    __slots__ = ("task", "task_timeout")
     TASK_FIELD_NUMBER: _ClassVar[int]
+    TASK_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     task: _task_pb2.Task
-    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+    task_timeout: _duration_pb2.Duration
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., task_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SubmitTaskResponse(_message.Message):
     __slots__ = ("task_id", "task", "already_existed")
@@ -64,16 +122,20 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., already_existed: _Optional[bool] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("task_id",)
+    __slots__ = ("task_id", "summary_only")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
-    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+    summary_only: bool
+    def __init__(self, task_id: _Optional[str] = ..., summary_only: _Optional[bool] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("task",)
+    __slots__ = ("task", "session_results")
     TASK_FIELD_NUMBER: _ClassVar[int]
+    SESSION_RESULTS_FIELD_NUMBER: _ClassVar[int]
     task: TaskInfo
-    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+    session_results: _containers.RepeatedCompositeFieldContainer[_session_pb2.SessionResult]
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., session_results: _Optional[_Iterable[_Union[_session_pb2.SessionResult, _Mapping]]] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "status_filter")

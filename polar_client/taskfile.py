@@ -1,0 +1,97 @@
+"""Reading ``TASK.yaml`` (see ``contracts.md``) into a ``polar.common.v1.Task``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format, struct_pb2
+from polar.common.v1 import reconstruction_pb2, task_pb2
+
+from polar_core.errors import InvalidArgument
+
+__all__ = ["load_task", "task_from_mapping"]
+
+_RUNTIME_KINDS = {"local": 1, "docker": 2, "apptainer": 3}
+_SCALARS = ("task_id", "instruction", "num_samples", "timeout_seconds", "priority", "early_stop_min_usable_sessions")
+
+
+def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(dict(values))
+    return out
+
+
+def _named(section: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
+    options = dict(section)
+    return str(options.pop(key, "")), options
+
+
+def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
+    """Build a Task from the parsed YAML mapping.
+
+    ``harness``, ``backend`` and ``evaluator`` take a name (``strategy`` for the evaluator) plus free-form
+    options; ``runtime`` takes ``kind``, ``image`` and options; ``builder`` takes ``strategy``
+    (``per-request``, ``prefix-merge``, ``exact``) and ``end_of_turn_token_ids``; ``callback`` takes
+    ``http_url`` or ``grpc_target`` and ``max_attempts``.
+
+    Raises:
+        InvalidArgument: Unknown keys or malformed values.
+    """
+    known = {*_SCALARS, "harness", "runtime", "backend", "builder", "evaluator", "metadata", "callback"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InvalidArgument(f"unknown task field(s): {', '.join(unknown)}")
+    task = task_pb2.Task()
+    try:
+        for key in _SCALARS:
+            if key in data and data[key] is not None:
+                setattr(task, key, type(getattr(task, key))(data[key]))
+        if "harness" in data:
+            name, options = _named(data["harness"], "name")
+            task.harness.CopyFrom(task_pb2.HarnessSpec(name=name, options=_struct(options)))
+        if "runtime" in data:
+            kind, options = _named(data["runtime"], "kind")
+            image = str(options.pop("image", ""))
+            if kind and kind not in _RUNTIME_KINDS:
+                raise InvalidArgument(f"runtime.kind must be one of {', '.join(_RUNTIME_KINDS)}")
+            task.runtime.CopyFrom(
+                task_pb2.RuntimeSpec(kind=_RUNTIME_KINDS.get(kind, 0), image=image, options=_struct(options))  # type: ignore[arg-type]
+            )
+        if "backend" in data:
+            name, options = _named(data["backend"], "name")
+            task.backend.CopyFrom(task_pb2.BackendSpec(name=name, options=_struct(options)))
+        if "builder" in data:
+            strategy, options = _named(data["builder"], "strategy")
+            eot = [int(t) for t in options.pop("end_of_turn_token_ids", [])]
+            value = 0
+            if strategy:
+                value = reconstruction_pb2.ReconstructionStrategy.Value(
+                    "RECONSTRUCTION_STRATEGY_" + strategy.upper().replace("-", "_")
+                )
+            task.builder.CopyFrom(
+                task_pb2.BuilderSpec(strategy=value, end_of_turn_token_ids=eot, options=_struct(options))  # type: ignore[arg-type]
+            )
+        if "evaluator" in data:
+            strategy, options = _named(data["evaluator"], "strategy")
+            task.evaluator.CopyFrom(task_pb2.EvaluatorSpec(strategy=strategy, options=_struct(options)))
+        if "metadata" in data:
+            task.metadata.CopyFrom(_struct(data["metadata"] or {}))
+        if "callback" in data:
+            json_format.ParseDict(data["callback"], task.callback)
+    except (TypeError, ValueError, AttributeError, json_format.ParseError) as exc:
+        raise InvalidArgument(f"malformed task: {exc}") from None
+    return task
+
+
+def load_task(path: Path | str) -> task_pb2.Task:
+    """Read a ``TASK.yaml`` file."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"cannot read task file {path}: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidArgument(f"{path}: a task file must be a mapping")
+    return task_from_mapping(data)

@@ -1,0 +1,123 @@
+"""Wiring of one rollout server process: store, domain core, scheduler, deliverer and their loops."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from rollout_server.callbacks import CallbackSenders
+from rollout_server.core import CoreConfig, RolloutCore
+from rollout_server.delivery import Deliverer, DeliveryConfig
+from rollout_server.gateway_client import GrpcGatewayClient
+from rollout_server.ports import CallbackSender, GatewayClient
+from rollout_server.scheduler import Scheduler, SchedulerConfig
+from rollout_server.settings import RolloutSettings
+from rollout_server.store import Store, open_store
+
+__all__ = ["RolloutApp"]
+
+
+class RolloutApp:
+    """Everything behind the RolloutService, started and stopped together."""
+
+    def __init__(
+        self,
+        store: Store,
+        core: RolloutCore,
+        scheduler: Scheduler,
+        deliverer: Deliverer,
+        closers: list[GatewayClient | CallbackSender],
+    ) -> None:
+        self.store = store
+        self.core = core
+        self.scheduler = scheduler
+        self.deliverer = deliverer
+        self._closers = closers
+        self._loops: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(
+        cls,
+        settings: RolloutSettings,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        store: Store | None = None,
+        gateway_client: GatewayClient | None = None,
+        callback_sender: CallbackSender | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> RolloutApp:
+        """Build the app from settings; ``store``, ``gateway_client`` and ``callback_sender`` override the defaults."""
+        store = store or await open_store(settings.store_url, settings.state_dir)
+        token = settings.gateway_auth_token or settings.auth_token
+        gateways = gateway_client or GrpcGatewayClient(
+            auth_token=token, timeout_s=settings.gateway_rpc_timeout_s, tracer_provider=tracer_provider
+        )
+        sender = callback_sender or CallbackSenders(
+            auth_token=token, timeout_s=settings.callback_timeout_s, tracer_provider=tracer_provider
+        )
+        core = RolloutCore(
+            store,
+            gateways,
+            CoreConfig(
+                max_attempts=settings.max_attempts,
+                retry_backoff_s=settings.retry_backoff_s,
+                session_grace_s=settings.session_grace_s,
+                task_timeout_s=settings.task_timeout_s,
+                max_active_tasks=settings.max_active_tasks,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                lease_ttl_s=settings.lease_ttl_s,
+                callback_max_attempts=settings.callback_max_attempts,
+            ),
+            clock=clock,
+        )
+        scheduler = Scheduler(
+            core,
+            SchedulerConfig(
+                dispatch_interval_s=settings.dispatch_interval_s,
+                dispatch_batch=settings.dispatch_batch,
+                busy_backoff_s=settings.busy_backoff_s,
+                watchdog_interval_s=settings.watchdog_interval_s,
+                static_gateways=tuple(settings.gateway_addresses),
+            ),
+        )
+        deliverer = Deliverer(
+            store,
+            sender,
+            DeliveryConfig(
+                max_attempts=settings.callback_max_attempts,
+                backoff_s=settings.callback_backoff_s,
+                backoff_max_s=settings.callback_backoff_max_s,
+            ),
+            clock=clock,
+            wakeup=core.delivery_wakeup,
+        )
+        return cls(store, core, scheduler, deliverer, [gateways, sender])
+
+    async def start(self) -> None:
+        """Reconcile with gateways and the store, then start the dispatch, watchdog and delivery loops."""
+        if self.scheduler.config.static_gateways:
+            await self.scheduler.refresh_static_gateways(self.scheduler.config.static_gateways)
+        await self.scheduler.reconcile()
+        await self.core.recover()
+        self._loops = [
+            asyncio.create_task(self.scheduler.run_dispatch(), name="rollout-dispatch"),
+            asyncio.create_task(self.scheduler.run_watchdog(), name="rollout-watchdog"),
+            asyncio.create_task(self.deliverer.run(), name="rollout-delivery"),
+        ]
+
+    async def close(self) -> None:
+        """Stop the loops and release connections (idempotent)."""
+        loops, self._loops = self._loops, []
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await self.scheduler.close()
+        await self.core.close()
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            await closer.close()
+        if closers:
+            await self.store.close()

@@ -1,0 +1,238 @@
+"""Protobuf <-> domain records, for the servicer and the gateway/callback adapters (no gRPC here)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any, cast
+
+from google.protobuf import duration_pb2, json_format, timestamp_pb2
+from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.rollout.v1 import rollout_service_pb2
+
+from polar_core.errors import InvalidArgument
+from polar_core.records import TerminalStatus
+from rollout_server.core import NewTask
+from rollout_server.models import CallbackTarget, GatewayRecord, ResultRecord, TaskState
+from rollout_server.stats import Distribution, TaskSummary
+
+__all__ = [
+    "gateway_from_register",
+    "new_task_from_proto",
+    "result_from_proto",
+    "result_to_json",
+    "result_to_proto",
+    "summary_to_proto",
+    "task_state_from_proto",
+    "terminal_status_to_proto",
+]
+
+_DEFAULT_SESSION_TIMEOUT_S = 600.0
+
+_TASK_STATES = {
+    TaskState.PENDING: status_pb2.TASK_STATUS_PENDING,
+    TaskState.RUNNING: status_pb2.TASK_STATUS_RUNNING,
+    TaskState.COMPLETED: status_pb2.TASK_STATUS_COMPLETED,
+    TaskState.CANCELLED: status_pb2.TASK_STATUS_CANCELLED,
+    TaskState.FAILED: status_pb2.TASK_STATUS_FAILED,
+}
+_TASK_STATES_BACK = {v: k for k, v in _TASK_STATES.items()}
+
+
+def terminal_status_to_proto(status: TerminalStatus) -> status_pb2.TerminalStatus:
+    """Map a terminal status to its enum value."""
+    return cast(status_pb2.TerminalStatus, status_pb2.TerminalStatus.Value(f"TERMINAL_STATUS_{status.name}"))
+
+
+def task_state_from_proto(value: int) -> TaskState | None:
+    """Map a TaskStatus enum value to a state; ``None`` for UNSPECIFIED (any)."""
+    if value == status_pb2.TASK_STATUS_UNSPECIFIED:
+        return None
+    try:
+        return _TASK_STATES_BACK[value]  # type: ignore[index]
+    except KeyError:
+        raise InvalidArgument(f"unknown task status {value}") from None
+
+
+def _seconds(duration: duration_pb2.Duration) -> float:
+    return duration.seconds + duration.nanos / 1e9
+
+
+def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration | None = None) -> NewTask:
+    """Validate a submitted task and turn it into a :class:`NewTask` (assigning an id when it has none).
+
+    Raises:
+        InvalidArgument: For a malformed task.
+    """
+    task = task_pb2.Task.FromString(task.SerializeToString())
+    if not task.task_id:
+        task.task_id = uuid.uuid4().hex
+    if task.num_samples < 1:
+        raise InvalidArgument("num_samples must be at least 1", details={"task_id": task.task_id})
+    if task.timeout_seconds < 0:
+        raise InvalidArgument("timeout_seconds must not be negative", details={"task_id": task.task_id})
+    if not task.instruction:
+        raise InvalidArgument("instruction is required", details={"task_id": task.task_id})
+    callback = None
+    which = task.callback.WhichOneof("target") if task.HasField("callback") else None
+    if which == "http_url":
+        if not task.callback.http_url.startswith(("http://", "https://")):
+            raise InvalidArgument("callback.http_url must be an http(s) URL")
+        callback = CallbackTarget("http", task.callback.http_url, task.callback.max_attempts)
+    elif which == "grpc_target":
+        callback = CallbackTarget("grpc", task.callback.grpc_target, task.callback.max_attempts)
+    timeout_s = _seconds(task_timeout) if task_timeout is not None else 0.0
+    if timeout_s < 0:
+        raise InvalidArgument("task_timeout must not be negative")
+    spec = task.SerializeToString(deterministic=True)
+    digest = hashlib.sha256(spec + f"|timeout={timeout_s!r}".encode()).hexdigest()
+    return NewTask(
+        task_id=task.task_id,
+        spec=spec,
+        spec_hash=digest,
+        num_samples=task.num_samples,
+        priority=task.priority,
+        early_stop_min_usable=task.early_stop_min_usable_sessions,
+        session_timeout_s=task.timeout_seconds or _DEFAULT_SESSION_TIMEOUT_S,
+        callback=callback,
+        task_timeout_s=timeout_s or None,
+    )
+
+
+def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
+    """Turn a reported SessionResult into a record; the status name and enum must agree.
+
+    Raises:
+        InvalidArgument: Missing session id or status, or an unknown or inconsistent status.
+    """
+    if not pb.session_id:
+        raise InvalidArgument("result.session_id is required")
+    status: TerminalStatus | None = None
+    if pb.status:
+        try:
+            status = TerminalStatus(pb.status)
+        except ValueError:
+            raise InvalidArgument(f"unknown status {pb.status!r}", details={"session_id": pb.session_id}) from None
+    if pb.terminal_status != status_pb2.TERMINAL_STATUS_UNSPECIFIED:
+        name = status_pb2.TerminalStatus.Name(pb.terminal_status).removeprefix("TERMINAL_STATUS_").lower()
+        from_enum = TerminalStatus(name)
+        if status is not None and status is not from_enum:
+            raise InvalidArgument("status and terminal_status disagree", details={"session_id": pb.session_id})
+        status = from_enum
+    if status is None:
+        raise InvalidArgument("result.status is required", details={"session_id": pb.session_id})
+    versions: list[str] = []
+    for trace in pb.traces:
+        for v in trace.policy_versions:
+            if v not in versions:
+                versions.append(v)
+    stats = pb.statistics
+    return ResultRecord(
+        session_id=pb.session_id,
+        task_id=pb.task_id,
+        sample_index=pb.sample_index,
+        status=status,
+        reward=pb.reward,
+        attempt=pb.attempt,
+        gateway_id=pb.gateway_id,
+        idempotency_key=pb.idempotency_key,
+        error_message=pb.error_message,
+        duration_s=float(pb.timings.get("total", 0.0)),
+        calls=int(stats.completions or stats.reconstruction.calls),
+        chains=int(len(pb.traces) or stats.reconstruction.chains),
+        policy_versions=versions,
+        payload=pb.SerializeToString(),
+    )
+
+
+def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
+    """Turn a stored result back into a SessionResult; the server's bookkeeping fields win over the payload."""
+    pb = session_pb2.SessionResult.FromString(record.payload) if record.payload else session_pb2.SessionResult()
+    pb.session_id = record.session_id
+    pb.task_id = record.task_id
+    pb.sample_index = record.sample_index
+    pb.status = record.status.value
+    pb.terminal_status = terminal_status_to_proto(record.status)
+    pb.reward = record.reward
+    pb.attempt = record.attempt
+    pb.gateway_id = record.gateway_id
+    pb.idempotency_key = record.idempotency_key
+    if record.error_message:
+        pb.error_message = record.error_message
+    return pb
+
+
+def result_to_json(record: ResultRecord) -> dict[str, Any]:
+    """The JSON form of a result (proto field names), as POSTed to HTTP callbacks."""
+    return json_format.MessageToDict(result_to_proto(record), preserving_proto_field_name=True)
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _distribution(d: Distribution) -> rollout_service_pb2.Distribution:
+    return rollout_service_pb2.Distribution(count=d.count, mean=d.mean, p50=d.p50, p90=d.p90, max=d.max)
+
+
+def summary_to_proto(summary: TaskSummary) -> rollout_service_pb2.TaskInfo:
+    """Turn a task summary into TaskInfo."""
+    task = summary.task
+    st = summary.statistics
+    info = rollout_service_pb2.TaskInfo(
+        task=task_pb2.Task.FromString(task.spec),
+        status=_TASK_STATES[task.state],
+        sessions_total=summary.sessions_total,
+        sessions_done=summary.sessions_done,
+        sessions_usable=summary.sessions_usable,
+        sessions_running=summary.sessions_running,
+        sessions_by_status=summary.sessions_by_status,
+        mean_reward=summary.mean_reward,
+        submitted_at=_timestamp(task.submitted_at),
+        error_message=task.error_message,
+        deadline=_timestamp(task.deadline),
+        statistics=rollout_service_pb2.TaskStatistics(
+            session_duration_seconds=_distribution(st.session_duration_s),
+            calls=_distribution(st.calls),
+            chains=_distribution(st.chains),
+            policy_age=_distribution(st.policy_age),
+            reward_by_policy_age=[
+                rollout_service_pb2.PolicyAgeBucket(
+                    policy_age=b.policy_age, sessions=b.sessions, mean_reward=b.mean_reward
+                )
+                for b in st.reward_by_policy_age
+            ],
+            sessions_dropped=st.sessions_dropped,
+            sessions_retried=st.sessions_retried,
+            sessions_truncated=st.sessions_truncated,
+            attempts_total=st.attempts_total,
+            deliveries_pending=st.deliveries_pending,
+            deliveries_dead_lettered=st.deliveries_dead_lettered,
+            deliveries_delivered=st.deliveries_delivered,
+        ),
+    )
+    if task.finished_at is not None:
+        info.finished_at.CopyFrom(_timestamp(task.finished_at))
+    return info
+
+
+def gateway_from_register(request: rollout_service_pb2.RegisterGatewayRequest) -> GatewayRecord:
+    """Turn a RegisterGateway request into a gateway record."""
+    return GatewayRecord(
+        gateway_id=request.gateway_id,
+        address=request.address,
+        capacity=request.capacity,
+        labels=dict(request.labels),
+        version=request.version,
+    )
+
+
+def stage_metrics_from_proto(metrics: Any) -> dict[str, dict[str, int]]:
+    """Turn repeated StageMetrics into ``{stage: {queue_length, occupancy, workers}}``."""
+    out: dict[str, dict[str, int]] = {}
+    for m in metrics:
+        name = status_pb2.SessionStage.Name(m.stage).removeprefix("SESSION_STAGE_").lower()
+        out[name] = {"queue_length": m.queue_length, "occupancy": m.occupancy, "workers": m.workers}
+    return out

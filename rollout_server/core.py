@@ -1,0 +1,527 @@
+"""The rollout server's domain: tasks in, session outcomes applied, tasks settled. No gRPC here.
+
+:class:`RolloutCore` owns the task and session state machines. Every change is written to the store (with a
+compare-and-set on the state it was read in) *before* anything acts on it, so after a crash the store alone says
+what to do next; :meth:`RolloutCore.recover` (with the scheduler's reconciliation) picks up from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from polar_core.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from polar_core.records import TerminalStatus
+from rollout_server.errors import GatewaySessionUnknown, GatewayUnreachable, StaleAttempt
+from rollout_server.models import (
+    CallbackTarget,
+    DeliveryRecord,
+    GatewayRecord,
+    ResultRecord,
+    SessionRecord,
+    SessionState,
+    TaskRecord,
+    TaskState,
+)
+from rollout_server.ports import GatewayClient
+from rollout_server.stats import TaskSummary, summarize
+from rollout_server.store import Store
+
+__all__ = ["CoreConfig", "NewTask", "RolloutCore", "TaskPage"]
+
+_log = logging.getLogger(__name__)
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_MAX_PAGE = 1000
+_DEFAULT_PAGE = 50
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """The knobs of the domain (a subset of :class:`~rollout_server.settings.RolloutSettings`)."""
+
+    max_attempts: int = 3
+    retry_backoff_s: float = 1.0
+    session_grace_s: float = 300.0
+    task_timeout_s: float = 6 * 3600.0
+    max_active_tasks: int = 10_000
+    heartbeat_interval_s: float = 5.0
+    lease_ttl_s: float = 20.0
+    callback_max_attempts: int = 8
+    watch_poll_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated submission.
+
+    Attributes:
+        task_id: The task id (already assigned when the client left it empty).
+        spec: The serialised task.
+        spec_hash: Digest of the submission; equal digests mean an identical resubmission.
+        num_samples: Sessions to run.
+        priority: Dispatch priority.
+        early_stop_min_usable: Early-stop target (0: none).
+        session_timeout_s: Agent budget per session.
+        callback: Where results are pushed.
+        task_timeout_s: Limit for the whole task; ``None`` means the server's default.
+    """
+
+    task_id: str
+    spec: bytes
+    spec_hash: str
+    num_samples: int
+    priority: int = 0
+    early_stop_min_usable: int = 0
+    session_timeout_s: float = 600.0
+    callback: CallbackTarget | None = None
+    task_timeout_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of tasks."""
+
+    tasks: list[TaskSummary]
+    next_page_token: str
+
+
+def session_id_for(task_id: str, sample_index: int) -> str:
+    """Return the id of sample ``sample_index`` of ``task_id`` (stable across attempts and restarts)."""
+    return f"{task_id}-{sample_index:04d}"
+
+
+def default_result_key(session_id: str, attempt: int) -> str:
+    """The idempotency key of an attempt's result when the gateway sent none."""
+    return f"{session_id}#{attempt}"
+
+
+class _Notifier:
+    """Wakes watchers of a task; an event per watched task, replaced on every notification."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    def event(self, task_id: str) -> asyncio.Event:
+        return self._events.setdefault(task_id, asyncio.Event())
+
+    def notify(self, task_id: str) -> None:
+        event = self._events.pop(task_id, None)
+        if event is not None:
+            event.set()
+
+
+class RolloutCore:
+    """Tasks, sessions and gateways, as the RolloutService's RPCs and the background loops see them."""
+
+    def __init__(
+        self,
+        store: Store,
+        gateways: GatewayClient,
+        config: CoreConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.gateways = gateways
+        self.config = config or CoreConfig()
+        self.clock = clock
+        self.dispatch_wakeup = asyncio.Event()
+        self.delivery_wakeup = asyncio.Event()
+        self._notifier = _Notifier()
+        self._task_locks: dict[str, asyncio.Lock] = {}
+        self._pending_cancels: dict[str, set[str]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # Tasks -----------------------------------------------------------------------------------------------
+    async def submit_task(self, new: NewTask) -> tuple[TaskSummary, bool]:
+        """Store a task and its sessions, or return the identical task submitted before.
+
+        Returns:
+            The task's summary and whether it already existed.
+
+        Raises:
+            InvalidArgument: Malformed task.
+            AlreadyExists: The id is taken by a different task.
+            ResourceExhausted: Too many active tasks.
+        """
+        if not _TASK_ID.match(new.task_id):
+            raise InvalidArgument(
+                "task_id must be 1-128 characters of letters, digits, '_', '.', ':' or '-'",
+                details={"task_id": new.task_id[:200]},
+            )
+        if new.num_samples < 1:
+            raise InvalidArgument("num_samples must be at least 1", details={"task_id": new.task_id})
+        if new.early_stop_min_usable < 0 or new.early_stop_min_usable > new.num_samples:
+            raise InvalidArgument("early_stop_min_usable_sessions must be between 0 and num_samples")
+        existing = await self.store.get_task(new.task_id)
+        if existing is None:
+            if len(await self.store.active_tasks()) >= self.config.max_active_tasks:
+                raise ResourceExhausted("too many active tasks; retry later", retry_after_s=5.0)
+            now = self.clock()
+            timeout = new.task_timeout_s or self.config.task_timeout_s
+            record = TaskRecord(
+                task_id=new.task_id,
+                spec=new.spec,
+                spec_hash=new.spec_hash,
+                num_samples=new.num_samples,
+                priority=new.priority,
+                early_stop_min_usable=new.early_stop_min_usable,
+                session_timeout_s=new.session_timeout_s,
+                callback=new.callback,
+                state=TaskState.PENDING,
+                submitted_at=now,
+                deadline=now + timeout,
+            )
+            sessions = [
+                SessionRecord(session_id_for(new.task_id, i), new.task_id, i, priority=new.priority)
+                for i in range(new.num_samples)
+            ]
+            stored, created = await self.store.insert_task(record, sessions)
+            if created:
+                self.dispatch_wakeup.set()
+                return await self.summary(stored), False
+            existing = stored
+        if existing.spec_hash != new.spec_hash:
+            raise AlreadyExists(f"task {new.task_id!r} exists with different content", details={"task_id": new.task_id})
+        return await self.summary(existing), True
+
+    async def _task(self, task_id: str) -> TaskRecord:
+        if not task_id:
+            raise InvalidArgument("task_id is required")
+        task = await self.store.get_task(task_id)
+        if task is None:
+            raise NotFound(f"unknown task {task_id!r}", details={"task_id": task_id})
+        return task
+
+    async def summary(self, task: TaskRecord) -> TaskSummary:
+        """Return a task's progress and statistics."""
+        sessions = await self.store.task_sessions(task.task_id)
+        results = await self.store.task_results(task.task_id, payload=False)
+        versions = await self.store.policy_versions() if any(r.policy_versions for r in results) else []
+        deliveries = await self.store.delivery_counts(task.task_id) if task.callback else {}
+        return summarize(task, sessions, results, versions, deliveries)
+
+    async def get_task(self, task_id: str, *, with_results: bool = True) -> tuple[TaskSummary, list[ResultRecord]]:
+        """Return a task's summary and (unless ``with_results`` is false) its results in completion order."""
+        task = await self._task(task_id)
+        results = await self.store.task_results(task_id) if with_results else []
+        return await self.summary(task), results
+
+    async def list_tasks(self, page_size: int, page_token: str, state: TaskState | None) -> TaskPage:
+        """Return a page of tasks, newest first."""
+        size = _DEFAULT_PAGE if page_size <= 0 else min(page_size, _MAX_PAGE)
+        before: int | None = None
+        if page_token:
+            try:
+                before = int(base64.urlsafe_b64decode(page_token.encode()).decode().removeprefix("seq:"))
+            except (ValueError, binascii.Error, UnicodeDecodeError):
+                raise InvalidArgument("malformed page_token") from None
+        tasks = await self.store.list_tasks(size + 1, before, state)
+        more = len(tasks) > size
+        tasks = tasks[:size]
+        token = base64.urlsafe_b64encode(f"seq:{tasks[-1].seq}".encode()).decode() if more else ""
+        return TaskPage([await self.summary(t) for t in tasks], token)
+
+    async def watch_task(
+        self, task_id: str, from_index: int = 0
+    ) -> AsyncIterator[tuple[ResultRecord | None, TaskSummary]]:
+        """Yield the task's results from ``from_index`` on as they finish; end when the task is terminal.
+
+        Already-finished results are replayed first. Each item carries the task's summary after it. A task that
+        is terminal with nothing left to send yields one final ``(None, summary)``.
+        """
+        task = await self._task(task_id)
+        next_index = max(0, from_index)
+        while True:
+            event = self._notifier.event(task_id)
+            task = await self._task(task_id)
+            results = await self.store.task_results(task_id, next_index)
+            if results:
+                summary = await self.summary(task)
+                for r in results:
+                    yield r, summary
+                next_index = results[-1].result_index + 1
+                continue
+            if task.state.terminal:
+                yield None, await self.summary(task)
+                return
+            # The timeout makes a watcher poll too: another host may have recorded a result.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), self.config.watch_poll_s)
+
+    async def cancel_task(self, task_id: str, reason: str) -> TaskSummary:
+        """Cancel a task: its unfinished sessions end ``cancelled``; a terminal task is returned unchanged."""
+        task = await self._task(task_id)
+        if not task.state.terminal:
+            async with self._lock(task_id):
+                task = await self._task(task_id)
+                if not task.state.terminal:
+                    await self._finish_unfinished(task, f"task cancelled: {reason or 'no reason given'}")
+                    await self._set_task_state(task, TaskState.CANCELLED, reason)
+        return await self.summary(await self._task(task_id))
+
+    # Gateways --------------------------------------------------------------------------------------------
+    async def register_gateway(self, gateway: GatewayRecord) -> GatewayRecord:
+        """Add a gateway to the pool or refresh it (a re-registration clears draining)."""
+        if not gateway.gateway_id or not gateway.address:
+            raise InvalidArgument("gateway_id and address are required")
+        if gateway.capacity < 0:
+            raise InvalidArgument("capacity must not be negative")
+        gateway.lease_expires_at = self.clock() + self.config.lease_ttl_s
+        await self.store.upsert_gateway(gateway)
+        self.dispatch_wakeup.set()
+        return gateway
+
+    async def heartbeat(
+        self,
+        gateway_id: str,
+        *,
+        capacity: int,
+        active_sessions: int,
+        draining: bool,
+        stage_metrics: dict[str, dict[str, int]],
+    ) -> tuple[bool, list[str]]:
+        """Renew a gateway's lease and record its load.
+
+        Returns:
+            Whether the server wants it to drain, and sessions it should stop.
+        """
+        gateway = await self.store.get_gateway(gateway_id)
+        if gateway is None:
+            raise NotFound(
+                f"gateway {gateway_id!r} is not registered; register again", details={"gateway_id": gateway_id}
+            )
+        gateway.capacity = max(0, capacity)
+        gateway.active_sessions = active_sessions
+        gateway.draining = gateway.draining or draining
+        gateway.stage_metrics = stage_metrics
+        gateway.lease_expires_at = self.clock() + self.config.lease_ttl_s
+        await self.store.upsert_gateway(gateway)
+        self.dispatch_wakeup.set()
+        return gateway.draining, sorted(self._pending_cancels.pop(gateway_id, set()))
+
+    async def drain_gateway(self, gateway_id: str) -> int:
+        """Stop scheduling onto a gateway; return how many sessions it still runs for us."""
+        gateway = await self.store.get_gateway(gateway_id)
+        if gateway is None:
+            raise NotFound(f"unknown gateway {gateway_id!r}", details={"gateway_id": gateway_id})
+        gateway.draining = True
+        await self.store.upsert_gateway(gateway)
+        return sum(1 for s in await self.store.in_flight_sessions() if s.gateway_id == gateway_id)
+
+    # Results ---------------------------------------------------------------------------------------------
+    async def report_result(self, result: ResultRecord) -> bool:
+        """Apply a result a gateway reported; return whether it was a duplicate.
+
+        Raises:
+            NotFound: Unknown session.
+            StaleAttempt: The result is for an attempt that is no longer current, or the session has finished.
+            PermissionDenied: The session's current attempt was not given to the reporting gateway.
+        """
+        session = await self.store.get_session(result.session_id)
+        if session is None:
+            raise NotFound(f"unknown session {result.session_id!r}", details={"session_id": result.session_id})
+        if not result.idempotency_key:
+            result.idempotency_key = default_result_key(result.session_id, result.attempt)
+        if await self.store.find_report(result.idempotency_key):
+            return True
+        if result.attempt < session.attempt:
+            raise StaleAttempt(
+                f"session {session.session_id} is on attempt {session.attempt}, not {result.attempt}",
+                details={"session_id": session.session_id},
+            )
+        if result.gateway_id != session.gateway_id or result.attempt != session.attempt:
+            raise PermissionDenied(
+                f"session {session.session_id} attempt {result.attempt} was not given to gateway {result.gateway_id!r}",
+                details={"session_id": session.session_id},
+            )
+        if not session.state.in_flight:
+            raise StaleAttempt(
+                f"session {session.session_id} already finished", details={"session_id": session.session_id}
+            )
+        result.task_id = session.task_id
+        result.sample_index = session.sample_index
+        if await self.apply_outcome(session, result):
+            return False
+        # Lost a race with another writer (a cancellation, a second report): it is a duplicate if recorded.
+        if await self.store.find_report(result.idempotency_key):
+            return True
+        raise StaleAttempt(f"session {session.session_id} moved on while its result was recorded")
+
+    async def apply_outcome(self, session: SessionRecord, result: ResultRecord) -> bool:
+        """Apply an attempt's result to a session read in ``session``'s state: retry or finish.
+
+        Only ``infra_error`` is retried, while attempts remain and the task is active; model outcomes are final.
+
+        Returns:
+            ``False`` when the session had moved on (nothing was changed).
+        """
+        now = self.clock()
+        result.recorded_at = now
+        task = await self.store.get_task(session.task_id)
+        active = task is not None and not task.state.terminal
+        failures = session.infra_failures + (1 if result.status is TerminalStatus.INFRA_ERROR else 0)
+        if result.status is TerminalStatus.INFRA_ERROR and active and session.attempt < self.config.max_attempts:
+            retry = dataclasses.replace(
+                session,
+                state=SessionState.PENDING,
+                infra_failures=failures,
+                gateway_id="",
+                not_before=now + self.config.retry_backoff_s * 2 ** (failures - 1),
+                dispatched_at=None,
+                deadline=None,
+            )
+            if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
+                return False
+            _log.info("session %s attempt %d: infra_error, retrying", session.session_id, session.attempt)
+            self.dispatch_wakeup.set()
+            return True
+        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures)
+        delivery = None
+        if task is not None and task.callback is not None:
+            delivery = DeliveryRecord(result.idempotency_key, task.task_id, session.session_id, task.callback)
+            delivery.next_attempt_at = now
+        if await self.store.record_result(result, (done, session.state, session.attempt), delivery) is None:
+            return False
+        self._notifier.notify(session.task_id)
+        if delivery is not None:
+            self.delivery_wakeup.set()
+        if session.state.in_flight:
+            self.dispatch_wakeup.set()  # a slot freed up
+        if active:
+            self._spawn(self.settle_task(session.task_id))
+        return True
+
+    # Settling --------------------------------------------------------------------------------------------
+    async def mark_running(self, task_ids: set[str]) -> None:
+        """Move tasks whose first session was dispatched from pending to running."""
+        for task_id in task_ids:
+            task = await self.store.get_task(task_id)
+            if task is not None and task.state is TaskState.PENDING:
+                await self._set_task_state(task, TaskState.RUNNING, "")
+
+    def _lock(self, task_id: str) -> asyncio.Lock:
+        return self._task_locks.setdefault(task_id, asyncio.Lock())
+
+    async def settle_task(self, task_id: str) -> None:
+        """Move a task on once its sessions allow: start it, complete it, or stop it early."""
+        async with self._lock(task_id):
+            task = await self.store.get_task(task_id)
+            if task is None or task.state.terminal:
+                self._task_locks.pop(task_id, None)
+                return
+            sessions = await self.store.task_sessions(task_id)
+            if all(s.state is SessionState.DONE for s in sessions):
+                await self._set_task_state(task, TaskState.COMPLETED, "")
+                return
+            if task.early_stop_min_usable > 0:
+                results = await self.store.task_results(task_id, payload=False)
+                usable = sum(1 for r in results if r.status.trainable)
+                if usable >= task.early_stop_min_usable:
+                    await self._finish_unfinished(task, f"early stop: {usable} usable sessions")
+                    await self._set_task_state(task, TaskState.COMPLETED, "")
+                    return
+            if task.state is TaskState.PENDING and any(s.attempt > 0 for s in sessions):
+                await self._set_task_state(task, TaskState.RUNNING, "")
+
+    async def expire_task(self, task_id: str) -> None:
+        """End a task whose deadline passed: unfinished sessions are cancelled, the task completes."""
+        async with self._lock(task_id):
+            task = await self.store.get_task(task_id)
+            if task is None or task.state.terminal:
+                return
+            unfinished = await self._finish_unfinished(task, "task deadline passed")
+            message = f"task deadline passed; {unfinished} unfinished sessions cancelled" if unfinished else ""
+            await self._set_task_state(task, TaskState.COMPLETED, message)
+
+    async def _set_task_state(self, task: TaskRecord, new: TaskState, message: str) -> None:
+        finished = self.clock() if new.terminal else None
+        if await self.store.set_task_state(task.task_id, task.state, new, finished_at=finished, error_message=message):
+            task.state = new
+            self._notifier.notify(task.task_id)
+            if new.terminal:
+                self._task_locks.pop(task.task_id, None)
+
+    async def _finish_unfinished(self, task: TaskRecord, reason: str) -> int:
+        """Give every unfinished session of ``task`` a ``cancelled`` result, then stop it on its gateway."""
+        count = 0
+        for _ in range(5):  # re-read after losing a race with a concurrent report
+            pending = [s for s in await self.store.task_sessions(task.task_id) if s.state is not SessionState.DONE]
+            if not pending:
+                break
+            for session in pending:
+                result = ResultRecord(
+                    session_id=session.session_id,
+                    task_id=task.task_id,
+                    sample_index=session.sample_index,
+                    status=TerminalStatus.CANCELLED,
+                    reward=0.0,
+                    attempt=session.attempt,
+                    gateway_id="",
+                    idempotency_key=f"{session.session_id}#{session.attempt}:cancelled",
+                    error_message=reason,
+                    recorded_at=self.clock(),
+                )
+                done = dataclasses.replace(session, state=SessionState.DONE)
+                delivery = None
+                if task.callback is not None:
+                    delivery = DeliveryRecord(result.idempotency_key, task.task_id, session.session_id, task.callback)
+                    delivery.next_attempt_at = self.clock()
+                recorded = await self.store.record_result(result, (done, session.state, session.attempt), delivery)
+                if recorded is None:
+                    continue
+                count += 1
+                if session.state.in_flight and session.gateway_id:
+                    self._spawn(self._cancel_on_gateway(session, reason))
+        self._notifier.notify(task.task_id)
+        self.delivery_wakeup.set()
+        self.dispatch_wakeup.set()
+        return count
+
+    async def _cancel_on_gateway(self, session: SessionRecord, reason: str) -> None:
+        gateway = await self.store.get_gateway(session.gateway_id)
+        if gateway is None:
+            return
+        try:
+            await self.gateways.cancel_session(gateway.address, session.session_id, reason)
+        except GatewaySessionUnknown:
+            pass  # never started or already forgotten: nothing to stop
+        except GatewayUnreachable:
+            # Ask again through the gateway's next heartbeat.
+            self._pending_cancels.setdefault(session.gateway_id, set()).add(session.session_id)
+
+    # Background helpers ----------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("background step failed", exc_info=task.exception())
+
+    async def recover(self) -> None:
+        """Settle every active task once (finishes steps a crash interrupted between two writes)."""
+        for task in await self.store.active_tasks():
+            await self.settle_task(task.task_id)
+
+    async def close(self) -> None:
+        """Cancel background steps."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)

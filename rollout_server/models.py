@@ -1,0 +1,287 @@
+"""Plain records and the two state machines (task, session) of the rollout server.
+
+Both machines are explicit tables of allowed transitions; :func:`check_task_transition` and
+:func:`check_session_transition` are called before every change is persisted, so an illegal move is a bug that
+surfaces at once instead of a corrupt row.
+
+Session machine::
+
+    pending ──dispatch──> starting ──gateway accepted──> running ──final result──> done
+       ^                     │  │                           │
+       └──busy / retry───────┘  └──────final (lost)────────>│
+       └──────────────────────infra_error, attempts left────┘
+    pending / starting / running ──cancel, early stop, deadline──> done (cancelled)
+
+Task machine::
+
+    pending ──first dispatch──> running ──all sessions done / early stop / deadline──> completed
+    pending / running ──cancel──> cancelled
+    pending / running ──rejected by every gateway──> failed
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from polar_core.errors import Internal
+from polar_core.records import TerminalStatus
+
+__all__ = [
+    "CallbackTarget",
+    "DeliveryRecord",
+    "DeliveryState",
+    "GatewayRecord",
+    "ResultRecord",
+    "SessionRecord",
+    "SessionState",
+    "TaskRecord",
+    "TaskState",
+    "check_session_transition",
+    "check_task_transition",
+]
+
+
+class TaskState(enum.StrEnum):
+    """Lifecycle state of a task."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the task can no longer change."""
+        return self in (TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED)
+
+
+class SessionState(enum.StrEnum):
+    """Where a session is, as the rollout server sees it."""
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a gateway may be running the session."""
+        return self in (SessionState.STARTING, SessionState.RUNNING)
+
+
+class DeliveryState(enum.StrEnum):
+    """State of one callback delivery (one session result to one target)."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+
+
+_TASK_MOVES: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.RUNNING, TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED}),
+    TaskState.RUNNING: frozenset({TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED}),
+    TaskState.COMPLETED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+    TaskState.FAILED: frozenset(),
+}
+
+_SESSION_MOVES: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.PENDING: frozenset({SessionState.STARTING, SessionState.DONE}),
+    SessionState.STARTING: frozenset({SessionState.RUNNING, SessionState.PENDING, SessionState.DONE}),
+    SessionState.RUNNING: frozenset({SessionState.PENDING, SessionState.DONE}),
+    SessionState.DONE: frozenset(),
+}
+
+
+def check_task_transition(old: TaskState, new: TaskState) -> None:
+    """Raise :class:`Internal` unless ``old -> new`` is a legal task transition (or no change)."""
+    if old != new and new not in _TASK_MOVES[old]:
+        raise Internal(f"illegal task transition {old} -> {new}")
+
+
+def check_session_transition(old: SessionState, new: SessionState) -> None:
+    """Raise :class:`Internal` unless ``old -> new`` is a legal session transition (or no change)."""
+    if old != new and new not in _SESSION_MOVES[old]:
+        raise Internal(f"illegal session transition {old} -> {new}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallbackTarget:
+    """Where a task's session results are pushed.
+
+    Attributes:
+        kind: ``"http"`` (POST JSON to ``target``) or ``"grpc"`` (TrainerCallbackService at ``target``).
+        target: The URL or ``host:port``.
+        max_attempts: Delivery attempts before the result is dead-lettered; 0 means the server's default.
+    """
+
+    kind: str
+    target: str
+    max_attempts: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class TaskRecord:
+    """A task as stored.
+
+    Attributes:
+        task_id: Client-chosen or server-assigned id.
+        spec: The submitted task, serialised (opaque to the domain; the gateway client sends it on).
+        spec_hash: Digest of ``spec`` plus the submission options; equal hashes mean the same submission.
+        num_samples: Sessions to run.
+        priority: Higher dispatches first.
+        early_stop_min_usable: When positive, stop once this many usable results exist.
+        session_timeout_s: The agent budget per session (the task's ``timeout_seconds``).
+        callback: Where results are pushed, if anywhere.
+        state: Lifecycle state.
+        submitted_at: Unix seconds.
+        deadline: Unix seconds by which every session must be done.
+        finished_at: Unix seconds when the task became terminal.
+        error_message: Why the task failed or stopped early, for people.
+        seq: Insertion order assigned by the store (newest tasks have the largest ``seq``).
+        results_count: Number of session results recorded (the next result index).
+    """
+
+    task_id: str
+    spec: bytes
+    spec_hash: str
+    num_samples: int
+    priority: int
+    early_stop_min_usable: int
+    session_timeout_s: float
+    callback: CallbackTarget | None
+    state: TaskState
+    submitted_at: float
+    deadline: float
+    finished_at: float | None = None
+    error_message: str = ""
+    seq: int = 0
+    results_count: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class SessionRecord:
+    """One sample of a task as stored.
+
+    Attributes:
+        session_id: Unique id, stable across attempts.
+        task_id: The owning task.
+        sample_index: Index within the task.
+        state: Where the session is.
+        attempt: The current (or last) attempt number, from 1; 0 before the first dispatch.
+        infra_failures: Attempts that ended in ``infra_error``.
+        gateway_id: The gateway of the current attempt.
+        not_before: Unix seconds before which the session must not be dispatched (retry backoff).
+        dispatched_at: When the current attempt was dispatched.
+        deadline: When the current attempt must be done (the gateway enforces it; the server double-checks).
+        priority: Copied from the task, for dispatch order.
+        task_seq: Copied from the task, for dispatch order.
+    """
+
+    session_id: str
+    task_id: str
+    sample_index: int
+    state: SessionState = SessionState.PENDING
+    attempt: int = 0
+    infra_failures: int = 0
+    gateway_id: str = ""
+    not_before: float = 0.0
+    dispatched_at: float | None = None
+    deadline: float | None = None
+    priority: int = 0
+    task_seq: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class ResultRecord:
+    """A session's final result (exactly one per session) or a non-final attempt result (ledger only).
+
+    Attributes:
+        session_id: The session.
+        task_id: Its task.
+        sample_index: Its index within the task.
+        status: Terminal status (reward is separate).
+        reward: The session's reward.
+        attempt: The attempt that produced it.
+        gateway_id: The gateway that ran it ("" for results the server made up, e.g. cancellations).
+        idempotency_key: Dedup key; repeated reports and deliveries of one result share it.
+        error_message: Why the session failed, for people.
+        duration_s: Wall-clock seconds of the attempt.
+        calls: Model calls captured.
+        chains: Traces reconstructed.
+        policy_versions: Distinct policy versions among the session's calls.
+        payload: The full result as reported (serialised protobuf, traces included); empty when made up.
+        result_index: Completion order within the task (assigned by the store; -1 until recorded).
+        recorded_at: Unix seconds.
+    """
+
+    session_id: str
+    task_id: str
+    sample_index: int
+    status: TerminalStatus
+    reward: float
+    attempt: int
+    gateway_id: str
+    idempotency_key: str
+    error_message: str = ""
+    duration_s: float = 0.0
+    calls: int = 0
+    chains: int = 0
+    policy_versions: list[str] = dataclasses.field(default_factory=list)
+    payload: bytes = b""
+    result_index: int = -1
+    recorded_at: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class GatewayRecord:
+    """A gateway in the scheduling pool.
+
+    Attributes:
+        gateway_id: Stable id chosen by the gateway.
+        address: ``host:port`` of its GatewayService.
+        capacity: Maximum concurrent sessions.
+        draining: Whether new sessions must not be scheduled onto it.
+        lease_expires_at: Unix seconds after which it is considered gone unless it heartbeats.
+        active_sessions: Sessions it reported running at its last heartbeat.
+        labels: Placement labels.
+        version: Its software version.
+        stage_metrics: Its last reported stage load, ``{stage: {queue_length, occupancy, workers}}``.
+    """
+
+    gateway_id: str
+    address: str
+    capacity: int
+    draining: bool = False
+    lease_expires_at: float = 0.0
+    active_sessions: int = 0
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    version: str = ""
+    stage_metrics: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class DeliveryRecord:
+    """One session result to push to a task's callback (the outbox row).
+
+    Attributes:
+        idempotency_key: The result's key; the trainer dedupes on it.
+        task_id: The task.
+        session_id: The session.
+        target: Where to deliver.
+        state: Pending, delivered or dead (dead-lettered after ``max_attempts`` failures).
+        attempts: Delivery attempts made.
+        next_attempt_at: Unix seconds of the next attempt.
+        last_error: The last failure, for people.
+    """
+
+    idempotency_key: str
+    task_id: str
+    session_id: str
+    target: CallbackTarget
+    state: DeliveryState = DeliveryState.PENDING
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    last_error: str = ""

@@ -1,0 +1,100 @@
+"""The seams of the rollout server's domain code: gateways and trainer callbacks.
+
+The scheduler talks to gateways only through :class:`GatewayClient` and the deliverer to trainers only through
+:class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.gateway_client` and
+:mod:`rollout_server.callbacks`, and unit tests pass fakes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from rollout_server.models import CallbackTarget, ResultRecord
+
+__all__ = ["CallbackSender", "CapacityView", "GatewayClient", "GatewaySessionView", "SessionDispatch"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionDispatch:
+    """What a gateway needs to run one attempt of a session.
+
+    Attributes:
+        session_id: The session.
+        task_id: Its task.
+        sample_index: Its index within the task.
+        attempt: The attempt number, from 1.
+        deadline: Unix seconds by which the attempt must be done, evaluation included.
+        task_spec: The serialised task, as submitted.
+    """
+
+    session_id: str
+    task_id: str
+    sample_index: int
+    attempt: int
+    deadline: float
+    task_spec: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewaySessionView:
+    """A session as a gateway reports it.
+
+    Attributes:
+        attempt: The attempt the gateway runs or ran.
+        done: Whether it reached a terminal status.
+        result: Its result, when done.
+    """
+
+    attempt: int
+    done: bool
+    result: ResultRecord | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CapacityView:
+    """A gateway's capacity as it reports it."""
+
+    gateway_id: str
+    capacity: int
+    active_sessions: int
+    draining: bool
+
+
+class GatewayClient(Protocol):
+    """Calls to gateways, by address. Implementations raise :mod:`rollout_server.errors` gateway errors."""
+
+    async def start_session(self, address: str, dispatch: SessionDispatch) -> None:
+        """Start one attempt; idempotent by (session, attempt).
+
+        Raises:
+            GatewayBusy: The gateway is full.
+            GatewayRejected: The gateway refused the session.
+            GatewayUnreachable: No answer; the attempt may or may not have started.
+        """
+
+    async def get_session(self, address: str, session_id: str) -> GatewaySessionView:
+        """Read a session. Raises ``GatewaySessionUnknown`` or ``GatewayUnreachable``."""
+
+    async def cancel_session(self, address: str, session_id: str, reason: str) -> None:
+        """Stop a session. Raises ``GatewaySessionUnknown`` or ``GatewayUnreachable``."""
+
+    async def get_capacity(self, address: str) -> CapacityView:
+        """Read the gateway's capacity. Raises ``GatewayUnreachable``."""
+
+    async def close(self) -> None:
+        """Close connections."""
+
+
+class CallbackSender(Protocol):
+    """Pushes one session result to a trainer."""
+
+    async def deliver(self, target: CallbackTarget, result: ResultRecord, attempt: int) -> bool:
+        """Deliver ``result`` (keyed by its idempotency key); return whether the trainer had it already.
+
+        Raises:
+            DeliveryFailed: With ``retryable`` false when the trainer rejected the result for good.
+        """
+
+    async def close(self) -> None:
+        """Close connections."""

@@ -1,0 +1,104 @@
+"""The thin gRPC servicer of the RolloutService: protobuf in, domain call, protobuf out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from polar.rollout.v1 import rollout_service_pb2 as pb
+from polar.rollout.v1 import rollout_service_pb2_grpc
+
+from polar_core.errors import InvalidArgument
+from rollout_server.convert import (
+    gateway_from_register,
+    new_task_from_proto,
+    result_from_proto,
+    result_to_proto,
+    stage_metrics_from_proto,
+    summary_to_proto,
+    task_state_from_proto,
+)
+from rollout_server.core import RolloutCore
+
+__all__ = ["RolloutServicer"]
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
+    """Implements polar.rollout.v1.RolloutService over :class:`RolloutCore`."""
+
+    def __init__(self, core: RolloutCore) -> None:
+        self._core = core
+
+    async def SubmitTask(self, request: pb.SubmitTaskRequest, context: Context) -> pb.SubmitTaskResponse:
+        if not request.HasField("task"):
+            raise InvalidArgument("task is required")
+        timeout = request.task_timeout if request.HasField("task_timeout") else None
+        summary, existed = await self._core.submit_task(new_task_from_proto(request.task, timeout))
+        return pb.SubmitTaskResponse(
+            task_id=summary.task.task_id, task=summary_to_proto(summary), already_existed=existed
+        )
+
+    async def GetTask(self, request: pb.GetTaskRequest, context: Context) -> pb.GetTaskResponse:
+        summary, results = await self._core.get_task(request.task_id, with_results=not request.summary_only)
+        return pb.GetTaskResponse(task=summary_to_proto(summary), session_results=[result_to_proto(r) for r in results])
+
+    async def ListTasks(self, request: pb.ListTasksRequest, context: Context) -> pb.ListTasksResponse:
+        page = await self._core.list_tasks(
+            request.page_size, request.page_token, task_state_from_proto(request.status_filter)
+        )
+        return pb.ListTasksResponse(
+            tasks=[summary_to_proto(s) for s in page.tasks], next_page_token=page.next_page_token
+        )
+
+    async def WatchTask(self, request: pb.WatchTaskRequest, context: Context) -> AsyncIterator[pb.WatchTaskResponse]:
+        async for result, summary in self._core.watch_task(request.task_id, request.from_result_index):
+            reply = pb.WatchTaskResponse(task=summary_to_proto(summary))
+            if result is not None:
+                reply.session_result.CopyFrom(result_to_proto(result))
+                reply.result_index = result.result_index
+            yield reply
+
+    async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
+        summary = await self._core.cancel_task(request.task_id, request.reason)
+        return pb.CancelTaskResponse(task=summary_to_proto(summary))
+
+    async def RegisterGateway(self, request: pb.RegisterGatewayRequest, context: Context) -> pb.RegisterGatewayResponse:
+        gateway = await self._core.register_gateway(gateway_from_register(request))
+        config = self._core.config
+        return pb.RegisterGatewayResponse(
+            gateway_id=gateway.gateway_id,
+            heartbeat_interval=_duration(config.heartbeat_interval_s),
+            lease_ttl=_duration(config.lease_ttl_s),
+        )
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        drain, cancelled = await self._core.heartbeat(
+            request.gateway_id,
+            capacity=request.capacity,
+            active_sessions=request.active_sessions,
+            draining=request.draining,
+            stage_metrics=stage_metrics_from_proto(request.stage_metrics),
+        )
+        return pb.HeartbeatResponse(drain_requested=drain, cancelled_session_ids=cancelled)
+
+    async def DrainGateway(self, request: pb.DrainGatewayRequest, context: Context) -> pb.DrainGatewayResponse:
+        active = await self._core.drain_gateway(request.gateway_id)
+        return pb.DrainGatewayResponse(active_sessions=active)
+
+    async def ReportSessionResult(
+        self, request: pb.ReportSessionResultRequest, context: Context
+    ) -> pb.ReportSessionResultResponse:
+        if not request.HasField("result"):
+            raise InvalidArgument("result is required")
+        duplicate = await self._core.report_result(result_from_proto(request.result))
+        return pb.ReportSessionResultResponse(duplicate=duplicate)

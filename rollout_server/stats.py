@@ -1,0 +1,153 @@
+"""Per-task summaries and statistics: progress counts plus what makes the asynchronous boundary visible.
+
+Policy age is measured in policy versions, not optimiser steps (the server does not see the trainer's steps):
+a session's age is how many distinct versions newer than its *oldest* version the server has seen in any
+result. Versions are ordered naturally (``v2 < v10``; digits compare as numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from polar_core.records import TerminalStatus
+from rollout_server.models import DeliveryState, ResultRecord, SessionRecord, SessionState, TaskRecord
+
+__all__ = ["Distribution", "PolicyAgeBucket", "TaskStatistics", "TaskSummary", "policy_version_key", "summarize"]
+
+_TRUNCATED = frozenset({TerminalStatus.AGENT_TIMEOUT, TerminalStatus.EVAL_TIMEOUT})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Distribution:
+    """Summary of one per-session quantity."""
+
+    count: int = 0
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    max: float = 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        """Summarise ``values`` (nearest-rank percentiles)."""
+        if not values:
+            return cls()
+        ordered = sorted(values)
+
+        def rank(q: float) -> float:
+            return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+        return cls(len(ordered), sum(ordered) / len(ordered), rank(0.5), rank(0.9), ordered[-1])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyAgeBucket:
+    """Usable sessions of one policy age and their mean reward."""
+
+    policy_age: int
+    sessions: int
+    mean_reward: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskStatistics:
+    """What happened to a task's sessions (see ``TaskStatistics`` in ``rollout_service.proto``)."""
+
+    session_duration_s: Distribution
+    calls: Distribution
+    chains: Distribution
+    policy_age: Distribution
+    reward_by_policy_age: tuple[PolicyAgeBucket, ...]
+    sessions_dropped: int
+    sessions_retried: int
+    sessions_truncated: int
+    attempts_total: int
+    deliveries_pending: int
+    deliveries_dead_lettered: int
+    deliveries_delivered: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """A task with its progress counts and statistics."""
+
+    task: TaskRecord
+    sessions_total: int
+    sessions_done: int
+    sessions_usable: int
+    sessions_running: int
+    sessions_by_status: dict[str, int]
+    mean_reward: float
+    statistics: TaskStatistics
+
+
+def policy_version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural sort key: runs of digits compare as numbers (``step-9 < step-10``)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)
+
+
+def _policy_ages(results: Sequence[ResultRecord], known: Sequence[str]) -> dict[str, int]:
+    ordered = sorted(set(known), key=policy_version_key)
+    position = {v: i for i, v in enumerate(ordered)}
+    ages: dict[str, int] = {}
+    for r in results:
+        versions = [v for v in r.policy_versions if v in position]
+        if versions:
+            oldest = min(position[v] for v in versions)
+            ages[r.session_id] = len(ordered) - 1 - oldest
+    return ages
+
+
+def summarize(
+    task: TaskRecord,
+    sessions: Sequence[SessionRecord],
+    results: Sequence[ResultRecord],
+    known_policy_versions: Sequence[str],
+    deliveries: dict[DeliveryState, int],
+) -> TaskSummary:
+    """Build a task's summary from its sessions and final results.
+
+    Args:
+        task: The task.
+        sessions: All of its sessions.
+        results: Its final results (payloads are not needed).
+        known_policy_versions: Every policy version the server has seen.
+        deliveries: Its callback deliveries counted by state.
+    """
+    by_status = Counter(r.status.value for r in results)
+    usable = [r for r in results if r.status.trainable]
+    ages = _policy_ages(usable, known_policy_versions)
+    buckets: dict[int, list[float]] = defaultdict(list)
+    for r in usable:
+        if r.session_id in ages:
+            buckets[ages[r.session_id]].append(r.reward)
+    statistics = TaskStatistics(
+        session_duration_s=Distribution.of([r.duration_s for r in results if r.gateway_id]),
+        calls=Distribution.of([float(r.calls) for r in results if r.gateway_id]),
+        chains=Distribution.of([float(r.chains) for r in results if r.gateway_id]),
+        policy_age=Distribution.of([float(a) for a in ages.values()]),
+        reward_by_policy_age=tuple(
+            PolicyAgeBucket(age, len(rewards), sum(rewards) / len(rewards)) for age, rewards in sorted(buckets.items())
+        ),
+        sessions_dropped=sum(1 for r in results if not r.status.trainable),
+        sessions_retried=sum(1 for s in sessions if s.attempt > 1),
+        sessions_truncated=sum(1 for r in results if r.status in _TRUNCATED),
+        attempts_total=sum(s.attempt for s in sessions),
+        deliveries_pending=deliveries.get(DeliveryState.PENDING, 0),
+        deliveries_dead_lettered=deliveries.get(DeliveryState.DEAD, 0),
+        deliveries_delivered=deliveries.get(DeliveryState.DELIVERED, 0),
+    )
+    return TaskSummary(
+        task=task,
+        sessions_total=len(sessions),
+        sessions_done=len(results),
+        sessions_usable=len(usable),
+        sessions_running=sum(1 for s in sessions if s.state in (SessionState.STARTING, SessionState.RUNNING)),
+        sessions_by_status=dict(by_status),
+        mean_reward=sum(r.reward for r in usable) / len(usable) if usable else 0.0,
+        statistics=statistics,
+    )

@@ -1,0 +1,91 @@
+"""Unit tests of task statistics and protobuf conversion."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import duration_pb2
+from polar.common.v1 import session_pb2, status_pb2, task_pb2
+
+from polar_core.errors import InvalidArgument
+from polar_core.records import TerminalStatus
+from rollout_server.convert import new_task_from_proto, result_from_proto, result_to_proto
+from rollout_server.models import ResultRecord, SessionRecord, SessionState, TaskRecord, TaskState
+from rollout_server.stats import Distribution, policy_version_key, summarize
+
+
+def _result(sid: str, status: TerminalStatus, reward: float, versions: list[str]) -> ResultRecord:
+    return ResultRecord(
+        sid, "t", 0, status, reward, 1, "g", sid, duration_s=10.0, calls=4, chains=2, policy_versions=versions
+    )
+
+
+def test_distribution_and_natural_version_order() -> None:
+    d = Distribution.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (d.count, d.mean, d.p50, d.p90, d.max) == (5, 22.0, 3.0, 100.0, 100.0)
+    assert Distribution.of([]) == Distribution()
+    assert sorted(["step-10", "step-9", "step-100"], key=policy_version_key) == ["step-9", "step-10", "step-100"]
+
+
+def test_summary_reports_policy_age_next_to_reward() -> None:
+    task = TaskRecord("t", b"", "h", 4, 0, 0, 60.0, None, TaskState.RUNNING, 0.0, 100.0)
+    sessions = [SessionRecord(f"s{i}", "t", i, SessionState.DONE, attempt=1 + (i == 3)) for i in range(4)]
+    results = [
+        _result("s0", TerminalStatus.RESOLVED, 1.0, ["v3"]),
+        _result("s1", TerminalStatus.UNRESOLVED, 0.0, ["v1", "v3"]),
+        _result("s2", TerminalStatus.AGENT_TIMEOUT, 0.0, ["v2"]),
+        _result("s3", TerminalStatus.INFRA_ERROR, 0.0, []),
+    ]
+    summary = summarize(task, sessions, results, ["v1", "v2", "v3"], {})
+    st = summary.statistics
+    assert summary.sessions_usable == 3
+    assert summary.mean_reward == pytest.approx(1 / 3)
+    assert [(b.policy_age, b.sessions, b.mean_reward) for b in st.reward_by_policy_age] == [
+        (0, 1, 1.0),
+        (1, 1, 0.0),
+        (2, 1, 0.0),
+    ]
+    assert (st.sessions_dropped, st.sessions_retried, st.sessions_truncated, st.attempts_total) == (1, 1, 1, 5)
+    assert st.calls.mean == 4
+    assert summary.sessions_by_status == {"resolved": 1, "unresolved": 1, "agent_timeout": 1, "infra_error": 1}
+
+
+def test_task_conversion_validates_and_hashes_deterministically() -> None:
+    task = task_pb2.Task(
+        task_id="a", instruction="x", num_samples=2, callback=task_pb2.CallbackSpec(http_url="http://h/cb")
+    )
+    first = new_task_from_proto(task)
+    assert first.callback is not None
+    assert first.callback.kind == "http"
+    assert first.session_timeout_s == 600.0
+    assert new_task_from_proto(task).spec_hash == first.spec_hash
+    assert new_task_from_proto(task, duration_pb2.Duration(seconds=5)).spec_hash != first.spec_hash
+    assert new_task_from_proto(task_pb2.Task(instruction="x", num_samples=1)).task_id  # assigned
+    with pytest.raises(InvalidArgument):
+        new_task_from_proto(task_pb2.Task(task_id="a", instruction="x", num_samples=0))
+    with pytest.raises(InvalidArgument):
+        new_task_from_proto(
+            task_pb2.Task(
+                task_id="a", instruction="x", num_samples=1, callback=task_pb2.CallbackSpec(http_url="ftp://x")
+            )
+        )
+
+
+def test_result_conversion_round_trips_and_checks_status() -> None:
+    pb = session_pb2.SessionResult(session_id="s", status="resolved", reward=1.0, attempt=2, gateway_id="g")
+    pb.timings["total"] = 3.5
+    record = result_from_proto(pb)
+    assert record.status is TerminalStatus.RESOLVED
+    assert record.duration_s == 3.5
+    back = result_to_proto(record)
+    assert back.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED
+    assert back.timings["total"] == 3.5
+    with pytest.raises(InvalidArgument):
+        result_from_proto(session_pb2.SessionResult(session_id="s", status="great"))
+    with pytest.raises(InvalidArgument):
+        result_from_proto(
+            session_pb2.SessionResult(
+                session_id="s", status="resolved", terminal_status=status_pb2.TERMINAL_STATUS_INFRA_ERROR
+            )
+        )
+    with pytest.raises(InvalidArgument):
+        result_from_proto(session_pb2.SessionResult(session_id="s"))
