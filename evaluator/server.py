@@ -11,27 +11,12 @@ from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
 from evaluator.service import EvaluatorService
 from evaluator.servicer import EvaluatorServicer
 from evaluator.settings import EvaluatorSettings
-from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_grpc_server
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["create_server", "main"]
 
 _SERVICE = evaluator_service_pb2.DESCRIPTOR.services_by_name["EvaluatorService"]
-
-
-class _ClosingServer:
-    """Stops the gRPC server, then releases the evaluator's runtimes."""
-
-    def __init__(self, server: grpc.aio.Server, service: EvaluatorService) -> None:
-        self._server = server
-        self._service = service
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._server, name)
-
-    async def stop(self, grace: float | None) -> None:
-        await self._server.stop(grace)
-        await self._service.close()
 
 
 async def create_server(
@@ -54,7 +39,7 @@ async def create_server(
         tracer_provider=tracer_provider,
         auth_token=settings.auth_token,
     )
-    return _ClosingServer(server, service), port  # type: ignore[return-value]
+    return ManagedServer(server, service.close).as_server(), port
 
 
 def main() -> None:

@@ -147,5 +147,12 @@ async def test_calls_without_the_control_plane_token_are_refused() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.GetCapacity(gateway_service_pb2.GetCapacityRequest(), timeout=5)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # Server-streaming calls carry the token too (the servicer yields once, then fails on purpose).
+            call = stub.WatchSessions(gateway_service_pb2.WatchSessionsRequest(), timeout=5)
+            first = await call.read()
+            assert isinstance(first, gateway_service_pb2.WatchSessionsResponse)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call.read()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await server.stop(None)

@@ -11,25 +11,10 @@ from model_proxy.app import ProxyApp
 from model_proxy.policy import load_policy, make_backend
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar_core.server import run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, run_until_signal, start_grpc_server
 from polar_core.tracing import create_tracer_provider
 
-__all__ = ["ProxyServer", "create_server", "main"]
-
-
-class ProxyServer:
-    """The gRPC server plus the HTTP app; ``stop`` stops both (HTTP last, so in-flight calls finish)."""
-
-    def __init__(self, server: grpc.aio.Server, app: ProxyApp) -> None:
-        self._server = server
-        self.app = app
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._server, name)
-
-    async def stop(self, grace: float | None) -> None:
-        await self._server.stop(grace)
-        await self.app.stop()
+__all__ = ["create_server", "main"]
 
 
 async def create_server(
@@ -37,7 +22,7 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Load the policy, start the backend and the HTTP API, then the gRPC server; return it and its port.
 
-    The returned server is a :class:`ProxyServer`; its ``app.base_url`` is the provider HTTP API.
+    Stopping the returned server also stops the HTTP API and closes the backend.
     """
     policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
     backend = make_backend(settings.backend, settings.backend_options, policy)
@@ -54,7 +39,7 @@ async def create_server(
     except BaseException:
         await app.stop()
         raise
-    return ProxyServer(server, app), port  # type: ignore[return-value]
+    return ManagedServer(server, app.stop).as_server(), port
 
 
 def main() -> None:

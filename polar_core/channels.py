@@ -11,37 +11,53 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import bearer_metadata
 
-__all__ = ["open_channel"]
+__all__ = ["open_channel", "token_interceptors"]
 
 
-class _TokenClientInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds ``authorization: Bearer <token>`` to every call."""
+def _with_token(details: grpc.aio.ClientCallDetails, token_metadata: tuple[tuple[str, str], ...]) -> Any:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()), *token_metadata)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
+
+# grpc.aio files each interceptor under the FIRST call type it implements (an if/elif chain), so one class
+# implementing all four would only ever see unary-unary calls: each call type gets its own class.
+class _UnaryUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     def __init__(self, token: str) -> None:
         self._metadata = bearer_metadata(token)
 
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
-
     async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(details), request)
+        return await continuation(_with_token(details, self._metadata), request)
+
+
+class _UnaryStreamToken(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token)
 
     async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(details), request)
+        return await continuation(_with_token(details, self._metadata), request)
+
+
+class _StreamUnaryToken(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token)
 
     async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(details), request_iterator)
+        return await continuation(_with_token(details, self._metadata), request_iterator)
+
+
+class _StreamStreamToken(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token)
 
     async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(details), request_iterator)
+        return await continuation(_with_token(details, self._metadata), request_iterator)
+
+
+def token_interceptors(token: str) -> list[Any]:
+    """Client interceptors adding ``authorization: Bearer <token>`` to calls of every type."""
+    return [cls(token) for cls in (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)]
 
 
 def open_channel(
@@ -52,7 +68,6 @@ def open_channel(
     options: Sequence[tuple[str, int | str]] = (),
 ) -> grpc.aio.Channel:
     """Open an insecure channel to ``target`` that propagates trace context and the control-plane token."""
-    interceptors: list[Any] = list(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
-    if auth_token:
-        interceptors.append(_TokenClientInterceptor(auth_token))
+    interceptors: list[Any] = token_interceptors(auth_token) if auth_token else []
+    interceptors.extend(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)

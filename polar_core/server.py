@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar_core.auth import TokenAuthInterceptor
 from polar_core.grpc_errors import ErrorMappingInterceptor
 
-__all__ = ["ServiceRegistration", "placeholder_servicer", "run_until_signal", "start_grpc_server"]
+__all__ = ["ManagedServer", "ServiceRegistration", "placeholder_servicer", "run_until_signal", "start_grpc_server"]
 
 _log = logging.getLogger(__name__)
 
@@ -119,3 +119,28 @@ def placeholder_servicer(base: type[Any], service_name: str, methods: Sequence[s
 
     cls = type(f"Placeholder{base.__name__}", (base,), {m: make(m) for m in methods})
     return cls()
+
+
+class ManagedServer:
+    """A gRPC server whose ``stop`` also releases what the service holds (stores, runtimes, HTTP apps).
+
+    ``create_server`` returns one of these where a service owns resources beyond the gRPC server, so callers
+    (``polar serve``, tests) stop everything with the one ``await server.stop(grace)`` they already make.
+    Every other attribute is the wrapped server's.
+    """
+
+    def __init__(self, server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]]) -> None:
+        self._server = server
+        self._on_stop = on_stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop serving (letting calls finish within ``grace``), then release the service's resources."""
+        await self._server.stop(grace)
+        await self._on_stop()
+
+    def as_server(self) -> grpc.aio.Server:
+        """This object typed as the server it wraps (it answers every server method)."""
+        return self  # type: ignore[return-value]

@@ -9,7 +9,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_grpc_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
 from rollout_server.servicer import RolloutServicer
@@ -55,23 +55,15 @@ async def start_rollout_server(
     return RolloutServer(server, port, app)
 
 
-async def _close_on_termination(handle: RolloutServer) -> None:
-    await handle.server.wait_for_termination()
-    await handle.app.close()
-
-
 async def create_server(
     settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """Start the RolloutService on ``settings.host:settings.port`` (0 picks a port) and return it.
 
-    The app's loops and store are closed when the returned server terminates.
+    Stopping the returned server also stops the app's loops and closes the store.
     """
     handle = await start_rollout_server(settings, tracer_provider=tracer_provider)
-    closer = asyncio.create_task(_close_on_termination(handle))
-    # Keep a reference on the server so the closing task is not garbage-collected.
-    handle.server._polar_closer = closer  # type: ignore[attr-defined]
-    return handle.server, handle.port
+    return ManagedServer(handle.server, handle.app.close).as_server(), handle.port
 
 
 def main() -> None:
