@@ -38,6 +38,7 @@ async def create_server(
         port=settings.port,
         tracer_provider=tracer_provider,
         auth_token=settings.auth_token,
+        tls=settings.tls(),
     )
     return ManagedServer(server, service.close).as_server(), port
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from polar_core.settings import ServiceSettings
@@ -12,7 +13,71 @@ __all__ = ["GatewaySettings"]
 
 
 class GatewaySettings(ServiceSettings):
-    """Settings of the GatewayService; environment prefix ``POLAR_GATEWAY_``, TOML table ``[gateway]``."""
+    """Settings of the GatewayService; environment prefix ``POLAR_GATEWAY_``, TOML table ``[gateway]``.
+
+    Attributes:
+        gateway_id: This gateway's id in session states and results; empty means ``gateway-<port>``.
+        max_sessions: Sessions accepted at once (all stages together); StartSession answers
+            RESOURCE_EXHAUSTED beyond it.
+        init_workers: Sessions prepared at once (runtime creation, harness preparation).
+        ready_capacity: Prepared runtimes that may wait for a RUNNING slot; a prepared session waits in INIT
+            (holding its worker) while the buffer is full.
+        running_workers: Harnesses run at once (the scarce slots).
+        postrun_workers: Sessions collected, evaluated, reconstructed and reported at once.
+        postrun_backlog_limit: When more sessions than this wait for a POSTRUN worker, StartSession answers
+            RESOURCE_EXHAUSTED with a retry delay, so backpressure reaches admission.
+        session_timeout_s: Default session budget from INIT, used when a spec carries no deadline.
+        agent_timeout_s: Default agent budget from RUN, used when a task's ``timeout_seconds`` is 0.
+        eval_timeout_s: Default evaluation time limit.
+        step_timeout_s: Limit on each short side effect (open or close a proxy session, list completions,
+            reconstruct, report, release).
+        runtime_start_timeout_s: Limit on creating and starting a runtime.
+        teardown_timeout_s: Limit on tearing a runtime down.
+        step_retries: Extra attempts of an idempotent step that failed with UNAVAILABLE.
+        retained_results: Finished sessions kept for GetSession and WatchSessions before the oldest go.
+        watch_buffer: Events buffered per watcher; a watcher that falls further behind is disconnected.
+        proxy_address: gRPC target of the ModelProxyService; empty means none (embedded wiring injects one).
+        reconstructor_address: gRPC target of the ReconstructorService.
+        evaluator_address: gRPC target of the EvaluatorService.
+        rollout_address: gRPC target of the RolloutService that receives results (ReportSessionResult); empty
+            keeps results only for GetSession and WatchSessions.
+        default_runtime: Runtime kind used when a task leaves it unspecified.
+        runtime_network: Network of runtimes unless a task says otherwise: ``host`` (harnesses reach the proxy
+            directly), ``none`` or ``proxy`` (through a Unix-socket tunnel the task's runtime table names).
+        harness_bin_dir: Directory (as runtimes see it) holding installed harness CLIs; prepended to ``PATH``.
+        default_model: Model name the harness asks for when neither harness nor backend options name one.
+        workspace_dir: Workspace directory (relative to the runtime's session directory) the agent works in.
+        metrics_port: Port of the Prometheus ``/metrics`` endpoint; 0 picks a free one, -1 disables it.
+        metrics_host: Interface the metrics endpoint binds.
+    """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_GATEWAY_", frozen=True, extra="forbid")
     toml_table: ClassVar[str] = "gateway"
+
+    gateway_id: str = ""
+    max_sessions: int = Field(default=64, ge=1)
+    init_workers: int = Field(default=4, ge=1)
+    ready_capacity: int = Field(default=4, ge=1)
+    running_workers: int = Field(default=8, ge=1)
+    postrun_workers: int = Field(default=4, ge=1)
+    postrun_backlog_limit: int = Field(default=16, ge=0)
+    session_timeout_s: float = Field(default=1800.0, gt=0)
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    eval_timeout_s: float = Field(default=600.0, gt=0)
+    step_timeout_s: float = Field(default=60.0, gt=0)
+    runtime_start_timeout_s: float = Field(default=300.0, gt=0)
+    teardown_timeout_s: float = Field(default=60.0, gt=0)
+    step_retries: int = Field(default=2, ge=0)
+    retained_results: int = Field(default=10_000, ge=1)
+    watch_buffer: int = Field(default=1024, ge=1)
+    proxy_address: str = ""
+    reconstructor_address: str = ""
+    evaluator_address: str = ""
+    rollout_address: str = ""
+    default_runtime: Literal["local", "docker", "apptainer"] = "local"
+    runtime_network: Literal["host", "none", "proxy"] = "host"
+    harness_bin_dir: str = ""
+    default_model: str = "policy"
+    workspace_dir: str = "workspace"
+    metrics_port: int = Field(default=0, ge=-1, le=65535)
+    metrics_host: str = "127.0.0.1"

@@ -35,6 +35,7 @@ async def create_server(
             port=settings.port,
             tracer_provider=tracer_provider,
             auth_token=settings.auth_token,
+            tls=settings.tls(),
         )
     except BaseException:
         await app.stop()

@@ -10,6 +10,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import bearer_metadata
+from polar_core.tls import TlsFiles, client_credentials
 
 __all__ = ["open_channel", "token_interceptors"]
 
@@ -66,8 +67,13 @@ def open_channel(
     tracer_provider: TracerProvider | None = None,
     auth_token: str = "",
     options: Sequence[tuple[str, int | str]] = (),
+    tls: TlsFiles | None = None,
 ) -> grpc.aio.Channel:
-    """Open an insecure channel to ``target`` that propagates trace context and the control-plane token."""
+    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS."""
     interceptors: list[Any] = token_interceptors(auth_token) if auth_token else []
     interceptors.extend(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
+    if tls is not None:
+        return grpc.aio.secure_channel(
+            target, client_credentials(tls), options=list(options), interceptors=interceptors
+        )
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)

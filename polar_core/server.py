@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import TokenAuthInterceptor
 from polar_core.grpc_errors import ErrorMappingInterceptor
+from polar_core.tls import TlsFiles, server_credentials
 
 __all__ = ["ManagedServer", "ServiceRegistration", "placeholder_servicer", "run_until_signal", "start_grpc_server"]
 
@@ -44,6 +45,7 @@ async def start_grpc_server(
     port: int,
     tracer_provider: TracerProvider | None = None,
     auth_token: str = "",
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a gRPC server with health checking, reflection, OpenTelemetry and error mapping.
 
@@ -53,6 +55,7 @@ async def start_grpc_server(
         port: Port to bind; 0 picks a free one, which is returned.
         tracer_provider: Provider for server spans; ``None`` uses the global (no-op unless configured).
         auth_token: When set, every call but health checks and reflection must carry it.
+        tls: When set, serve mutual TLS: clients must present a certificate signed by ``tls.ca_file``.
 
     Returns:
         The started server and the bound port.
@@ -68,7 +71,8 @@ async def start_grpc_server(
     for registration in registrations:
         registration.add(server)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind gRPC server to {host}:{port}")
     await server.start()

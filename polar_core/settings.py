@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from polar_core.errors import InvalidArgument
+from polar_core.tls import TlsFiles
 
 __all__ = ["ServiceSettings", "TelemetrySettings"]
 
@@ -54,6 +55,9 @@ class ServiceSettings(BaseSettings):
         port: gRPC port; 0 picks a free one (tests, embedded mode).
         state_dir: Directory for this service's durable state.
         auth_token: Shared control-plane token; empty means no token is required (embedded default only).
+        tls_cert_file: This server's PEM certificate; with the key and CA below it turns on mutual TLS.
+        tls_key_file: This server's PEM private key.
+        tls_ca_file: PEM CA that must have signed every client's certificate (clients present one).
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_", frozen=True, extra="forbid")
@@ -64,6 +68,13 @@ class ServiceSettings(BaseSettings):
     port: int = Field(default=0, ge=0, le=65535)
     state_dir: Path = Path(".polar")
     auth_token: str = ""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+
+    def tls(self) -> TlsFiles | None:
+        """The mTLS files, or None when mTLS is off."""
+        return TlsFiles.from_settings(self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
 
     @classmethod
     def settings_customise_sources(

@@ -50,6 +50,7 @@ async def start_rollout_server(
         port=settings.port,
         tracer_provider=tracer_provider,
         auth_token=settings.auth_token,
+        tls=settings.tls(),
     )
     await app.start()
     return RolloutServer(server, port, app)

@@ -1,0 +1,167 @@
+"""The real agent runner and runtime factory: harness adapters launched inside :mod:`runtimes` sandboxes.
+
+:class:`HarnessAgentRunner` implements :class:`gateway.seams.AgentRunner`: it lays out the workspace (a copy of
+the task's repository, committed as the initial state), asks the harness adapter for its launch, writes the
+adapter's files below ``HOME``, runs the command under the agent budget, and afterwards collects the workspace
+patch and any named files for the evaluator. :class:`SpecRuntimeFactory` implements
+:class:`gateway.seams.RuntimeFactory` over :func:`runtimes.create_runtime`.
+
+Task keys read here (free-form ``metadata``, so neither the harness nor the evaluator options need them):
+``metadata.repo`` (or ``evaluator.options.repo``): host directory copied in as the workspace;
+``metadata.artifact_paths``: files (relative to the workspace) sent to the evaluator besides the patch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gateway.harnesses import HarnessAdapter, HarnessContext, HarnessLaunch, adapter_names, get_adapter
+from gateway.harnesses.patch import PATCH_SCRIPT, init_workspace_argv
+from gateway.model import AgentOutcome, AgentRun, Artifacts, ProxyEndpoints, SessionSpec
+from gateway.seams import PreparedAgent
+from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from runtimes import Runtime, RuntimeFactory, RuntimeSpec
+
+__all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
+
+_SETUP_TIMEOUT_S = 120.0
+_PATCH_FILE = ".polar/agent.patch"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedHarness:
+    """A harness whose files are written and whose launch is known."""
+
+    harness: str
+    launch: HarnessLaunch
+    workspace: PurePosixPath
+
+
+class HarnessAgentRunner:
+    """Runs harness adapters inside runtimes.
+
+    Args:
+        workspace_dir: The workspace, relative to the runtime's session directory.
+        bin_dir: Directory (inside the runtime) holding installed CLIs; prepended to ``PATH``.
+        adapters: Returns the adapter of a harness name (tests inject their own).
+        names: The harness names ``adapters`` knows.
+    """
+
+    def __init__(
+        self,
+        *,
+        workspace_dir: str = "workspace",
+        bin_dir: PurePosixPath | None = None,
+        adapters: Callable[[str], HarnessAdapter] = get_adapter,
+        names: tuple[str, ...] | None = None,
+    ) -> None:
+        self._workspace_dir = workspace_dir
+        self._bin_dir = bin_dir
+        self._adapters = adapters
+        self._names = frozenset(names if names is not None else adapter_names())
+
+    def knows(self, harness: str) -> bool:
+        """Whether an adapter of that name exists."""
+        return harness in self._names
+
+    async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> PreparedHarness:
+        """Lay out the workspace and the harness's files; see :class:`gateway.seams.AgentRunner`."""
+        workspace = runtime.root / self._workspace_dir
+        repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
+        if repo:
+            await runtime.upload(Path(str(repo)), self._workspace_dir)
+        else:
+            await _check(runtime, ["mkdir", "-p", str(workspace)], "creating the workspace")
+        await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
+        ctx = HarnessContext(
+            home=runtime.root / "home",
+            workspace=workspace,
+            tmp=runtime.root / "tmp",
+            instruction=spec.instruction,
+            endpoints=endpoints,
+            model=spec.model,
+            options=dict(spec.harness.options),
+            bin_dir=self._bin_dir,
+        )
+        launch = self._adapters(spec.harness.name).prepare(ctx)
+        for rel, content in launch.files.items():
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            await runtime.upload(data, f"home/{rel}")
+        return PreparedHarness(spec.harness.name, launch, workspace)
+
+    async def run(self, runtime: Runtime, prepared: PreparedAgent, *, timeout_s: float) -> AgentRun:
+        """Run the harness; the runtime kills its process tree at ``timeout_s``."""
+        if not isinstance(prepared, PreparedHarness):
+            raise Internal(f"cannot run a {type(prepared).__name__}")
+        launch = prepared.launch
+        result = await runtime.exec(list(launch.argv), cwd=launch.cwd, env=dict(launch.env), timeout=timeout_s)
+        if result.timed_out:
+            outcome = AgentOutcome.TIMEOUT
+        elif result.exit_code == 0:
+            outcome = AgentOutcome.COMPLETED
+        else:
+            outcome = AgentOutcome.ERROR
+        return AgentRun(outcome, result.exit_code, result.stdout, result.stderr, result.duration_s)
+
+    async def collect(self, runtime: Runtime, spec: SessionSpec, run: AgentRun) -> Artifacts:
+        """Return the workspace patch and the files named by ``metadata.artifact_paths``."""
+        workspace = runtime.root / self._workspace_dir
+        out = runtime.root / _PATCH_FILE
+        # Written to a file and downloaded, because exec output is truncated and decoded as text.
+        await _check(
+            runtime,
+            ["sh", "-c", 'sh -c "$1" polar-patch "$2" > "$3"', "polar-collect", PATCH_SCRIPT, str(workspace), str(out)],
+            "collecting the workspace patch",
+        )
+        patch = await runtime.download(out)
+        files: dict[str, bytes] = {}
+        for rel in _string_list(spec.metadata.get("artifact_paths")):
+            try:
+                files[rel] = await runtime.download(workspace / rel)
+            except NotFound:
+                continue  # the agent did not produce it; the evaluator decides what that means
+        return Artifacts(patch=patch or None, files=files)
+
+
+async def _check(runtime: Runtime, argv: list[str], what: str) -> None:
+    result = await runtime.exec(argv, timeout=_SETUP_TIMEOUT_S)
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip()[-500:]
+        raise FailedPrecondition(f"{what} failed (exit {result.exit_code}): {detail}")
+
+
+def _string_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgument("metadata.artifact_paths must be a list of strings")
+    return list(value)
+
+
+@dataclasses.dataclass
+class SpecRuntimeFactory:
+    """Builds each session's runtime from its task's ``runtime`` table over a :mod:`runtimes` factory.
+
+    Attributes:
+        inner: The runtimes package's factory.
+        default_kind: Kind used when the task leaves it unspecified.
+        defaults: Runtime options the task's table may override (``network``, ``isolation``, ...).
+    """
+
+    inner: RuntimeFactory
+    default_kind: str = "local"
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def create(self, spec: SessionSpec) -> Runtime:
+        """Return the unstarted runtime of ``spec``.
+
+        Raises:
+            InvalidArgument: The task's runtime table is malformed.
+        """
+        table: dict[str, Any] = {**spec.runtime.options, "kind": spec.runtime.kind or self.default_kind}
+        if spec.runtime.image:
+            table["image"] = spec.runtime.image
+        return self.inner.create(RuntimeSpec.from_mapping(table, **self.defaults), session_id=spec.session_id)

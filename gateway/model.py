@@ -1,0 +1,270 @@
+"""Plain records of the gateway's domain: session specs, stages, states, results and events.
+
+The servicer converts protobuf messages to and from these; the pipeline never sees protobuf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from polar_core.errors import InvalidArgument
+from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
+from reconstructor.stats import ReconstructionStats
+
+__all__ = [
+    "AgentOutcome",
+    "AgentRun",
+    "Artifacts",
+    "BuilderConfig",
+    "Evaluation",
+    "EvaluatorConfig",
+    "HarnessConfig",
+    "ProxyEndpoints",
+    "Reconstruction",
+    "RuntimeConfig",
+    "SessionEvent",
+    "SessionResult",
+    "SessionSpec",
+    "SessionState",
+    "Stage",
+    "completion_totals",
+]
+
+
+class Stage(enum.StrEnum):
+    """The pipeline stage a session is in; ``DONE`` is the only final one."""
+
+    INIT = "init"
+    READY = "ready"
+    RUNNING = "running"
+    POSTRUN = "postrun"
+    DONE = "done"
+
+
+# The state machine: every stage change the pipeline makes must be listed here. A session leaves INIT or
+# READY straight for POSTRUN when it fails or is cancelled there (POSTRUN then only tears down and reports).
+TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
+    Stage.INIT: frozenset({Stage.READY, Stage.POSTRUN}),
+    Stage.READY: frozenset({Stage.RUNNING, Stage.POSTRUN}),
+    Stage.RUNNING: frozenset({Stage.POSTRUN}),
+    Stage.POSTRUN: frozenset({Stage.DONE}),
+    Stage.DONE: frozenset(),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HarnessConfig:
+    """The harness (agent program) and its options."""
+
+    name: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """The sandbox kind (``local``, ``docker``, ``apptainer``; empty means the gateway default)."""
+
+    kind: str = ""
+    image: str = ""
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvaluatorConfig:
+    """How a session's work is scored; an empty or ``none`` strategy skips evaluation."""
+
+    strategy: str = ""
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the session is evaluated at all."""
+        return self.strategy not in ("", "none")
+
+    @property
+    def clean_runtime(self) -> bool:
+        """Whether the evaluator scores in a fresh runtime, which is then prepared while the agent runs."""
+        return bool(self.options.get("clean_runtime", self.options.get("refresh_runtime", False)))
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The evaluation time limit from the options, if any."""
+        value = self.options.get("timeout_seconds", self.options.get("timeout_s"))
+        return float(value) if value else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuilderConfig:
+    """How completions become traces; ``None`` strategy means the reconstructor's default."""
+
+    strategy: ReconstructionStrategy | None = None
+    end_of_turn_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """One session to run: a sample of a task.
+
+    Attributes:
+        session_id: Unique id, stable across attempts.
+        task_id: The task (group id).
+        sample_index: Index of this sample within the task.
+        attempt: Attempt number, from 1.
+        instruction: The instruction given to the agent.
+        agent_timeout_s: Agent budget from RUN; 0 means the gateway's default.
+        deadline: Unix time by which the session must be done; ``None`` means the gateway's session budget.
+        priority: Higher goes first in the INIT queue and for RUNNING slots.
+        model: Model name the harness asks for; empty means the gateway's default.
+        harness: The harness to run.
+        runtime: The sandbox to run it in.
+        evaluator: How to score the work.
+        builder: How to reconstruct traces.
+        metadata: Free-form task metadata, passed through to the evaluator.
+    """
+
+    session_id: str
+    task_id: str
+    harness: HarnessConfig
+    instruction: str = ""
+    sample_index: int = 0
+    attempt: int = 1
+    agent_timeout_s: float = 0.0
+    deadline: float | None = None
+    priority: int = 0
+    model: str = ""
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
+    builder: BuilderConfig = dataclasses.field(default_factory=BuilderConfig)
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.session_id:
+            raise InvalidArgument("session_id is required")
+        if not self.harness.name:
+            raise InvalidArgument("harness.name is required", details={"session_id": self.session_id})
+        if self.attempt < 1:
+            raise InvalidArgument("attempt counts from 1", details={"session_id": self.session_id})
+        if self.agent_timeout_s < 0:
+            raise InvalidArgument("timeout_seconds must not be negative", details={"session_id": self.session_id})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyEndpoints:
+    """How a harness reaches the model proxy for one session."""
+
+    token: str
+    anthropic_base_url: str = ""
+    openai_base_url: str = ""
+    google_base_url: str = ""
+
+
+class AgentOutcome(enum.StrEnum):
+    """How the agent run ended (mirrors the evaluator's ``AgentStatus``)."""
+
+    COMPLETED = "completed"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentRun:
+    """The result of running a harness once."""
+
+    outcome: AgentOutcome
+    exit_code: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Artifacts:
+    """What the agent produced, for the evaluator."""
+
+    patch: bytes | None = None
+    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The evaluator's verdict."""
+
+    reward: float
+    status: TerminalStatus
+    trace_rewards: tuple[float, ...] = ()
+    error_message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reconstruction:
+    """Traces built from a session's completions."""
+
+    traces: list[Trace]
+    stats: ReconstructionStats
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionState:
+    """A snapshot of a session.
+
+    Attributes:
+        stage_entered_at: Unix time the session entered ``stage``.
+        queued: Whether the session waits to enter ``stage`` (for a worker or buffer space) rather than
+            being served by it.
+    """
+
+    session_id: str
+    task_id: str
+    sample_index: int
+    attempt: int
+    stage: Stage
+    gateway_id: str
+    stage_entered_at: float
+    deadline: float
+    status: TerminalStatus | None = None
+    error_message: str = ""
+    queued: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionResult:
+    """The outcome of a session; it mirrors a line of ``sessions.jsonl`` plus its traces."""
+
+    session_id: str
+    task_id: str
+    sample_index: int
+    attempt: int
+    gateway_id: str
+    status: TerminalStatus
+    reward: float
+    traces: list[Trace]
+    timings: Mapping[str, float]
+    completions: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    reconstruction: ReconstructionStats | None = None
+    error_message: str = ""
+
+    @property
+    def idempotency_key(self) -> str:
+        """Deliveries of the same session attempt carry the same key."""
+        return f"{self.session_id}/{self.attempt}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One state change; ``previous`` is ``None`` for a current-state event sent to a new watcher."""
+
+    state: SessionState
+    time: float
+    previous: Stage | None = None
+    result: SessionResult | None = None
+
+
+def completion_totals(records: list[CompletionRecord]) -> tuple[int, int]:
+    """Return the total prompt and response token counts over ``records``."""
+    return sum(len(r.prompt_token_ids) for r in records), sum(len(r.response_token_ids) for r in records)

@@ -1,0 +1,190 @@
+"""A real gateway with a real model proxy (scripted backend), reconstructor and evaluator, a local runtime and
+the generic ``command`` harness running a Python script that calls the proxy's OpenAI chat endpoint.
+
+Covers: a session reaches ``resolved`` with its completions recorded, traces reconstructed and the evaluation
+reported; cancellation mid-RUN tears the runtime down; an agent timeout keeps the captured calls with status
+``agent_timeout``. (RESOURCE_EXHAUSTED with retry info is covered over gRPC in ``test_gateway_service.py``,
+where POSTRUN's duration can be controlled.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.evaluator.v1 import evaluator_service_pb2_grpc
+from polar.gateway.v1 import gateway_service_pb2 as pb
+from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
+
+from gateway.server import create_server
+from gateway.settings import GatewaySettings
+from polar_core.channels import open_channel
+from polar_core.server import ServiceRegistration, start_grpc_server
+from polar_core.services import service_spec
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for the workspace"),
+    pytest.mark.skipif(shutil.which("python3") is None, reason="the agent script needs python3 on PATH"),
+]
+
+# The agent: N chat calls through the proxy, then an answer file, then an optional sleep.
+AGENT = """
+import json, os, sys, time, urllib.request
+calls, pause = int(sys.argv[1]), float(sys.argv[2])
+messages = []
+for i in range(calls):
+    messages.append({"role": "user", "content": f"step {i}"})
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    messages.append(reply["choices"][0]["message"])
+    print("call", i, "ok", flush=True)
+open("answer.txt", "w").write("42\\n")
+time.sleep(pause)
+"""
+
+
+@dataclasses.dataclass
+class Stack:
+    gateway: Any
+    stub: Any
+    runtimes_dir: Path
+
+
+async def _start_evaluator(tmp: Path) -> tuple[grpc.aio.Server, int]:
+    if importlib.util.find_spec("evaluator.server") is not None:
+        spec = service_spec("evaluator")
+        return await spec.start(spec.settings_cls.load(state_dir=tmp / "evaluator"))
+    from evaluator.service import EvaluatorService
+    from evaluator.servicer import EvaluatorServicer
+    from evaluator.settings import EvaluatorSettings
+
+    servicer = EvaluatorServicer(EvaluatorService(EvaluatorSettings(state_dir=tmp / "evaluator")))
+    registration = ServiceRegistration(
+        "polar.evaluator.v1.EvaluatorService",
+        lambda s: evaluator_service_pb2_grpc.add_EvaluatorServiceServicer_to_server(servicer, s),
+    )
+    return await start_grpc_server([registration], host="127.0.0.1", port=0)
+
+
+async def _start_proxy(tmp: Path) -> tuple[grpc.aio.Server, int, Any]:
+    from model_proxy.app import ProxyApp
+    from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
+    from model_proxy.servicer import registration
+    from model_proxy.settings import ProxySettings
+    from polar_core.model_fixtures import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    eot: Any = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns = [ScriptTurn.from_dict({"text": f"Answer number {i}."}) for i in range(4)]
+    backend = ScriptedBackend(turns, tokenizer, end_of_turn_id=eot)
+    app = ProxyApp(ProxySettings(state_dir=tmp / "proxy", fsync=False, context_length=32768), backend, tokenizer)
+    await app.start()
+    server, port = await start_grpc_server([registration(app)], host="127.0.0.1", port=0)
+    return server, port, app
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    proxy_server, proxy_port, proxy_app = await _start_proxy(tmp_path)
+    reconstructor = service_spec("reconstructor")
+    recon_server, recon_port = await reconstructor.start(reconstructor.settings_cls.load(state_dir=tmp_path / "r"))
+    eval_server, eval_port = await _start_evaluator(tmp_path)
+    settings = GatewaySettings(
+        state_dir=tmp_path / "gateway",
+        proxy_address=f"127.0.0.1:{proxy_port}",
+        reconstructor_address=f"127.0.0.1:{recon_port}",
+        evaluator_address=f"127.0.0.1:{eval_port}",
+        runtime_network="host",
+        metrics_port=-1,
+        step_timeout_s=30,
+    )
+    gateway, port = await create_server(settings)
+    channel = open_channel(f"127.0.0.1:{port}")
+    try:
+        yield Stack(gateway, pb_grpc.GatewayServiceStub(channel), tmp_path / "gateway" / "runtimes")
+    finally:
+        await channel.close(None)
+        await gateway.stop(None)
+        for server in (eval_server, recon_server, proxy_server):
+            await server.stop(None)
+        await proxy_app.stop()
+
+
+def session(session_id: str, *, calls: int, pause_s: float, timeout_s: float = 60.0) -> session_pb2.SessionSpec:
+    task = task_pb2.Task(
+        task_id="e2e",
+        instruction="Answer.",
+        timeout_seconds=timeout_s,
+        harness=task_pb2.HarnessSpec(name="command"),
+        runtime=task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
+        evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
+    )
+    task.harness.options.update({"argv": ["python3", "-c", AGENT, str(calls), str(pause_s)]})
+    return session_pb2.SessionSpec(session_id=session_id, task_id="e2e", task=task, attempt=1)
+
+
+async def until_stage(stub: Any, session_id: str, stage: int, limit_s: float = 60.0) -> Any:
+    async with asyncio.timeout(limit_s):
+        while True:
+            reply = await stub.GetSession(pb.GetSessionRequest(session_id=session_id))
+            if reply.state.stage == stage or reply.state.stage == status_pb2.SESSION_STAGE_DONE:
+                return reply
+            await asyncio.sleep(0.05)
+
+
+async def test_session_is_resolved_with_traces(stack: Stack) -> None:
+    await stack.stub.StartSession(pb.StartSessionRequest(spec=session("ok", calls=2, pause_s=0)))
+    reply = await until_stage(stack.stub, "ok", status_pb2.SESSION_STAGE_DONE)
+    result = reply.result
+    assert result.status == "resolved", result.error_message
+    assert result.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED
+    assert result.reward == 1.0
+    assert result.statistics.completions == 2
+    assert result.statistics.response_tokens > 0
+    assert result.statistics.reconstruction.calls == 2
+    assert len(result.traces) >= 1
+    assert sum(len(t.call_ids) for t in result.traces) == 2
+    assert all(t.status == "resolved" for t in result.traces)
+    assert all(1 in t.loss_mask for t in result.traces)
+    assert not (stack.runtimes_dir / "ok").exists()
+
+
+async def test_agent_timeout_keeps_captured_calls(stack: Stack) -> None:
+    spec = session("slow", calls=1, pause_s=60, timeout_s=3)
+    await stack.stub.StartSession(pb.StartSessionRequest(spec=spec))
+    reply = await until_stage(stack.stub, "slow", status_pb2.SESSION_STAGE_DONE)
+    assert reply.result.status == "agent_timeout"
+    assert reply.result.reward == 0.0
+    assert reply.result.statistics.completions == 1
+    assert len(reply.result.traces) == 1
+    assert reply.result.traces[0].status == "agent_timeout"
+    assert not (stack.runtimes_dir / "slow").exists()
+
+
+async def test_cancel_mid_run_tears_down(stack: Stack) -> None:
+    await stack.stub.StartSession(pb.StartSessionRequest(spec=session("cx", calls=1, pause_s=60)))
+    reply = await until_stage(stack.stub, "cx", status_pb2.SESSION_STAGE_RUNNING)
+    assert reply.state.stage == status_pb2.SESSION_STAGE_RUNNING
+    assert (stack.runtimes_dir / "cx").exists()
+    await asyncio.sleep(1.0)
+    await stack.stub.CancelSession(pb.CancelSessionRequest(session_id="cx", reason="test"))
+    reply = await until_stage(stack.stub, "cx", status_pb2.SESSION_STAGE_DONE, limit_s=20)
+    assert reply.result.status == "cancelled"
+    assert reply.result.traces == []
+    assert not (stack.runtimes_dir / "cx").exists()
+    # No process of the agent survives its runtime.
+    ps = await asyncio.create_subprocess_exec("pgrep", "-f", "answer.txt", stdout=asyncio.subprocess.PIPE)
+    out, _ = await ps.communicate()
+    assert out == b""
