@@ -69,9 +69,10 @@ class EvaluatorServiceServicer:
 
     def Evaluate(self, request, context):
         """Evaluate scores artifacts in a prepared environment. Returns NOT_FOUND for an unknown or released
-        handle, INVALID_ARGUMENT for malformed artifacts and DEADLINE_EXCEEDED when the evaluation runs
-        past its timeout (the response then is not sent; callers report eval_timeout). Idempotent by
-        handle: a repeated call returns the first result.
+        handle and INVALID_ARGUMENT for malformed artifacts. An evaluation that runs past its timeout is
+        not an RPC error: it answers OK with terminal_status EVAL_TIMEOUT, so the stored result stays the
+        one every retry sees. Idempotent by handle: a repeated call returns the first result without
+        re-running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

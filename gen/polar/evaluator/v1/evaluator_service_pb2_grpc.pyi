@@ -42,9 +42,10 @@ class EvaluatorServiceStub:
     """
     Evaluate: _grpc.UnaryUnaryMultiCallable[_evaluator_service_pb2.EvaluateRequest, _evaluator_service_pb2.EvaluateResponse]
     """Evaluate scores artifacts in a prepared environment. Returns NOT_FOUND for an unknown or released
-    handle, INVALID_ARGUMENT for malformed artifacts and DEADLINE_EXCEEDED when the evaluation runs
-    past its timeout (the response then is not sent; callers report eval_timeout). Idempotent by
-    handle: a repeated call returns the first result.
+    handle and INVALID_ARGUMENT for malformed artifacts. An evaluation that runs past its timeout is
+    not an RPC error: it answers OK with terminal_status EVAL_TIMEOUT, so the stored result stays the
+    one every retry sees. Idempotent by handle: a repeated call returns the first result without
+    re-running.
     """
     Release: _grpc.UnaryUnaryMultiCallable[_evaluator_service_pb2.ReleaseRequest, _evaluator_service_pb2.ReleaseResponse]
     """Release frees a prepared environment. Returns only OK; releasing an unknown or released handle is
@@ -65,9 +66,10 @@ class EvaluatorServiceAsyncStub(EvaluatorServiceStub):
     """
     Evaluate: _aio.UnaryUnaryMultiCallable[_evaluator_service_pb2.EvaluateRequest, _evaluator_service_pb2.EvaluateResponse]  # type: ignore[assignment]
     """Evaluate scores artifacts in a prepared environment. Returns NOT_FOUND for an unknown or released
-    handle, INVALID_ARGUMENT for malformed artifacts and DEADLINE_EXCEEDED when the evaluation runs
-    past its timeout (the response then is not sent; callers report eval_timeout). Idempotent by
-    handle: a repeated call returns the first result.
+    handle and INVALID_ARGUMENT for malformed artifacts. An evaluation that runs past its timeout is
+    not an RPC error: it answers OK with terminal_status EVAL_TIMEOUT, so the stored result stays the
+    one every retry sees. Idempotent by handle: a repeated call returns the first result without
+    re-running.
     """
     Release: _aio.UnaryUnaryMultiCallable[_evaluator_service_pb2.ReleaseRequest, _evaluator_service_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Release frees a prepared environment. Returns only OK; releasing an unknown or released handle is
@@ -97,9 +99,10 @@ class EvaluatorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_evaluator_service_pb2.EvaluateResponse, _abc.Awaitable[_evaluator_service_pb2.EvaluateResponse]]:
         """Evaluate scores artifacts in a prepared environment. Returns NOT_FOUND for an unknown or released
-        handle, INVALID_ARGUMENT for malformed artifacts and DEADLINE_EXCEEDED when the evaluation runs
-        past its timeout (the response then is not sent; callers report eval_timeout). Idempotent by
-        handle: a repeated call returns the first result.
+        handle and INVALID_ARGUMENT for malformed artifacts. An evaluation that runs past its timeout is
+        not an RPC error: it answers OK with terminal_status EVAL_TIMEOUT, so the stored result stays the
+        one every retry sees. Idempotent by handle: a repeated call returns the first result without
+        re-running.
         """
 
     @_abc_1.abstractmethod
