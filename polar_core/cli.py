@@ -25,33 +25,34 @@ __all__ = ["main"]
 _EXTENSIONS = ("reconstructor.cli", "rollout_server.cli")
 
 
-async def _check_health(port: int, service: str) -> bool:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+async def _check_health(host: str, port: int, service: str) -> bool:
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    async with grpc.aio.insecure_channel(f"{target}:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    names = [args.service] if args.service else list(SERVICE_NAMES)
-    state_root = Path(args.state_dir)
-    started: list[tuple[str, grpc.aio.Server, int, str]] = []
+    names = list(dict.fromkeys(args.services)) or list(SERVICE_NAMES)
+    started: list[tuple[str, grpc.aio.Server, str, int, str]] = []
     try:
         for name in names:
             spec = service_spec(name)
-            overrides: dict[str, object] = {"state_dir": state_root / name if len(names) > 1 else state_root}
-            if args.host is not None:
-                overrides["host"] = args.host
+            overrides: dict[str, object] = {"host": args.host}
+            if args.state_dir is not None:
+                # Several services in one process each get their own folder under the given one.
+                overrides["state_dir"] = Path(args.state_dir) / name if len(names) > 1 else Path(args.state_dir)
             if args.port is not None and len(names) == 1:
                 overrides["port"] = args.port
             settings = spec.settings_cls.load(Path(args.config) if args.config else None, **overrides)
             server, port = await spec.start(settings, create_tracer_provider(name))
-            started.append((name, server, port, spec.grpc_service))
+            started.append((name, server, settings.host, port, spec.grpc_service))
             print(f"{name:<14} {settings.host}:{port}  ({spec.grpc_service})", flush=True)
         if args.check:
             ok = True
-            for name, _, port, service in started:
-                healthy = await _check_health(port, service)
+            for name, _, host, port, service in started:
+                healthy = await _check_health(host, port, service)
                 ok &= healthy
                 print(f"health {name:<14} {'SERVING' if healthy else 'NOT SERVING'}", flush=True)
             print("all services healthy" if ok else "some services are unhealthy", flush=True)
@@ -64,7 +65,20 @@ async def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
         return 0
     finally:
-        await asyncio.gather(*(server.stop(5) for _, server, _, _ in started))
+        await asyncio.gather(*(server.stop(5) for _, server, _, _, _ in started))
+
+
+async def _health(args: argparse.Namespace) -> int:
+    async with grpc.aio.insecure_channel(args.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            print(f"{args.address}: {exc.code().name} {exc.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.address}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -72,13 +86,24 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one service, or all five in one process")
-    serve.add_argument("service", nargs="?", choices=SERVICE_NAMES, help="the service to run (default: all)")
+    serve.add_argument(
+        "services",
+        nargs="*",
+        metavar="SERVICE",
+        help=f"services to run in this process: {', '.join(SERVICE_NAMES)} (default: all five)",
+    )
     serve.add_argument("--config", help="TOML settings file ([proxy], [gateway], ... tables)")
-    serve.add_argument("--state-dir", default=".polar", help="directory for durable state (default .polar)")
+    serve.add_argument(
+        "--state-dir", default=None, help="directory for durable state (default: each service's setting, .polar)"
+    )
     serve.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port for a single service (default: free port)")
     serve.add_argument("--check", action="store_true", help="start, check every service's health, and exit")
     serve.set_defaults(func=lambda a: asyncio.run(_serve(a)))
+    health = sub.add_parser("health", help="check a service's gRPC health (exit 0 when SERVING)")
+    health.add_argument("address", help="HOST:PORT of the service")
+    health.add_argument("--service", default="", help="gRPC service name to check (default: the server)")
+    health.set_defaults(func=lambda a: asyncio.run(_health(a)))
     for module_name in _EXTENSIONS:
         try:
             module = importlib.import_module(module_name)

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.errors import InvalidArgument
 from polar_core.settings import ServiceSettings
 
 __all__ = ["SERVICE_NAMES", "ServiceSpec", "service_spec"]
@@ -48,7 +49,7 @@ def service_spec(name: str) -> ServiceSpec:
     try:
         package, settings_name, grpc_service = _MODULES[name]
     except KeyError:
-        raise ValueError(f"unknown service {name!r}; choose from {', '.join(SERVICE_NAMES)}") from None
+        raise InvalidArgument(f"unknown service {name!r}; choose from {', '.join(SERVICE_NAMES)}") from None
     settings_mod: Any = importlib.import_module(f"{package}.settings")
     server_mod: Any = importlib.import_module(f"{package}.server")
     return ServiceSpec(name, grpc_service, getattr(settings_mod, settings_name), server_mod.create_server)
