@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 from typing import Any
@@ -147,6 +148,9 @@ class ProxyApp:
             raise FailedPrecondition("the proxy's HTTP server failed to start")
         self._server, self._sock = server, sock
         self.http_port = sock.getsockname()[1]
+        if self.settings.gc_freeze:
+            gc.collect()
+            gc.freeze()
         self._main = asyncio.create_task(server.main_loop())
         return self.http_port
 

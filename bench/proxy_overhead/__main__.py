@@ -1,93 +1,79 @@
-"""Measure the model proxy's added latency and peak throughput (run: ``python -m bench.proxy_overhead``).
+"""Measure the model proxy's added latency and peak throughput, side by side with LiteLLM's proxy.
 
-Both servers run in a child process (one event loop, one uvicorn worker each); the client (httpx) runs in
-this process. The baseline ("direct") is a minimal Starlette server that parses the JSON body and
-returns a canned Chat Completions answer, i.e. the cost any HTTP hop pays; the proxy does the full pipeline
-(auth, translation, normalisation, rendering, tokenisation, backend call to an instant stub, parsing,
-durable fsync'd record). Added latency = proxy percentile - direct percentile, measured in the same run.
+Run: ``.venv/bin/python -m bench.proxy_overhead`` (``--quick`` for a short run; ``--json PATH`` saves the
+numbers). LiteLLM's column needs ``scripts/setup_litellm.sh`` (it is left out, with the reason, otherwise).
+
+Every server runs in a process of its own with one event loop (one worker); the clients are raw asyncio
+HTTP/1.1 keep-alive connections (:mod:`bench.proxy_overhead.load`), so no HTTP library's cost hides in the
+numbers. Targets:
+
+* **direct** -- the stub backend itself (:mod:`bench.proxy_overhead.stub`: canned answers, no parsing).
+* **proxy** -- the full pipeline (auth, translation, normalisation, incremental rendering and tokenisation,
+  backend call, parsing, the completion record fsync'd before the answer) with an in-process backend that
+  answers at once: the proxy's own cost. Also with ``fsync`` off, and with the ``vllm`` backend calling the
+  stub over HTTP (token IDs in and out), i.e. the same extra hop that LiteLLM pays.
+* **LiteLLM** -- ``litellm --config`` (``litellm[proxy]``, one worker) with the stub as its ``openai/``
+  upstream.
+
+Calls: a small Chat Completions call, and a Claude-Code-sized Anthropic Messages call (25 tools and a
+32k-token history). Latency: requests one at a time; the Claude-Code-sized call grows by one assistant turn
+and one user turn each time (every target sees the same sequence; the proxy's session cache sees an agent
+loop). Added latency = target percentile - direct percentile of the same run. Peak throughput: closed-loop
+load from several client processes against the one worker; each connection is its own session (as agents
+are), and for the big call each connection repeats one 32k-token request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
-import socket
-import subprocess
-import sys
+import os
+import shutil
 import tempfile
-import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-
-from model_proxy.app import ProxyApp
-from model_proxy.core.types import GenerationChunk, GenerationRequest
-from model_proxy.settings import ProxySettings
+from bench.proxy_overhead.load import build_request, connect, latencies, peak_rps, timed
+from bench.proxy_overhead.servers import Child, LiteLLM, canned_ids, start_child, start_litellm
+from bench.proxy_overhead.stub import CANNED
 from polar_core.model_fixtures import build_tiny_tokenizer
 
-CANNED = "The answer is 42."
+Body = dict[str, Any]
 
 
-class StubBackend:
-    """Answers instantly with fixed IDs."""
+@dataclasses.dataclass
+class Target:
+    """One server under test and how to address it."""
 
-    name = "stub"
+    name: str
+    port: int
+    auth: Callable[[int, bool], dict[str, str]]
+    """Headers for connection ``i``; the flag says Anthropic Messages (else Chat Completions)."""
+    pid: int = 0
+    """The server's process (0: not measured), for CPU seconds per request."""
+    results: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = tuple(ids)
-        self.logprobs = tuple(-0.1 for _ in ids)
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux ``/proc``; 0 when unknown)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        yield GenerationChunk(self.ids, self.logprobs, "stop")
+    def small(self, i: int, body: bytes) -> bytes:
+        return build_request(self.port, "/v1/chat/completions", body, self.auth(i, False))
 
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def healthy(self) -> bool:
-        return True
-
-
-def _stub_app() -> Starlette:
-    async def chat(request: Request) -> JSONResponse:
-        body = json.loads(await request.body())
-        return JSONResponse(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "model": body.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": CANNED}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            }
-        )
-
-    return Starlette(routes=[Route("/{path:path}", chat, methods=["POST"])])
+    def big(self, i: int, body: bytes) -> bytes:
+        headers = {"anthropic-version": "2023-06-01", **self.auth(i, True)}
+        return build_request(self.port, "/v1/messages", body, headers)
 
 
-async def _serve_stub() -> tuple[uvicorn.Server, int]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the proxy does
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    config = uvicorn.Config(_stub_app(), log_level="warning", access_log=False, lifespan="off")
-    config.load()
-    server = uvicorn.Server(config)
-    server.lifespan = config.lifespan_class(config)
-    await server.startup(sockets=[sock])
-    return server, sock.getsockname()[1]
-
-
-def _big_conversation(n_tools: int, target_tokens: int, tok: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def big_conversation(n_tools: int, target_tokens: int, tok: Any) -> tuple[list[Body], list[Body]]:
+    """Tools and a history like a Claude Code session's: text + tool_use turns and 40-line tool results."""
     tools = [
         {
             "name": f"tool_{i}",
@@ -100,23 +86,12 @@ def _big_conversation(n_tools: int, target_tokens: int, tok: Any) -> tuple[list[
         }
         for i in range(n_tools)
     ]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in the repository."}]
+    messages: list[Body] = [{"role": "user", "content": "Fix the failing test in the repository."}]
     i = 0
-    while len(tok.encode(json.dumps(messages))) < target_tokens:
-        messages.append(
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "text", "text": f"Step {i}: let me look at the next file."},
-                    {
-                        "type": "tool_use",
-                        "id": f"tu{i}",
-                        "name": f"tool_{i % n_tools}",
-                        "input": {"path": f"src/m{i}.py"},
-                    },
-                ],
-            }
-        )
+    while len(tok.backend_tokenizer.encode(json.dumps(messages)).ids) < target_tokens:
+        use = {"type": "tool_use", "id": f"tu{i}", "name": f"tool_{i % n_tools}", "input": {"path": f"src/m{i}.py"}}
+        text = {"type": "text", "text": f"Step {i}: let me look at the next file."}
+        messages.append({"role": "assistant", "content": [text, use]})
         result = "\n".join(f"line {j}: value = compute({i}, {j})  # comment about step {i}" for j in range(40))
         messages.append(
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"tu{i}", "content": result}]}
@@ -125,147 +100,197 @@ def _big_conversation(n_tools: int, target_tokens: int, tok: Any) -> tuple[list[
     return tools, messages
 
 
-def _transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    options = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    return httpx.AsyncHTTPTransport(limits=limits, socket_options=options)
-
-
 def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _latency(client: httpx.AsyncClient, url: str, body: Any, headers: dict[str, str], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        r = await client.post(url, json=body, headers=headers)
-        out.append((time.perf_counter() - start) * 1000)
-        assert r.status_code == 200, r.text
-    return out
+def _encode(body: Body) -> bytes:
+    return json.dumps(body).encode()
 
 
-async def _throughput(url: str, body: Any, headers: dict[str, str], seconds: float, concurrency: int) -> float:
-    done = 0
-    stop = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=30, transport=_transport(limits)) as client:
+async def _latency_runs(targets: list[Target], args: argparse.Namespace, tok: Any) -> int:
+    small = _encode({"model": "policy", "messages": [{"role": "user", "content": "What is 6 times 7?"}]})
+    big_session = args.connections  # a session of its own, not used by the load runs
+    for t in targets:
+        await latencies(t.port, [t.small(0, small)] * args.warmup)
+        t.results["small_ms"] = []
+    # Interleaved blocks, so drift (other load, CPU frequency) affects every target alike.
+    block = max(1, args.requests // 10)
+    for _ in range(max(1, args.requests // block)):
+        for t in targets:
+            t.results["small_ms"] += await latencies(t.port, [t.small(0, small)] * block)
 
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < stop:
-                r = await client.post(url, json=body, headers=headers)
-                assert r.status_code == 200
-                done += 1
+    tools, history = big_conversation(25, args.big_tokens, tok)
+    base: Body = {"model": "policy", "max_tokens": 64, "system": "You are a coding agent.", "tools": tools}
+    conns = {t.name: await connect(t.port) for t in targets}
+    for t in targets:
+        t.results["big_cold_ms"] = await timed(
+            conns[t.name], t.big(big_session, _encode({**base, "messages": history}))
+        )
+        t.results["big_ms"] = []
+    for k in range(args.big_turns):
+        history = [*history, {"role": "assistant", "content": CANNED}, {"role": "user", "content": f"next {k}"}]
+        body = _encode({**base, "messages": history})
+        for t in targets:
+            t.results["big_ms"].append(await timed(conns[t.name], t.big(big_session, body)))
+    # The prompt size, as the proxy reports it.
+    status, answer = await conns["proxy"].send(targets[1].big(big_session, body))
+    assert status == 200
+    assert targets[1].name == "proxy"
+    for conn in conns.values():
+        assert conn.transport is not None
+        conn.transport.close()
+    prompt_tokens: int = json.loads(answer)["usage"]["input_tokens"]
+    return prompt_tokens
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - start)
+
+def _throughput_runs(targets: list[Target], args: argparse.Namespace, tok: Any) -> None:
+    small = _encode({"model": "policy", "messages": [{"role": "user", "content": "What is 6 times 7?"}]})
+    tools, history = big_conversation(25, args.big_tokens, tok)
+    big = _encode(
+        {"model": "policy", "max_tokens": 64, "system": "You are a coding agent.", "tools": tools, "messages": history}
+    )
+    for t in targets:
+        for kind, make, body in (("small", t.small, small), ("big", t.big, big)):
+            requests = [make(i, body) for i in range(args.connections)]
+            asyncio.run(latencies(t.port, requests))  # one call per session first: prime the session caches
+            cpu = t.cpu_seconds()
+            rps, errors = peak_rps(t.port, requests, seconds=args.seconds, processes=args.processes)
+            t.results[f"{kind}_rps"] = rps
+            if t.pid and rps:
+                # Server CPU per request: the worker's ceiling is 1 / this, whatever else shares the cores.
+                t.results[f"{kind}_cpu_ms"] = (t.cpu_seconds() - cpu) / (rps * args.seconds) * 1000
+            if errors:
+                t.results[f"{kind}_errors"] = errors
 
 
-async def _serve(fsync: bool) -> None:
-    """Child process: start the stub and the proxy, print their ports, serve until stdin closes."""
-    tok = build_tiny_tokenizer()
-    ids = [*tok.encode(CANNED, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
-    state = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    settings = ProxySettings(state_dir=state, fsync=fsync, context_length=1 << 20)
-    app = ProxyApp(settings, StubBackend(ids), tok)
-    proxy_port = await app.start()
-    stub_server, stub_port = await _serve_stub()
-    _, token = await app.registry.open("bench", "policy")
-    _, big_token = await app.registry.open("bench-big", "policy")
-    info = {"proxy_port": proxy_port, "stub_port": stub_port, "token": token, "big_token": big_token}
-    print(json.dumps(info), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    print(json.dumps({"records": await _count(app)}), flush=True)
-    await app.stop()
-    stub_server.should_exit = True
-    await stub_server.shutdown()
+def _proxy_target(name: str, child: Child) -> Target:
+    tokens: list[str] = child.info["tokens"]
+
+    def auth(i: int, anthropic: bool) -> dict[str, str]:
+        token = tokens[i % len(tokens)]
+        return {"x-api-key": token} if anthropic else {"authorization": f"Bearer {token}"}
+
+    return Target(name, child.info["port"], auth, pid=child.proc.pid)
+
+
+def _report(targets: list[Target], args: argparse.Namespace, prompt_tokens: int, litellm_note: str) -> str:
+    by = {t.name: t.results for t in targets}
+    d = by["direct"]
+    lines = [
+        f"one worker per server; {os.cpu_count()} CPU cores shared by servers and {args.processes} client processes; "
+        f"{args.connections} connections for peak req/s; Claude-Code-sized call: 25 tools, {prompt_tokens} prompt "
+        "tokens at the last turn (tiny Qwen2-style tokenizer)",
+        "",
+    ]
+
+    def stats(r: dict[str, Any], kind: str) -> tuple[float, float, float, float]:
+        p50, p99 = _pct(r[f"{kind}_ms"], 0.5), _pct(r[f"{kind}_ms"], 0.99)
+        return p50, p99, p50 - _pct(d[f"{kind}_ms"], 0.5), p99 - _pct(d[f"{kind}_ms"], 0.99)
+
+    # The issue's table: one row per call size; proxy = full pipeline, in-process backend, fsync on.
+    proxy, lite = by["proxy"], by.get("LiteLLM")
+    head = (
+        "| call | direct p50 / p99 ms | proxy added p50 / p99 ms | LiteLLM added p50 / p99 ms "
+        "| peak req/s direct / proxy / LiteLLM | proxy vs LiteLLM (added p50, req/s) |"
+    )
+    lines += [head, "|" + "---|" * 6]
+    for kind, label in (("small", "small chat call"), ("big", "Claude-Code-sized turn")):
+        dp50, dp99 = _pct(d[f"{kind}_ms"], 0.5), _pct(d[f"{kind}_ms"], 0.99)
+        _, _, pa50, pa99 = stats(proxy, kind)
+        if lite is not None:
+            _, _, la50, la99 = stats(lite, kind)
+            lite_cell = f"{la50:.2f} / {la99:.2f}"
+            lite_rps = f"{lite[f'{kind}_rps']:.0f}"
+            ratio = f"{la50 / pa50:.0f}x less added, {proxy[f'{kind}_rps'] / lite[f'{kind}_rps']:.0f}x req/s"
+        else:
+            lite_cell, lite_rps, ratio = "n/a", "n/a", "n/a"
+        lines.append(
+            f"| {label} | {dp50:.3f} / {dp99:.3f} | {pa50:.2f} / {pa99:.2f} | {lite_cell} | "
+            f"{d[f'{kind}_rps']:.0f} / {proxy[f'{kind}_rps']:.0f} / {lite_rps} | {ratio} |"
+        )
+    lines += ["", "All targets (ms; added = over direct at the same percentile):", ""]
+    lines.append(
+        "| target | small p50 / p99 | added p50 / p99 | req/s | server CPU ms/req | big p50 / p99 | added p50 / p99 "
+        "| req/s | server CPU ms/req | big cold |"
+    )
+    lines.append("|" + "---|" * 10)
+    for t in targets:
+        r = t.results
+        s50, s99, sa50, sa99 = stats(r, "small")
+        b50, b99, ba50, ba99 = stats(r, "big")
+        scpu = f"{r['small_cpu_ms']:.2f}" if "small_cpu_ms" in r else "-"
+        bcpu = f"{r['big_cpu_ms']:.2f}" if "big_cpu_ms" in r else "-"
+        lines.append(
+            f"| {t.name} | {s50:.3f} / {s99:.3f} | {sa50:.2f} / {sa99:.2f} | {r['small_rps']:.0f} | {scpu} | "
+            f"{b50:.2f} / {b99:.2f} | {ba50:.2f} / {ba99:.2f} | {r['big_rps']:.0f} | {bcpu} | {r['big_cold_ms']:.1f} |"
+        )
+    errors = {t.name: {k: v for k, v in t.results.items() if k.endswith("_errors")} for t in targets}
+    errors = {k: v for k, v in errors.items() if v}
+    if errors:
+        lines.append(f"\nnon-200 answers during load: {errors}")
+    if litellm_note:
+        lines.append(f"\nLiteLLM: not run: {litellm_note}")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser = argparse.ArgumentParser(description="proxy overhead vs a direct call and vs LiteLLM")
+    parser.add_argument("--quick", action="store_true", help="short run (fewer requests, 1.5 s load runs)")
+    parser.add_argument("--requests", type=int, default=2000, help="small calls per target for latency")
+    parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--big-tokens", type=int, default=32000)
-    parser.add_argument("--big-turns", type=int, default=20)
-    parser.add_argument("--no-fsync", action="store_true")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--big-turns", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each peak-throughput run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--processes", type=int, default=2, help="load-generating client processes")
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     args = parser.parse_args()
-    if args.serve:
-        asyncio.run(_serve(not args.no_fsync))
-        return
+    if args.quick:
+        args.requests, args.warmup, args.big_turns, args.seconds = 400, 100, 10, 1.5
 
     tok = build_tiny_tokenizer()
-    cmd = [sys.executable, "-m", "bench.proxy_overhead", "--serve", *(["--no-fsync"] if args.no_fsync else [])]
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert child.stdin is not None
-    assert child.stdout is not None
-    info = json.loads(child.stdout.readline())
-    token, big_token = info["token"], info["big_token"]
-    proxy_port, stub_port = info["proxy_port"], info["stub_port"]
-
-    small = {"model": "policy", "messages": [{"role": "user", "content": "What is 6 times 7?"}]}
-    auth = {"authorization": f"Bearer {token}"}
-    proxy_url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
-    stub_url = f"http://127.0.0.1:{stub_port}/v1/chat/completions"
-
-    async def run_client() -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        async with httpx.AsyncClient(timeout=60, transport=_transport(httpx.Limits())) as client:
-            await _latency(client, stub_url, small, auth, 100)
-            await _latency(client, proxy_url, small, auth, 100)
-            res["direct_small"] = await _latency(client, stub_url, small, auth, args.requests)
-            res["proxy_small"] = await _latency(client, proxy_url, small, auth, args.requests)
-            tools, history = _big_conversation(25, args.big_tokens, tok)
-            big_auth = {"x-api-key": big_token}
-            anth_url = f"http://127.0.0.1:{proxy_port}/v1/messages"
-            base = {"model": "policy", "max_tokens": 64, "system": "You are a coding agent.", "tools": tools}
-            body = {**base, "messages": history}
-            start = time.perf_counter()
-            r = await client.post(anth_url, json=body, headers=big_auth)
-            res["big_cold_ms"] = (time.perf_counter() - start) * 1000
-            assert r.status_code == 200, r.text
-            res["big_prompt_tokens"] = r.json()["usage"]["input_tokens"]
-            direct, proxy = [], []
-            for k in range(args.big_turns):
-                history = [*history, {"role": "assistant", "content": CANNED}, {"role": "user", "content": f"next {k}"}]
-                body = {**base, "messages": history}
-                direct += await _latency(client, stub_url, body, big_auth, 1)
-                proxy += await _latency(client, anth_url, body, big_auth, 1)
-            res["direct_big"], res["proxy_big"] = direct, proxy
-            res["direct_rps"] = await _throughput(stub_url, small, auth, args.seconds, args.concurrency)
-            res["proxy_rps"] = await _throughput(proxy_url, small, auth, args.seconds, args.concurrency)
-        return res
-
+    children: list[Child] = []
+    litellm: LiteLLM | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     try:
-        res = asyncio.run(run_client())
+        stub = start_child("bench.proxy_overhead.stub", json.dumps(canned_ids(tok)))
+        children.append(stub)
+        sessions = str(args.connections + 1)
+        proxies = {
+            "proxy": start_child("bench.proxy_overhead.servers", "proxy", "--sessions", sessions),
+            "proxy, fsync off": start_child(
+                "bench.proxy_overhead.servers", "proxy", "--sessions", sessions, "--no-fsync"
+            ),
+            "proxy -> vllm backend -> stub": start_child(
+                "bench.proxy_overhead.servers", "proxy", "--sessions", sessions, "--stub-port", str(stub.info["port"])
+            ),
+        }
+        children += proxies.values()
+        targets = [
+            Target("direct", stub.info["port"], lambda i, a: {"x-api-key": "stub"} if a else {}, pid=stub.proc.pid)
+        ]
+        targets += [_proxy_target(name, child) for name, child in proxies.items()]
+        note = "--no-litellm"
+        if not args.no_litellm:
+            litellm, note = start_litellm(stub.info["port"], workdir)
+        if litellm is not None:
+            key = litellm.key
+            bearer: dict[str, str] = {"authorization": f"Bearer {key}"}
+            targets.append(Target("LiteLLM", litellm.port, lambda i, a: bearer, pid=litellm.proc.pid))
+        prompt_tokens = asyncio.run(_latency_runs(targets, args, tok))
+        _throughput_runs(targets, args, tok)
     finally:
-        out, _ = child.communicate("", timeout=60)
-    records = json.loads(out.strip().splitlines()[-1])["records"]
-
-    rows = []
-    pairs = (("small chat call", "direct_small", "proxy_small"), ("Claude-Code-sized turn", "direct_big", "proxy_big"))
-    for name, d, p in pairs:
-        for q, label in ((0.5, "p50"), (0.99, "p99")):
-            dv, pv = _pct(res[d], q), _pct(res[p], q)
-            rows.append((f"{name} {label} (ms)", dv, pv, pv - dv, pv / dv))
-    print(
-        f"fsync={'off' if args.no_fsync else 'on'}; big prompt = {res['big_prompt_tokens']} tokens, 25 tools; "
-        f"cold first big call {res['big_cold_ms']:.1f} ms; {records} records written"
-    )
-    print(f"{'metric':36s} {'direct':>10s} {'proxy':>10s} {'added':>10s} {'ratio':>7s}")
-    for label, dv, pv, added, ratio in rows:
-        print(f"{label:36s} {dv:10.3f} {pv:10.3f} {added:10.3f} {ratio:7.2f}")
-    dr, pr = res["direct_rps"], res["proxy_rps"]
-    label = f"peak req/s (one worker, c={args.concurrency})"
-    print(f"{label:36s} {dr:10.0f} {pr:10.0f} {'':>10s} {pr / dr:7.2f}")
-    print("LiteLLM comparison: not run (litellm[proxy] is not installed in this environment).")
-
-
-async def _count(app: ProxyApp) -> int:
-    return sum(len(app.registry.get(s).records) for s in ("bench", "bench-big"))
+        if litellm is not None:
+            litellm.stop()
+        for child in children:
+            child.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(_report(targets, args, prompt_tokens, note))
+    if args.json is not None:
+        args.json.write_text(json.dumps({t.name: t.results for t in targets}))
 
 
 if __name__ == "__main__":

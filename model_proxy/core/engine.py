@@ -326,7 +326,9 @@ class Call:
                 "replica": "",
             },
         )
-        task = asyncio.ensure_future(self.engine.registry.append(self.session, record))
+        task = asyncio.ensure_future(
+            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json)
+        )
         self.engine.keep(task)
         await asyncio.shield(task)
         self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))

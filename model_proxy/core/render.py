@@ -1,57 +1,52 @@
-"""Rendering an internal request with the policy model's chat template, and tokenising it incrementally.
+"""Rendering an internal request with the policy model's chat template, and tokenising it, incrementally.
 
-Rendering uses the tokenizer's own template (``apply_chat_template(messages, tools=..., add_generation_prompt=
-True)``). A template that does not mention ``tools`` gets the documented Hermes fallback: tool signatures are
-appended to the system prompt, assistant tool calls become ``<tool_call>`` JSON text and tool results become
-user turns with ``<tool_response>`` blocks; the model's template then renders plain messages.
+Rendering gives exactly the text of ``tokenizer.apply_chat_template(messages, tools=..., add_generation_prompt=
+True, tokenize=False)``. A template that does not mention ``tools`` gets the documented Hermes fallback: tool
+signatures are appended to the system prompt, assistant tool calls become ``<tool_call>`` JSON text and tool
+results become user turns with ``<tool_response>`` blocks; the model's template then renders plain messages.
 
-Tokenisation is incremental per session. Hugging Face tokenizers split text at added tokens (``<|im_end|>``,
-...) *before* normalising, pre-tokenising and applying the model, so the text after an added token is
-tokenised independently of the text before it. A :class:`PrefixCache` remembers recent prompts with the
-positions right after each such token; a new prompt that shares a prefix with a cached one reuses the cached
-IDs up to the last boundary inside the shared prefix and tokenises only the rest. Boundaries are only taken
-at added tokens that strip no neighbouring whitespace, and the renderer checks the rule on a probe
-conversation at start-up (disabling the cache if it fails); the unit tests prove equality to a full
-tokenisation on generated conversations.
+**Incremental rendering.** The template is compiled once (:class:`~model_proxy.core.template.CompiledTemplate`)
+and each session remembers its recent prompts (:class:`~model_proxy.core.prefix_cache.PrefixCache`). When a
+request's messages start with a remembered request's messages and its tools are the same (the agent loop:
+one assistant turn and new user/tool turns appended), only a *window* is rendered: the system message plus
+the last two old messages (three when needed to keep the parity of user/assistant alternation), once
+without and once with the new messages. The new text is the old text without its generation prompt, plus
+what the new messages added to the window, plus the generation prompt. The splice is used only when the
+window renders are consistent (the longer extends the shorter, the generation prompt is a pure suffix, the
+template's clock reads the same); anything else renders the whole conversation. This is exact for templates
+whose rendering of a message depends on itself, its neighbours, the system message and the tools (ChatML,
+Qwen2.5, Llama 3, SmolLM2, ...); a template whose older turns change when a turn is appended (Qwen3 drops
+reasoning before the last user query) is caught by a battery of probe conversations at start-up, which
+disables incremental rendering for it. ``verify`` re-renders every prompt with ``apply_chat_template`` and
+tokenises it in full.
+
+**Incremental tokenisation.** Hugging Face tokenizers split text at added tokens (``<|im_end|>``, ...)
+*before* normalising, pre-tokenising and applying the model, so the text after an added token is tokenised
+independently of the text before it. A new prompt reuses a remembered prompt's IDs up to the last such
+boundary inside their shared text prefix and tokenises only the rest. Boundaries are only taken at added
+tokens that strip no neighbouring whitespace, and a probe conversation checks the rule at start-up.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
-from collections import OrderedDict
-from typing import Any, Protocol
+import logging
+import random
+from typing import Any
 
-from model_proxy.core.types import ChatMessage, ToolSpec
+from model_proxy.core.prefix_cache import CacheEntry, PrefixCache, common_prefix_len, ids_json
+from model_proxy.core.template import ClockReading, CompiledTemplate, clock_still_reads, template_messages
+from model_proxy.core.types import ChatMessage, ToolCall, ToolSpec
 from polar_core.errors import Internal
 
 __all__ = ["ChatRenderer", "PrefixCache", "RenderedPrompt", "fallback_messages"]
 
-
-class ChatTokenizer(Protocol):
-    """The part of a Hugging Face tokenizer the renderer uses."""
-
-    chat_template: Any
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
-        """Render a conversation."""
-        ...
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
-        """Tokenise text."""
-        ...
-
-
-@dataclasses.dataclass(slots=True)
-class _Entry:
-    text: str
-    ids: list[int]
-    boundary_chars: list[int]
-    """Character offsets right after a boundary token, ascending."""
-    boundary_tokens: list[int]
-    """Number of IDs up to and including that boundary token."""
-    call_id: str
+_log = logging.getLogger(__name__)
+_WINDOW = 2
+"""Old messages rendered around the appended ones (besides the system message)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,59 +58,17 @@ class RenderedPrompt:
         token_ids: Its token IDs.
         reused_tokens: IDs taken from the prefix cache instead of tokenised again.
         parent_call_id: The call whose prompt this one extends, when the cache knows it.
+        token_ids_json: ``token_ids`` as comma-separated decimals (the inside of their JSON array), when the
+            prefix cache built them.
+        rendered_incrementally: Whether only a window of the conversation was rendered.
     """
 
     text: str
     token_ids: list[int]
     reused_tokens: int
     parent_call_id: str | None
-
-
-class PrefixCache:
-    """Recently rendered prompts of one session (least recently used dropped first)."""
-
-    def __init__(self, max_entries: int) -> None:
-        self._max = max_entries
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-
-    def best(self, text: str) -> tuple[_Entry | None, int]:
-        """Return the entry sharing the longest prefix with ``text`` and that prefix's length."""
-        best: _Entry | None = None
-        best_len = 0
-        for entry in reversed(self._entries.values()):
-            n = _common_prefix_len(text, entry.text)
-            if n > best_len:
-                best, best_len = entry, n
-        return best, best_len
-
-    def add(self, entry: _Entry) -> None:
-        if self._max <= 0:
-            return
-        self._entries.pop(entry.text, None)
-        self._entries[entry.text] = entry
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
-
-    def parent_of(self, text: str) -> str | None:
-        """The most recent call whose whole prompt is a prefix of ``text``."""
-        for entry in reversed(self._entries.values()):
-            if entry.call_id and text.startswith(entry.text):
-                return entry.call_id
-        return None
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    if a.startswith(b):
-        return len(b)
-    lo, hi = 0, min(len(a), len(b))
-    # Binary search on prefix equality: each comparison is a C-level memcmp.
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    token_ids_json: str | None = None
+    rendered_incrementally: bool = False
 
 
 def fallback_messages(messages: list[ChatMessage], tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -162,8 +115,16 @@ def fallback_messages(messages: list[ChatMessage], tools: list[ToolSpec]) -> lis
     return out
 
 
+@dataclasses.dataclass(slots=True)
+class _Text:
+    text: str
+    base_len: int
+    clock: list[ClockReading]
+    incremental: bool
+
+
 class ChatRenderer:
-    """Renders internal requests with the model's chat template and tokenises them (prefix-cached)."""
+    """Renders internal requests with the model's chat template and tokenises them (both incrementally)."""
 
     def __init__(self, tokenizer: Any, *, chat_template: str = "", verify: bool = False) -> None:
         """Create a renderer.
@@ -171,13 +132,14 @@ class ChatRenderer:
         Args:
             tokenizer: A Hugging Face tokenizer (a fast one enables incremental tokenisation).
             chat_template: A template overriding the tokenizer's own; empty keeps it.
-            verify: Tokenise every prompt in full too and raise :class:`Internal` on a mismatch.
+            verify: Render every prompt with ``apply_chat_template`` and tokenise it in full too, and raise
+                :class:`Internal` on any difference.
         """
         self._tok = tokenizer
         self._template: str | None = chat_template or None
-        template_text = chat_template or _template_text(tokenizer)
-        self.supports_tools = "tools" in template_text
+        self.supports_tools = "tools" in (chat_template or _template_text(tokenizer))
         self._verify = verify
+        self._compiled: dict[str, CompiledTemplate] = {}
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = backend
         self._boundary_ids: frozenset[int] = frozenset()
@@ -186,20 +148,29 @@ class ChatRenderer:
             self._boundary_ids = frozenset(
                 i for i, tok in decoder.items() if not tok.lstrip and not tok.rstrip and not tok.normalized
             )
-        self.incremental = bool(self._boundary_ids)
-        self.incremental = self.incremental and self._probe()
+        self.compiled_rendering = self._probe_compiled()
+        self.incremental = bool(self._boundary_ids) and self._probe_tokenisation()
+        self.incremental_rendering = self.compiled_rendering
+        self.incremental_rendering = self.compiled_rendering and self._probe_window()
+
+    # ----- rendering ---------------------------------------------------------------------------------
 
     def render_text(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> str:
-        """Render the prompt text, ending with the assistant generation prompt."""
+        """Render the whole prompt text, ending with the assistant generation prompt."""
+        conversation, tool_dicts = self._inputs(messages, tools)
+        template = self._compiled_for(tool_dicts) if self.compiled_rendering else None
+        if template is None:
+            return self.reference_text(messages, tools)
+        return template.render(template_messages(conversation), tool_dicts, True)[0]
+
+    def reference_text(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> str:
+        """Render the prompt with ``tokenizer.apply_chat_template`` (the definition of the right text)."""
+        conversation, tool_dicts = self._inputs(messages, tools)
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
         if self._template is not None:
             kwargs["chat_template"] = self._template
-        if tools and not self.supports_tools:
-            conversation = fallback_messages(messages, tools)
-        else:
-            conversation = [m.to_template_dict() for m in messages]
-            if tools:
-                kwargs["tools"] = [t.to_template_dict() for t in tools]
+        if tool_dicts:
+            kwargs["tools"] = tool_dicts
         text = self._tok.apply_chat_template(conversation, **kwargs)
         if not isinstance(text, str):
             raise Internal("chat template did not render to text")
@@ -208,33 +179,92 @@ class ChatRenderer:
     def render(
         self, messages: list[ChatMessage], tools: list[ToolSpec], cache: PrefixCache | None, call_id: str
     ) -> RenderedPrompt:
-        """Render and tokenise a prompt, reusing a cached prefix when safe, and remember it in ``cache``."""
-        text = self.render_text(messages, tools)
-        return self.tokenize(text, cache, call_id)
+        """Render and tokenise a prompt, reusing what ``cache`` remembers when safe, and remember it there."""
+        conversation, tool_dicts = self._inputs(messages, tools)
+        prepared = template_messages(conversation)
+        template = self._compiled_for(tool_dicts) if self.compiled_rendering else None
+        hint: CacheEntry | None = None
+        out: _Text | None = None
+        if template is not None and cache is not None and self.incremental_rendering:
+            hint = cache.extendable(prepared, tool_dicts)
+            if hint is not None and _window_covers_all(prepared):
+                hint = None  # a full render costs less than the window renders
+            if hint is not None:
+                assert hint.messages is not None
+                out = _extend(template, hint.messages, hint.text, hint.base_len, hint.clock, prepared, tool_dicts)
+                if out is None:
+                    hint = None
+        if out is None:
+            if template is None:
+                out = _Text(self.reference_text(messages, tools), -1, [], False)
+            else:
+                out = _render_full(template, prepared, tool_dicts, cache is not None and self.incremental_rendering)
+        if self._verify and template is not None and out.text != self.reference_text(messages, tools):
+            raise Internal("incremental rendering differs from apply_chat_template")
+        rendered = self._tokenize(out.text, cache, call_id, hint)
+        if cache is not None and rendered.entry is not None:
+            entry = rendered.entry
+            entry.messages, entry.tools, entry.base_len, entry.clock = prepared, tool_dicts, out.base_len, out.clock
+        return dataclasses.replace(rendered.prompt, rendered_incrementally=out.incremental)
+
+    def _inputs(
+        self, messages: list[ChatMessage], tools: list[ToolSpec]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        return _template_inputs(messages, tools, self.supports_tools)
+
+    def _compiled_for(self, tools: list[dict[str, Any]] | None) -> CompiledTemplate | None:
+        try:
+            source = self._tok.get_chat_template(self._template, tools)
+        except Exception:  # no template for this case: apply_chat_template raises its own error
+            return None
+        if not isinstance(source, str):
+            return None
+        template = self._compiled.get(source)
+        if template is None:
+            special = getattr(self._tok, "special_tokens_map", {})
+            template = _compile(source, json.dumps(special, sort_keys=True))
+            self._compiled[source] = template
+        return template
+
+    # ----- tokenisation ------------------------------------------------------------------------------
 
     def tokenize(self, text: str, cache: PrefixCache | None, call_id: str = "") -> RenderedPrompt:
         """Tokenise rendered text, reusing a cached prefix when safe."""
+        return self._tokenize(text, cache, call_id, None).prompt
+
+    def _tokenize(self, text: str, cache: PrefixCache | None, call_id: str, hint: CacheEntry | None) -> _Tokenized:
         if not self.incremental or cache is None:
-            return RenderedPrompt(text, self._full(text), 0, None)
+            ids = self._full(text)
+            return _Tokenized(RenderedPrompt(text, ids, 0, None), None)
         parent = cache.parent_of(text)
-        entry, shared = cache.best(text)
-        start_char, start_tok = 0, 0
+        if hint is not None:
+            # The new text starts with the hint's text without its generation prompt (by construction).
+            entry: CacheEntry | None = hint
+            shared = hint.base_len + common_prefix_len(text[hint.base_len :], hint.text[hint.base_len :])
+        else:
+            entry, shared = cache.best(text)
+        start_char, start_tok, start_json, k = 0, 0, 0, 0
         if entry is not None:
-            k = bisect.bisect_right(entry.boundary_chars, shared) - 1
-            if k >= 0:
-                start_char, start_tok = entry.boundary_chars[k], entry.boundary_tokens[k]
+            k = bisect.bisect_right(entry.boundary_chars, shared)
+            if k > 0:
+                start_char = entry.boundary_chars[k - 1]
+                start_tok, start_json = entry.boundary_tokens[k - 1], entry.boundary_json[k - 1]
         tail_ids, tail_chars, tail_toks = self._encode_with_boundaries(text[start_char:])
+        tail_json, tail_offsets = ids_json(tail_ids, tail_toks)
         if entry is not None and start_tok:
-            k = bisect.bisect_right(entry.boundary_chars, start_char)
             ids = entry.ids[:start_tok] + tail_ids
             chars = entry.boundary_chars[:k] + [c + start_char for c in tail_chars]
             toks = entry.boundary_tokens[:k] + [t + start_tok for t in tail_toks]
+            head_json = entry.ids_json[:start_json]
+            joined = head_json + "," + tail_json if tail_json else head_json
+            offsets = entry.boundary_json[:k] + [o + start_json + 1 for o in tail_offsets]
         else:
-            ids, chars, toks = tail_ids, tail_chars, tail_toks
-        if self._verify and ids != self._full(text):
+            ids, chars, toks, joined, offsets = tail_ids, tail_chars, tail_toks, tail_json, tail_offsets
+        if self._verify and (ids != self._full(text) or joined != ids_json(ids, [])[0]):
             raise Internal("incremental tokenisation differs from a full tokenisation")
-        cache.add(_Entry(text, ids, chars, toks, call_id))
-        return RenderedPrompt(text, ids, start_tok, parent)
+        new = CacheEntry(text, ids, joined, chars, toks, offsets, call_id)
+        cache.add(new)
+        return _Tokenized(RenderedPrompt(text, ids, start_tok, parent, joined), new)
 
     def _full(self, text: str) -> list[int]:
         if self._fast is not None:
@@ -256,7 +286,39 @@ class ChatRenderer:
                 toks.append(i + 1)
         return ids, chars, toks
 
-    def _probe(self) -> bool:
+    # ----- start-up probes ---------------------------------------------------------------------------
+
+    def _probe_compiled(self) -> bool:
+        """Check that the compiled template renders the probe conversations like ``apply_chat_template``."""
+        try:
+            for conversation in _probe_conversations():
+                for specs in ([], [_PROBE_TOOL]):
+                    conv, tool_dicts = _template_inputs(conversation, specs, self.supports_tools)
+                    template = self._compiled_for(tool_dicts)
+                    if template is None:
+                        return False
+                    fast = template.render(template_messages(conv), tool_dicts, True)[0]
+                    if fast != self.reference_text(conversation, specs):
+                        _log.warning("compiled chat template differs from apply_chat_template; not using it")
+                        return False
+        except Exception:  # a template that cannot render the probes keeps apply_chat_template
+            return False
+        return True
+
+    def _probe_window(self) -> bool:
+        """Check incremental rendering against full rendering on the probe conversations (cached per template)."""
+        sources = set()
+        for specs in ([], [_PROBE_TOOL]):
+            template = self._compiled_for(_template_inputs([], specs, self.supports_tools)[1])
+            if template is None:
+                return False
+            sources.add(template)
+        ok = all(_append_only(t, self.supports_tools) for t in sources)
+        if not ok:
+            _log.warning("chat template is not append-only on probe conversations; rendering in full")
+        return ok
+
+    def _probe_tokenisation(self) -> bool:
         """Check the boundary rule on a small conversation; False disables incremental tokenisation."""
         turns = [
             ChatMessage("system", "Be brief.\n"),
@@ -265,14 +327,203 @@ class ChatRenderer:
             ChatMessage("user", "\t\tmore  \n"),
         ]
         cache = PrefixCache(4)
+        self.incremental = True
         try:
             for n in range(1, len(turns) + 1):
-                text = self.render_text(turns[:n], [])
+                text = self.reference_text(turns[:n], [])
                 if self.tokenize(text, cache).token_ids != self._full(text):
                     return False
         except Exception:  # a template that cannot render the probe just disables the optimisation
             return False
         return True
+
+
+@dataclasses.dataclass(slots=True)
+class _Tokenized:
+    prompt: RenderedPrompt
+    entry: CacheEntry | None
+
+
+def _window_start(messages: list[dict[str, Any]], end: int) -> tuple[int, int]:
+    """``(s, j)``: the window is ``messages[:s] + messages[j:end...]``; ``j - s`` is even (role parity)."""
+    s = 1 if messages and messages[0].get("role") == "system" else 0
+    j = max(s, end - _WINDOW)
+    if (j - s) % 2:
+        j -= 1
+    return s, j
+
+
+def _window_covers_all(messages: list[dict[str, Any]]) -> bool:
+    s, j = _window_start(messages, len(messages))
+    return j == s
+
+
+def _render_full(
+    template: CompiledTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, want_base: bool
+) -> _Text:
+    """Render the whole conversation; with ``want_base``, also find where its generation prompt starts."""
+    text, clock = template.render(messages, tools, True)
+    base_len = -1
+    if want_base and messages and _window_covers_all(messages):
+        without, _ = template.render(messages, tools, False)
+        base_len = len(without) if text.startswith(without) else -1
+    elif want_base:
+        base_len = _base_len(template, messages, tools, text)
+    return _Text(text, base_len, clock, False)
+
+
+def _extend(
+    template: CompiledTemplate,
+    old_messages: list[dict[str, Any]],
+    old_text: str,
+    old_base_len: int,
+    old_clock: list[ClockReading],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> _Text | None:
+    """Render ``messages`` by extending an earlier prompt whose messages start them; None when not safe."""
+    if not clock_still_reads(old_clock):
+        return None
+    k = len(old_messages)
+    s, j = _window_start(messages, k)
+    old = messages[:s] + messages[j:k]
+    new = messages[:s] + messages[j:]
+    try:
+        r0, c0 = template.render(old, tools, False)
+        r1, c1 = template.render(new, tools, False)
+        r1g, c2 = template.render(new, tools, True)
+    except Exception:  # a window the template refuses (e.g. role alternation): render in full instead
+        return None
+    if not (r1.startswith(r0) and r1g.startswith(r1)):
+        return None
+    clock = _merge_clock(old_clock, c0, c1, c2)
+    if clock is None:
+        return None
+    base = old_text[:old_base_len] + r1[len(r0) :]
+    return _Text(base + r1g[len(r1) :], len(base), clock, True)
+
+
+def _base_len(
+    template: CompiledTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, text: str
+) -> int:
+    """Length of ``text`` (a full render) without its generation prompt, found on a window; -1 if unclear."""
+    if not messages:
+        return -1
+    s, j = _window_start(messages, len(messages))
+    window = messages[:s] + messages[j:]
+    try:
+        without, _ = template.render(window, tools, False)
+        with_prompt, _ = template.render(window, tools, True)
+    except Exception:
+        return -1
+    if not with_prompt.startswith(without):
+        return -1
+    suffix = len(with_prompt) - len(without)
+    if not text.endswith(with_prompt[len(without) :]):
+        return -1
+    return len(text) - suffix
+
+
+def _template_inputs(
+    messages: list[ChatMessage], tools: list[ToolSpec], supports_tools: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    if tools and not supports_tools:
+        return fallback_messages(messages, tools), None
+    return [m.to_template_dict() for m in messages], [t.to_template_dict() for t in tools] or None
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(source: str, special_tokens_json: str) -> CompiledTemplate:
+    """Compile a template once per process (like transformers' own cache)."""
+    return CompiledTemplate(source, json.loads(special_tokens_json))
+
+
+@functools.lru_cache(maxsize=16)
+def _append_only(template: CompiledTemplate, supports_tools: bool) -> bool:
+    """Whether incremental rendering equals full rendering on every step of the probe conversations."""
+    for conversation in _probe_conversations():
+        for specs in ([], [_PROBE_TOOL]):
+            prev: _Text | None = None
+            prev_messages: list[dict[str, Any]] = []
+            for n in range(1, len(conversation) + 1):
+                conv, tools = _template_inputs(conversation[:n], specs, supports_tools)
+                messages = template_messages(conv)
+                try:
+                    full, clock = template.render(messages, tools, True)
+                except Exception:  # e.g. a template that insists on alternating roles: not a valid probe
+                    break
+                got = None
+                if prev is not None and messages[: len(prev_messages)] == prev_messages:
+                    got = _extend(template, prev_messages, prev.text, prev.base_len, prev.clock, messages, tools)
+                    if got is not None and got.text != full:
+                        return False
+                if got is None:
+                    got = _Text(full, _base_len(template, messages, tools, full), clock, False)
+                    if got.base_len >= 0:
+                        no_prompt, _ = template.render(messages, tools, False)
+                        if no_prompt != full[: got.base_len]:
+                            return False
+                prev, prev_messages = (got, messages) if got.base_len >= 0 else (None, [])
+    return True
+
+
+def _merge_clock(*groups: list[ClockReading]) -> list[ClockReading] | None:
+    seen: dict[str, str] = {}
+    for group in groups:
+        for fmt, value in group:
+            if seen.setdefault(fmt, value) != value:
+                return None  # the clock ticked between renders
+    return list(seen.items())
+
+
+_PROBE_TOOL = ToolSpec(
+    "probe_tool", "A probe.", {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+)
+
+
+def _probe_conversations() -> list[list[ChatMessage]]:
+    """Growing conversations that exercise role changes, reasoning, tool calls and consecutive tool results."""
+    rng = random.Random(7)
+
+    def assistant(i: int) -> ChatMessage:
+        calls = [ToolCall(f"c{i}_{n}", "probe_tool", {"path": f"f{i}{n}.py"}) for n in range(rng.randrange(3))]
+        reasoning = rng.choice([None, f"think {i}", " spaced\n"])
+        return ChatMessage("assistant", rng.choice(["", f"Answer {i}.", "\nlead"]), calls, reasoning=reasoning)
+
+    conversations = [
+        [
+            ChatMessage("system", "Be brief."),
+            ChatMessage("user", "hi"),
+            ChatMessage("assistant", "a1", reasoning="r1"),
+            ChatMessage("user", "again"),
+            ChatMessage("assistant", "a2"),
+            ChatMessage("user", "once more"),
+            ChatMessage("assistant", "a3", reasoning="r3"),
+            ChatMessage("user", "last"),
+        ],
+        [
+            ChatMessage("user", "read two files"),
+            ChatMessage("assistant", "", [ToolCall("a", "probe_tool", {"path": "x"})], reasoning="plan"),
+            ChatMessage("tool", "one", tool_call_id="a", name="probe_tool"),
+            ChatMessage("assistant", "", [ToolCall("b", "probe_tool", {"path": "y"})]),
+            ChatMessage("tool", "two", tool_call_id="b", name="probe_tool"),
+            ChatMessage("tool", "three", tool_call_id="b", name="probe_tool"),
+            ChatMessage("assistant", "done"),
+            ChatMessage("user", "thanks"),
+        ],
+    ]
+    for c in range(6):
+        msgs: list[ChatMessage] = [ChatMessage("system", f"sys {c}")] if c % 2 == 0 else []
+        msgs.append(ChatMessage("user", f"task {c}"))
+        for i in range(4):
+            msgs.append(assistant(i))
+            calls = msgs[-1].tool_calls
+            if calls:
+                msgs += [ChatMessage("tool", f"out {i}", tool_call_id=t.id, name=t.name) for t in calls]
+            else:
+                msgs.append(ChatMessage("user", f"more {i}"))
+        conversations.append(msgs)
+    return conversations
 
 
 def _template_text(tokenizer: Any) -> str:

@@ -137,12 +137,21 @@ class SessionRegistry:
         session.notify()
         return session
 
-    async def append(self, session: Session, record: CompletionRecord) -> CompletionRecord:
-        """Give ``record`` the session's next seq, write it durably, keep it and wake watchers."""
+    async def append(
+        self, session: Session, record: CompletionRecord, *, prompt_ids_json: str | None = None
+    ) -> CompletionRecord:
+        """Give ``record`` the session's next seq, write it durably, keep it and wake watchers.
+
+        ``prompt_ids_json`` is ``record.prompt_token_ids`` already serialised (comma-separated), if known.
+        """
         async with session.write_lock:
             record.seq = len(session.records)
-            # Shielded: a caller that goes away must not leave a half-written line behind.
-            await asyncio.shield(asyncio.to_thread(self._store.append, record))
+            if self._store.blocking:
+                # Shielded: a caller that goes away must not leave a half-written line behind.
+                await asyncio.shield(asyncio.to_thread(self._store.append, record, prompt_ids_json))
+            else:
+                # Without fsync the write only reaches the page cache: cheaper inline than a thread hop.
+                self._store.append(record, prompt_ids_json)
             session.records.append(record)
         session.notify()
         return record

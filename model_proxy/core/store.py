@@ -52,12 +52,30 @@ def _dirname(session_id: str) -> str:
     return "h-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
 
 
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _record_line(record: CompletionRecord, prompt_ids_json: str | None) -> str:
+    data = record.to_dict()
+    if prompt_ids_json is None:
+        return _dumps(data) + "\n"
+    head = {key: data.pop(key) for key in ("session_id", "call_id", "seq")}
+    del data["prompt_token_ids"]
+    return f'{_dumps(head)[:-1]},"prompt_token_ids":[{prompt_ids_json}],{_dumps(data)[1:]}\n'
+
+
 class SessionStore:
     """Reads and writes session files; blocking methods are meant to run in a worker thread."""
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self._root = root / "sessions"
         self._fsync = fsync
+
+    @property
+    def blocking(self) -> bool:
+        """Whether :meth:`append` waits for the disk (fsync), so callers should run it in a worker thread."""
+        return self._fsync
 
     def _dir(self, session_id: str) -> Path:
         return self._root / _dirname(session_id)
@@ -74,9 +92,15 @@ class SessionStore:
                 os.fsync(fh.fileno())
         tmp.replace(directory / "session.json")
 
-    def append(self, record: CompletionRecord) -> None:
-        """Append one record to its session's ``completions.jsonl`` and make it durable."""
-        line = json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+    def append(self, record: CompletionRecord, prompt_ids_json: str | None = None) -> None:
+        """Append one record to its session's ``completions.jsonl`` and make it durable.
+
+        Args:
+            record: The record.
+            prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
+                (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
+        """
+        line = _record_line(record, prompt_ids_json)
         path = self._dir(record.session_id) / "completions.jsonl"
         with path.open("a", encoding="utf-8") as fh:
             fh.write(line)

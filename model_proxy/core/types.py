@@ -99,7 +99,14 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form recorded on each completion."""
-        return dataclasses.asdict(self) | {"stop": list(self.stop)}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "seed": self.seed,
+        }
 
 
 @dataclasses.dataclass(slots=True)

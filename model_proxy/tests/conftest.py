@@ -77,7 +77,7 @@ def backend(tokenizer: Any) -> FakeBackend:
 @pytest.fixture
 def make_app(tmp_path: Path, tokenizer: Any) -> Callable[..., ProxyApp]:
     def make(backend: Any, **overrides: Any) -> ProxyApp:
-        settings = ProxySettings(state_dir=tmp_path, fsync=False, **overrides)
+        settings = ProxySettings(state_dir=tmp_path, fsync=False, gc_freeze=False, **overrides)
         return ProxyApp(settings, backend, tokenizer)
 
     return make

@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+import transformers.utils.chat_template_utils as hf_templates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model_proxy.core.template as template_module
 from model_proxy.core.render import ChatRenderer, PrefixCache
+from model_proxy.core.store import SessionStore
 from model_proxy.core.types import ChatMessage, ToolCall, ToolSpec
 from polar_core.model_fixtures import build_tiny_tokenizer
+from polar_core.records import CompletionRecord
 
 _PIECES = [*"ab xyz\n\t  é東🙂.,:{}\"'<>|_", "<|im_end|>", "<|im_start|>", "<tool_call>", "</think>", "\n\n"]
 _TEXT = st.lists(st.sampled_from(_PIECES), max_size=25).map("".join)
@@ -53,6 +62,7 @@ def test_incremental_tokenisation_equals_full_tokenisation(
         )
         assert rendered.text == expected
         assert rendered.token_ids == tokenizer.encode(expected, add_special_tokens=False)
+        assert rendered.token_ids_json == ",".join(map(str, rendered.token_ids))
 
 
 def test_prefix_cache_reuses_tokens_and_finds_the_parent(tokenizer) -> None:
@@ -95,3 +105,162 @@ def test_template_without_tools_gets_the_hermes_fallback() -> None:
     assert '"name": "read_file"' in text.split("\n</tools>")[0]
     assert '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\nprint(1)\n</tool_response><|im_end|>" in text
+
+
+def _reference_ids(tokenizer: Any, conversation: list[ChatMessage], specs: list[ToolSpec], **kw: Any) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [m.to_template_dict() for m in conversation],
+        tools=[t.to_template_dict() for t in specs] or None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **kw,
+    )
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    return ids
+
+
+@st.composite
+def _agent_step(draw: st.DrawFn) -> list[ChatMessage]:
+    """What one agent-loop turn appends: the assistant's answer, then tool results or a user message."""
+    n_calls = draw(st.integers(0, 2))
+    calls = [ToolCall(f"c{i}", "read_file", {"path": draw(_TEXT)}) for i in range(n_calls)]
+    reasoning = draw(st.one_of(st.none(), _TEXT))
+    step = [ChatMessage("assistant", draw(_TEXT), tool_calls=calls, reasoning=reasoning)]
+    if calls:
+        step += [ChatMessage("tool", draw(_TEXT), tool_call_id=c.id, name=c.name) for c in calls]
+    else:
+        step.append(ChatMessage("user", draw(_TEXT)))
+    return step
+
+
+@settings(max_examples=60, deadline=None)
+@given(system=_TEXT, first=_TEXT, steps=st.lists(_agent_step(), min_size=1, max_size=7), tools=st.booleans())
+def test_incremental_rendering_of_agent_loops_equals_a_full_render(
+    tokenizer, system: str, first: str, steps: list[list[ChatMessage]], tools: bool
+) -> None:
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.incremental_rendering
+    cache = PrefixCache(4)
+    specs = _TOOLS if tools else []
+    conversation = [ChatMessage("system", system), ChatMessage("user", first)]
+    renderer.render(conversation, specs, cache, "call0")
+    for n, step in enumerate(steps, 1):
+        conversation = [*conversation, *step]
+        rendered = renderer.render(conversation, specs, cache, f"call{n}")
+        # Identical IDs, including BPE effects where the appended text meets the cached prefix.
+        assert rendered.token_ids == _reference_ids(tokenizer, conversation, specs)
+        assert rendered.token_ids_json == ",".join(map(str, rendered.token_ids))
+        assert rendered.parent_call_id == f"call{n - 1}"
+
+
+def test_agent_loop_renders_only_a_window(tokenizer) -> None:
+    renderer = ChatRenderer(tokenizer, verify=True)
+    cache = PrefixCache(4)
+    conversation = [ChatMessage("system", "sys"), ChatMessage("user", "go")]
+    used = []
+    for i in range(6):
+        rendered = renderer.render(conversation, _TOOLS, cache, f"c{i}")
+        used.append(rendered.rendered_incrementally)
+        call = ToolCall(f"t{i}", "read_file", {"path": f"{i}.py"})
+        conversation = [
+            *conversation,
+            ChatMessage("assistant", f"step {i}", [call]),
+            ChatMessage("tool", f"body {i}", tool_call_id=call.id),
+        ]
+    assert used[0] is False
+    assert all(used[2:])
+
+
+_NO_TOOLS_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps=st.lists(_agent_step(), min_size=1, max_size=6), system=st.booleans())
+def test_incremental_rendering_with_the_hermes_fallback(steps: list[list[ChatMessage]], system: bool) -> None:
+    tok = build_tiny_tokenizer()
+    tok.chat_template = _NO_TOOLS_TEMPLATE
+    renderer = ChatRenderer(tok)
+    assert not renderer.supports_tools
+    assert renderer.incremental_rendering
+    cache = PrefixCache(4)
+    conversation = [*([ChatMessage("system", "sys")] if system else []), ChatMessage("user", "go")]
+    for n, step in enumerate([[], *steps]):
+        conversation = [*conversation, *step]
+        rendered = renderer.render(conversation, _TOOLS, cache, f"c{n}")
+        assert rendered.text == renderer.reference_text(conversation, _TOOLS)
+        assert rendered.token_ids == tok.encode(rendered.text, add_special_tokens=False)
+
+
+# Like Qwen3: reasoning is shown only on assistant turns after the last user message, so appending a user
+# turn changes how older turns render.
+_DROPS_OLD_REASONING = (
+    "{% set ns = namespace(last=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and m.reasoning_content and loop.index0 > ns.last %}"
+    "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ tools | length if tools else '' }}"
+)
+
+
+def test_a_template_that_rewrites_old_turns_is_rendered_in_full() -> None:
+    tok = build_tiny_tokenizer()
+    tok.chat_template = _DROPS_OLD_REASONING
+    renderer = ChatRenderer(tok)
+    assert renderer.compiled_rendering
+    assert not renderer.incremental_rendering
+    cache = PrefixCache(4)
+    conversation = [ChatMessage("user", "q")]
+    for i in range(4):
+        conversation = [
+            *conversation,
+            ChatMessage("assistant", f"a{i}", reasoning=f"r{i}"),
+            ChatMessage("user", f"q{i}"),
+        ]
+        rendered = renderer.render(conversation, [], cache, f"c{i}")
+        assert not rendered.rendered_incrementally
+        assert rendered.token_ids == _reference_ids(tok, conversation, [])
+
+
+class _Clock:
+    now_value = dt.datetime(2026, 1, 1, 23, 59)
+
+    @classmethod
+    def now(cls) -> dt.datetime:
+        return cls.now_value
+
+
+def test_a_dated_template_is_rerendered_when_the_date_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(template_module, "datetime", _Clock)
+    monkeypatch.setattr(hf_templates, "datetime", _Clock)  # apply_chat_template's clock, for the probes
+    tok = build_tiny_tokenizer()
+    tok.chat_template = (
+        "<|im_start|>system\nToday is {{ strftime_now('%d %b %Y') }}.<|im_end|>\n"
+        + _NO_TOOLS_TEMPLATE.replace("{% if loop.first and m.role != 'system' %}", "{% if false %}")
+    )
+    renderer = ChatRenderer(tok)
+    assert renderer.incremental_rendering
+    cache = PrefixCache(4)
+    conversation = [ChatMessage("user", "hi")]
+    for day in (1, 1, 2):
+        _Clock.now_value = dt.datetime(2026, 1, day, 23, 59)
+        conversation = [*conversation, ChatMessage("assistant", "ok"), ChatMessage("user", "more")]
+        rendered = renderer.render(conversation, [], cache, f"d{day}")
+        assert f"Today is {day:02d} Jan 2026." in rendered.text
+        assert rendered.text.count("Today is") == 1
+
+
+def test_store_line_with_precomputed_prompt_ids_is_the_same_record(tmp_path) -> None:
+    ids = [5, 17, 1024, 3]
+    record = CompletionRecord("s", "c", 0, ids, [1, 2], [-0.5, -0.25], protocol="openai_chat", extra={"k": "v"})
+    store = SessionStore(tmp_path, fsync=False)
+    (tmp_path / "sessions" / "s").mkdir(parents=True)
+    store.append(record, prompt_ids_json="5,17,1024,3")
+    store.append(record)
+    a, b = (tmp_path / "sessions" / "s" / "completions.jsonl").read_text().splitlines()
+    assert json.loads(a) == json.loads(b) == record.to_dict()
+    assert a == b
