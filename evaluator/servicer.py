@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format
-from polar.common.v1 import status_pb2
 from polar.evaluator.v1 import evaluator_service_pb2 as pb
 from polar.evaluator.v1 import evaluator_service_pb2_grpc as pb_grpc
 
 from evaluator.models import AgentStatus, Artifacts, EvaluationResult, EvaluatorSpec, PrepareParams, TestStatus
 from evaluator.service import EvaluatorService
+from polar_core.convert import status_to_proto, trace_from_proto
 from polar_core.errors import InvalidArgument
-from polar_core.records import TerminalStatus, Trace
 
 __all__ = ["EvaluatorServicer"]
 
@@ -37,17 +36,6 @@ _TEST_STATUS = {
 }
 
 
-def terminal_status_to_proto(status: TerminalStatus) -> Any:
-    """``TerminalStatus.RESOLVED`` -> ``TERMINAL_STATUS_RESOLVED``."""
-    return status_pb2.TerminalStatus.Value(f"TERMINAL_STATUS_{status.value.upper()}")
-
-
-def _trace_from_proto(msg: Any) -> Trace:
-    data = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    data.pop("terminal_status", None)
-    return Trace.from_dict(data)
-
-
 def artifacts_from_proto(msg: Any) -> Artifacts:
     """Convert ``EvaluationArtifacts``."""
     which = msg.WhichOneof("patch")
@@ -65,7 +53,7 @@ def artifacts_from_proto(msg: Any) -> Artifacts:
         patch=patch,
         files=files,
         agent_status=_AGENT_STATUS.get(msg.agent_status, AgentStatus.COMPLETED),
-        traces=tuple(_trace_from_proto(t) for t in msg.traces),
+        traces=tuple(trace_from_proto(t) for t in msg.traces),
     )
 
 
@@ -73,7 +61,7 @@ def result_to_proto(result: EvaluationResult) -> Any:
     """Convert an :class:`EvaluationResult` to ``EvaluateResponse``."""
     response = pb.EvaluateResponse(
         reward=result.reward,
-        terminal_status=terminal_status_to_proto(result.status),
+        terminal_status=status_to_proto(result.status),
         trace_rewards=list(result.trace_rewards),
         log_ref=result.log_ref,
         error_message=result.error_message,

@@ -33,11 +33,11 @@ from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
+from polar_core.convert import completion_from_proto
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import CompletionRecord, ReconstructionStrategy
 from polar_core.server import start_grpc_server
 from reconstructor import ReconstructionOptions, reconstruct_session
-from reconstructor.convert import completion_from_proto
 from runtimes.local import LocalRuntime
 from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
 from runtimes.tunnel import UnixSocketBridge

@@ -12,8 +12,8 @@ from polar.common.v1 import reconstruction_pb2, status_pb2
 from polar.reconstructor.v1 import reconstructor_service_pb2 as pb
 from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as pb_grpc
 
-from model_proxy.servicer import completion_to_proto
 from polar_core.channels import open_channel
+from polar_core.convert import completion_to_proto
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
 from polar_core.services import service_spec
 from reconstructor import ReconstructionOptions, SessionOutcome, WeightingMode, reconstruct_session

@@ -6,57 +6,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2
-from polar.common.v1 import completion_pb2
+from google.protobuf import json_format
 from polar.proxy.v1 import model_proxy_service_pb2 as pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
 from model_proxy.app import ProxyApp
+from polar_core.convert import completion_to_proto
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord
 from polar_core.server import ServiceRegistration
 
-__all__ = ["ModelProxyServicer", "completion_to_proto", "registration"]
+__all__ = ["ModelProxyServicer", "registration"]
 
 _DEFAULT_PAGE = 100
 _MAX_PAGE = 1000
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
-    out = struct_pb2.Struct()
-    out.update(value)
-    return out
-
-
-def completion_to_proto(record: CompletionRecord) -> completion_pb2.Completion:
-    """Convert a completion record to its protobuf message."""
-    extra = record.extra
-    msg = completion_pb2.Completion(
-        session_id=record.session_id,
-        call_id=record.call_id,
-        seq=record.seq,
-        protocol=record.protocol,
-        model=record.model,
-        policy_version=record.policy_version,
-        prompt_token_ids=record.prompt_token_ids,
-        response_token_ids=record.response_token_ids,
-        response_logprobs=record.response_logprobs,
-        finish_reason=record.finish_reason,
-        request=_struct(record.request),
-        response=_struct(record.response),
-        started_at=record.started_at,
-        ended_at=record.ended_at,
-        normalization_rules_fired=list(extra.get("normalization_rules_fired", [])),
-        tool_call_parse_error=bool(extra.get("tool_call_parse_error", False)),
-        sampling=_struct(dict(extra.get("sampling", {}))),
-        backend=str(extra.get("backend", "")),
-        replica=str(extra.get("replica", "")),
-    )
-    if record.parent_call_id is not None:
-        msg.parent_call_id = record.parent_call_id
-    return msg
 
 
 class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):

@@ -9,9 +9,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 
 from polar_core.channels import open_channel
+from polar_core.convert import completion_from_proto
 from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, PolarError, Unavailable
 from polar_core.records import CompletionRecord
-from reconstructor.convert import completion_from_proto
 
 __all__ = ["CompletionSource", "ProxyCompletionSource"]
 

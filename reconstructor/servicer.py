@@ -6,15 +6,10 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
 
+from polar_core.convert import completion_from_proto, status_from_proto, trace_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
-from reconstructor.convert import (
-    completion_from_proto,
-    stats_to_proto,
-    status_from_proto,
-    strategy_from_proto,
-    trace_to_proto,
-)
+from reconstructor.convert import stats_to_proto, strategy_from_proto
 from reconstructor.core import ReconstructionOptions, SessionOutcome, reconstruct_session
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
 from reconstructor.proxy_source import CompletionSource, ProxyCompletionSource

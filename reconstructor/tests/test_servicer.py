@@ -4,7 +4,7 @@ import pytest
 from polar.common.v1 import status_pb2
 from polar.reconstructor.v1 import reconstructor_service_pb2 as pb
 
-from model_proxy.servicer import completion_to_proto
+from polar_core.convert import completion_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
 from reconstructor.servicer import ReconstructorServicer
