@@ -70,11 +70,7 @@ def _generate(out_root: Path) -> None:
 def _files(root: Path) -> set[str]:
     if not root.is_dir():
         return set()
-    return {
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def _drift(fresh: Path, current: Path) -> list[str]:
@@ -82,21 +78,15 @@ def _drift(fresh: Path, current: Path) -> list[str]:
     fresh_files, current_files = _files(fresh), _files(current)
     drifted = fresh_files ^ current_files
     drifted.update(
-        name
-        for name in fresh_files & current_files
-        if not filecmp.cmp(fresh / name, current / name, shallow=False)
+        name for name in fresh_files & current_files if not filecmp.cmp(fresh / name, current / name, shallow=False)
     )
     return sorted(f"{_PACKAGE}/{name}" for name in drifted)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Regenerate ``gen/polar``, or with ``--check`` report whether it is up to date."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="compare against gen/ without writing; exit 1 on drift"
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare against gen/ without writing; exit 1 on drift")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="polar-gen-") as tmp:
