@@ -18,17 +18,33 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gateway.harnesses import HarnessAdapter, HarnessContext, HarnessLaunch, adapter_names, get_adapter
+from gateway.harnesses import (
+    HarnessAdapter,
+    HarnessContext,
+    HarnessLaunch,
+    adapter_names,
+    get_adapter,
+    rebase_endpoints,
+)
 from gateway.harnesses.patch import PATCH_SCRIPT, init_workspace_argv
 from gateway.model import AgentOutcome, AgentRun, Artifacts, ProxyEndpoints, SessionSpec
 from gateway.seams import PreparedAgent
+from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
-from runtimes import Runtime, RuntimeFactory, RuntimeSpec
+from runtimes import NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
 _SETUP_TIMEOUT_S = 120.0
 _PATCH_FILE = ".polar/agent.patch"
+# A made-up session used to check a task's harness options at admission (adapters are pure).
+_CHECK_ROOT = PurePosixPath("/polar-admission-check")
+_CHECK_ENDPOINTS = ProxyEndpoints(
+    token="check",
+    anthropic_base_url="http://127.0.0.1:1",
+    openai_base_url="http://127.0.0.1:1/v1",
+    google_base_url="http://127.0.0.1:1",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +64,8 @@ class HarnessAgentRunner:
         bin_dir: Directory (inside the runtime) holding installed CLIs; prepended to ``PATH``.
         adapters: Returns the adapter of a harness name (tests inject their own).
         names: The harness names ``adapters`` knows.
+        tunnel: The gateway's proxy tunnel; runtimes with ``network: proxy`` on its socket get it started and
+            their endpoints rebased to the in-sandbox forwarder.
     """
 
     def __init__(
@@ -57,18 +75,56 @@ class HarnessAgentRunner:
         bin_dir: PurePosixPath | None = None,
         adapters: Callable[[str], HarnessAdapter] = get_adapter,
         names: tuple[str, ...] | None = None,
+        tunnel: ProxyTunnel | None = None,
     ) -> None:
         self._workspace_dir = workspace_dir
         self._bin_dir = bin_dir
         self._adapters = adapters
         self._names = frozenset(names if names is not None else adapter_names())
+        self._tunnel = tunnel
 
-    def knows(self, harness: str) -> bool:
-        """Whether an adapter of that name exists."""
-        return harness in self._names
+    def validate(self, spec: SessionSpec) -> None:
+        """Check the harness name, its options (a dry run of the pure adapter) and the metadata keys read here.
+
+        Raises:
+            InvalidArgument: Something in the task would make the session fail at INIT.
+        """
+        name = spec.harness.name
+        if name not in self._names:
+            raise InvalidArgument(
+                f"unknown harness {name!r}; known: {', '.join(sorted(self._names))}", details={"harness": name}
+            )
+        ctx = HarnessContext(
+            home=_CHECK_ROOT / "home",
+            workspace=_CHECK_ROOT / self._workspace_dir,
+            tmp=_CHECK_ROOT / "tmp",
+            instruction=spec.instruction,
+            endpoints=_CHECK_ENDPOINTS,
+            model=spec.model or "check",
+            options=dict(spec.harness.options),
+            bin_dir=self._bin_dir,
+        )
+        try:
+            self._adapters(name).prepare(ctx)
+        except InvalidArgument:
+            raise
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgument(f"invalid options for harness {name!r}: {exc}", details={"harness": name}) from None
+        _string_list(spec.metadata.get("artifact_paths"))
+
+    async def _sandbox_endpoints(self, runtime: Runtime, endpoints: ProxyEndpoints) -> ProxyEndpoints:
+        """The endpoints as the harness inside ``runtime`` reaches them (through the tunnel in proxy mode)."""
+        runtime_spec = getattr(runtime, "spec", None)
+        if not isinstance(runtime_spec, RuntimeSpec) or runtime_spec.network is not NetworkMode.PROXY:
+            return endpoints
+        if self._tunnel is not None and runtime_spec.proxy_socket == self._tunnel.socket_path:
+            endpoints = await self._tunnel.attach(endpoints)
+        # An operator-provided socket: the operator's bridge reaches the proxy; only the origin changes.
+        return rebase_endpoints(endpoints, f"http://127.0.0.1:{runtime_spec.proxy_port}")
 
     async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> PreparedHarness:
         """Lay out the workspace and the harness's files; see :class:`gateway.seams.AgentRunner`."""
+        endpoints = await self._sandbox_endpoints(runtime, endpoints)
         workspace = runtime.root / self._workspace_dir
         repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
         if repo:
@@ -149,11 +205,41 @@ class SpecRuntimeFactory:
         inner: The runtimes package's factory.
         default_kind: Kind used when the task leaves it unspecified.
         defaults: Runtime options the task's table may override (``network``, ``isolation``, ...).
+        tunnel: The gateway's proxy tunnel: a ``network: proxy`` runtime without its own ``proxy_socket`` gets
+            the tunnel's socket and sandbox port.
     """
 
     inner: RuntimeFactory
     default_kind: str = "local"
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tunnel: ProxyTunnel | None = None
+
+    def runtime_spec(self, spec: SessionSpec) -> RuntimeSpec:
+        """The runtime spec of a session.
+
+        Raises:
+            InvalidArgument: The task's runtime table is malformed.
+        """
+        kind = spec.runtime.kind or self.default_kind
+        table: dict[str, Any] = {**self.defaults, **spec.runtime.options, "kind": kind}
+        extra = spec.runtime.options.get("read_only_paths")
+        if "read_only_paths" in self.defaults and isinstance(extra, list):
+            # The gateway's own paths (installed harnesses) stay visible when a task adds more.
+            table["read_only_paths"] = [*self.defaults["read_only_paths"], *extra]
+        if spec.runtime.image:
+            table["image"] = spec.runtime.image
+        if table.get("network") == NetworkMode.PROXY.value and not table.get("proxy_socket") and self.tunnel:
+            table["proxy_socket"] = self.tunnel.socket_path
+            table.setdefault("proxy_port", self.tunnel.sandbox_port)
+        return RuntimeSpec.from_mapping(table)
+
+    def validate(self, spec: SessionSpec) -> None:
+        """Check the task's runtime table at admission.
+
+        Raises:
+            InvalidArgument: The table is malformed.
+        """
+        self.runtime_spec(spec)
 
     def create(self, spec: SessionSpec) -> Runtime:
         """Return the unstarted runtime of ``spec``.
@@ -161,7 +247,4 @@ class SpecRuntimeFactory:
         Raises:
             InvalidArgument: The task's runtime table is malformed.
         """
-        table: dict[str, Any] = {**spec.runtime.options, "kind": spec.runtime.kind or self.default_kind}
-        if spec.runtime.image:
-            table["image"] = spec.runtime.image
-        return self.inner.create(RuntimeSpec.from_mapping(table, **self.defaults), session_id=spec.session_id)
+        return self.inner.create(self.runtime_spec(spec), session_id=spec.session_id)

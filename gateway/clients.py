@@ -23,6 +23,7 @@ from gateway.convert import (
     completion_from_proto,
     completion_to_proto,
     result_to_proto,
+    snapshot_to_proto,
     status_from_proto,
     status_to_proto,
     trace_from_proto,
@@ -38,6 +39,8 @@ from gateway.model import (
     SessionResult,
     SessionSpec,
 )
+from gateway.pipeline import Capacity
+from gateway.registration import HeartbeatReply, Lease
 from polar_core import errors
 from polar_core.channels import open_channel
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
@@ -48,6 +51,7 @@ __all__ = [
     "GrpcProxyClient",
     "GrpcReconstructorClient",
     "GrpcResultSink",
+    "GrpcRolloutRegistrar",
     "error_from_rpc",
 ]
 
@@ -297,3 +301,50 @@ class GrpcResultSink(_Client):
             await self._stub.ReportSessionResult(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, f"rollout server {self.target} ReportSessionResult") from None
+
+
+class GrpcRolloutRegistrar(_Client):
+    """A :class:`gateway.registration.Registrar` over the rollout server's RegisterGateway and Heartbeat."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+        self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def register(
+        self, gateway_id: str, address: str, capacity: int, labels: dict[str, str], version: str
+    ) -> Lease:
+        """Call RegisterGateway (idempotent by gateway id)."""
+        request = rollout_service_pb2.RegisterGatewayRequest(
+            gateway_id=gateway_id, address=address, capacity=capacity, labels=labels, version=version
+        )
+        try:
+            reply = await self._stub.RegisterGateway(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, f"rollout server {self.target} RegisterGateway") from None
+        return Lease(
+            heartbeat_interval_s=reply.heartbeat_interval.ToNanoseconds() / 1e9,
+            lease_ttl_s=reply.lease_ttl.ToNanoseconds() / 1e9,
+        )
+
+    async def heartbeat(self, capacity: Capacity) -> HeartbeatReply:
+        """Call Heartbeat; raises ``NotFound`` when the rollout server no longer knows this gateway."""
+        request = rollout_service_pb2.HeartbeatRequest(
+            gateway_id=capacity.gateway_id,
+            capacity=capacity.active + capacity.available,
+            active_sessions=capacity.active,
+            stage_metrics=[snapshot_to_proto(s) for s in capacity.stages],
+            draining=capacity.draining,
+        )
+        try:
+            reply = await self._stub.Heartbeat(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, f"rollout server {self.target} Heartbeat") from None
+        return HeartbeatReply(reply.drain_requested, tuple(reply.cancelled_session_ids))

@@ -26,6 +26,9 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from gateway.errors import (
     GatewayBusy,
     GatewayDraining,
@@ -60,7 +63,7 @@ from gateway.seams import (
     RuntimeFactory,
 )
 from gateway.settings import GatewaySettings
-from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, PolarError, Unavailable
+from polar_core.errors import DeadlineExceeded, Internal, PolarError, Unavailable
 from polar_core.records import CompletionRecord, TerminalStatus
 from runtimes.base import Runtime
 
@@ -123,6 +126,8 @@ class _Session:
     completions: list[CompletionRecord] = dataclasses.field(default_factory=list)
     reconstruction: Reconstruction | None = None
     result: SessionResult | None = None
+    trace_context: otel_context.Context | None = None
+    stage_span: trace.Span | None = None
 
 
 class SessionPipeline:
@@ -139,6 +144,8 @@ class SessionPipeline:
         sink: Receives every result; ``None`` keeps results only for GetSession and watchers.
         metrics: Records stage metrics; ``None`` records nothing.
         clock: Unix time, for deadlines and timestamps.
+        tracer: Makes one span per stage of each session, children of the context StartSession ran in; every
+            side effect (proxy, evaluator, reconstructor calls) runs inside its stage's span.
     """
 
     def __init__(
@@ -154,7 +161,9 @@ class SessionPipeline:
         sink: ResultSink | None = None,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        self._tracer = tracer or trace.get_tracer("gateway")
         self._settings = settings
         self.gateway_id = gateway_id
         self._runtimes = runtimes
@@ -189,7 +198,7 @@ class SessionPipeline:
             The session's state and whether this (session_id, attempt) had already been accepted.
 
         Raises:
-            InvalidArgument: The harness is unknown.
+            InvalidArgument: The harness is unknown, or its options or the runtime table are malformed.
             SessionConflict: The session runs with a different attempt.
             GatewayDraining: The gateway accepts no new sessions.
             GatewayBusy: The gateway is full or POSTRUN is backed up (with a retry delay).
@@ -205,12 +214,14 @@ class SessionPipeline:
                 )
         if self._draining:
             raise GatewayDraining("the gateway is draining and accepts no new sessions")
-        if not self._agents.knows(spec.harness.name):
-            raise InvalidArgument(f"unknown harness {spec.harness.name!r}", details={"harness": spec.harness.name})
+        self._agents.validate(spec)
+        self._runtimes.validate(spec)
         self._admit_or_refuse()
         now = self._clock()
         deadline = spec.deadline if spec.deadline is not None else now + self._settings.session_timeout_s
         session = _Session(spec=spec, deadline=deadline, admitted_at=now, stage_entered_at=now)
+        session.trace_context = otel_context.get_current()
+        self._start_stage_span(session)
         if existing is not None:
             self._forget(spec.session_id)
         self._sessions[spec.session_id] = session
@@ -285,6 +296,10 @@ class SessionPipeline:
         if session.result is None:
             raise Internal(f"session {session_id} finished without a result")
         return session.result
+
+    def drain(self) -> None:
+        """Refuse new sessions from now on; running sessions finish (the rollout server asked us to drain)."""
+        self._draining = True
 
     async def close(self, grace_s: float = 30.0) -> None:
         """Refuse new sessions, cancel the running ones and wait (up to ``grace_s``) for their teardown."""
@@ -570,7 +585,7 @@ class SessionPipeline:
                     budget, bounded = left, True
             try:
                 async with asyncio.timeout(budget):
-                    return await call()
+                    return await self._traced(s, call)
             except TimeoutError:
                 if bounded:
                     raise SessionDeadlinePassed(
@@ -716,7 +731,48 @@ class SessionPipeline:
         self._add_timing(s, now)
         previous = s.stage
         s.stage, s.stage_entered_at, s.queued = stage, now, stage is not Stage.DONE
+        self._end_stage_span(s)
+        self._start_stage_span(s)
         self._publish(s, previous=previous, result=result)
+
+    # ----------------------------------------------------------------------------------------- tracing
+
+    def _start_stage_span(self, s: _Session) -> None:
+        if s.stage is Stage.DONE:
+            return
+        s.stage_span = self._tracer.start_span(
+            f"gateway.{s.stage.value}",
+            context=s.trace_context,
+            attributes={
+                "polar.session_id": s.spec.session_id,
+                "polar.task_id": s.spec.task_id,
+                "polar.attempt": s.spec.attempt,
+                "polar.stage": s.stage.value,
+            },
+        )
+
+    def _end_stage_span(self, s: _Session) -> None:
+        span, s.stage_span = s.stage_span, None
+        if span is None:
+            return
+        if s.stage is Stage.DONE and s.status is not None:
+            span.set_attribute("polar.status", s.status.value)
+            if s.status is TerminalStatus.INFRA_ERROR:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, s.error))
+        span.end()
+
+    async def _traced(self, s: _Session, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``call`` with the session's current stage span (else its StartSession context) as the parent."""
+        parent = s.trace_context
+        if s.stage_span is not None:
+            parent = trace.set_span_in_context(s.stage_span, parent)
+        if parent is None:
+            return await call()
+        token = otel_context.attach(parent)
+        try:
+            return await call()
+        finally:
+            otel_context.detach(token)
 
     def _add_timing(self, s: _Session, now: float) -> None:
         if s.stage is not Stage.DONE:

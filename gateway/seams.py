@@ -37,6 +37,10 @@ __all__ = [
 class RuntimeFactory(Protocol):
     """Creates (but does not start) the runtime a session's agent runs in."""
 
+    def validate(self, spec: SessionSpec) -> None:
+        """Raise ``InvalidArgument`` when ``spec``'s runtime table is malformed (checked at admission)."""
+        ...
+
     def create(self, spec: SessionSpec) -> Runtime:
         """Return a new, unstarted runtime for ``spec``."""
         ...
@@ -54,8 +58,9 @@ class PreparedAgent(Protocol):
 class AgentRunner(Protocol):
     """Prepares and runs harnesses inside runtimes (the harness adapter registry sits behind it)."""
 
-    def knows(self, harness: str) -> bool:
-        """Whether a harness of this name can be run (checked at admission)."""
+    def validate(self, spec: SessionSpec) -> None:
+        """Raise ``InvalidArgument`` when ``spec``'s harness is unknown or its options are malformed (checked at
+        admission, so a bad task is refused rather than failing at INIT)."""
         ...
 
     async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> PreparedAgent:

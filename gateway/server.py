@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.metadata
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import grpc
@@ -14,13 +16,21 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 
 from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
-from gateway.clients import GrpcEvaluatorClient, GrpcProxyClient, GrpcReconstructorClient, GrpcResultSink
+from gateway.clients import (
+    GrpcEvaluatorClient,
+    GrpcProxyClient,
+    GrpcReconstructorClient,
+    GrpcResultSink,
+    GrpcRolloutRegistrar,
+)
 from gateway.metrics import GatewayMetrics, MetricsEndpoint
 from gateway.model import ProxyEndpoints, SessionSpec
 from gateway.pipeline import SessionPipeline
+from gateway.registration import RegistrationLoop
 from gateway.seams import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.servicer import GatewayServicer
 from gateway.settings import GatewaySettings
+from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
 from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
@@ -119,6 +129,11 @@ async def create_server(
         endpoint = MetricsEndpoint()
         metrics = GatewayMetrics(endpoint.meter_provider)
     bin_dir = PurePosixPath(settings.harness_bin_dir) if settings.harness_bin_dir else None
+    if settings.tunnel_dir:
+        tunnel = ProxyTunnel(Path(settings.tunnel_dir), sandbox_port=settings.sandbox_proxy_port)
+    else:
+        tunnel = ProxyTunnel.under(settings.state_dir, sandbox_port=settings.sandbox_proxy_port)
+    closers.append(tunnel.close)
     pipeline = SessionPipeline(
         settings,
         gateway_id=settings.gateway_id,
@@ -126,14 +141,16 @@ async def create_server(
         or SpecRuntimeFactory(
             DefaultRuntimeFactory(base_dir=settings.state_dir / "runtimes"),
             default_kind=settings.default_runtime,
-            defaults={"network": settings.runtime_network},
+            defaults=_runtime_defaults(settings),
+            tunnel=tunnel,
         ),
-        agents=seams.agents or HarnessAgentRunner(workspace_dir=settings.workspace_dir, bin_dir=bin_dir),
+        agents=seams.agents or HarnessAgentRunner(workspace_dir=settings.workspace_dir, bin_dir=bin_dir, tunnel=tunnel),
         proxy=seams.proxy or client(settings.proxy_address, GrpcProxyClient) or _NoProxy(),
         reconstructor=seams.reconstructor or client(settings.reconstructor_address, GrpcReconstructorClient),
         evaluator=seams.evaluator or client(settings.evaluator_address, GrpcEvaluatorClient),
         sink=seams.sink or client(settings.rollout_address, GrpcResultSink),
         metrics=metrics,
+        tracer=tracer_provider.get_tracer("gateway") if tracer_provider is not None else None,
     )
     servicer = GatewayServicer(pipeline)
     registration = ServiceRegistration(
@@ -150,8 +167,21 @@ async def create_server(
     )
     pipeline.gateway_id = settings.gateway_id or f"gateway-{port}"
     metrics_port = endpoint.start(settings.metrics_host, settings.metrics_port) if endpoint is not None else -1
+    membership: RegistrationLoop | None = None
+    if settings.rollout_address:
+        registrar = client(settings.rollout_address, GrpcRolloutRegistrar)
+        membership = RegistrationLoop(
+            pipeline,
+            registrar,
+            address=_advertised(settings, port),
+            labels={"runtime": settings.default_runtime, "network": settings.runtime_network},
+            version=_version(),
+        )
+        membership.start()
 
     async def cleanup(grace: float | None) -> None:
+        if membership is not None:
+            await membership.stop()
         await pipeline.close(grace_s=grace if grace is not None else 0.0)
         await _close_all(closers)
         if endpoint is not None:
@@ -160,7 +190,35 @@ async def create_server(
     server = _GatewayServer(inner, cleanup)
     server.metrics_port = metrics_port  # type: ignore[attr-defined]
     server.pipeline = pipeline  # type: ignore[attr-defined]
+    server.membership = membership  # type: ignore[attr-defined]
     return server, port
+
+
+def _advertised(settings: GatewaySettings, port: int) -> str:
+    """The address the rollout server should dial for this gateway."""
+    if settings.advertise_address:
+        return settings.advertise_address
+    host = settings.host
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("polar-rollout")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _runtime_defaults(settings: GatewaySettings) -> dict[str, Any]:
+    """Runtime options every task gets unless its runtime table says otherwise."""
+    defaults: dict[str, Any] = {"network": settings.runtime_network}
+    if settings.harness_bin_dir:
+        # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree.
+        bin_dir = Path(settings.harness_bin_dir)
+        defaults["read_only_paths"] = [str(bin_dir.parent if bin_dir.name == ".bin" else bin_dir)]
+    return defaults
 
 
 async def _close_all(closers: Iterable[Callable[[], Awaitable[None]]]) -> None:

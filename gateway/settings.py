@@ -39,11 +39,18 @@ class GatewaySettings(ServiceSettings):
         proxy_address: gRPC target of the ModelProxyService; empty means none (embedded wiring injects one).
         reconstructor_address: gRPC target of the ReconstructorService.
         evaluator_address: gRPC target of the EvaluatorService.
-        rollout_address: gRPC target of the RolloutService that receives results (ReportSessionResult); empty
-            keeps results only for GetSession and WatchSessions.
+        rollout_address: gRPC target of the RolloutService: the gateway registers there at start, heartbeats
+            with its capacity and stage load, and reports results (ReportSessionResult); empty keeps results
+            only for GetSession and WatchSessions.
+        advertise_address: ``host:port`` the rollout server reaches this gateway at; empty means ``host:port``
+            of the gRPC server (the machine's host name when it binds every interface).
         default_runtime: Runtime kind used when a task leaves it unspecified.
-        runtime_network: Network of runtimes unless a task says otherwise: ``host`` (harnesses reach the proxy
-            directly), ``none`` or ``proxy`` (through a Unix-socket tunnel the task's runtime table names).
+        runtime_network: Network of runtimes unless a task says otherwise: ``proxy`` (loopback only, plus the
+            model proxy through the gateway's Unix-socket tunnel; nothing else is reachable), ``host`` (the
+            host's network: harnesses reach the proxy, and everything else, directly) or ``none``.
+        sandbox_proxy_port: Loopback port inside ``proxy``-network runtimes where the tunnel reaches the proxy.
+        tunnel_dir: Directory of the tunnel's Unix socket; empty means ``state_dir/tunnel`` (or a private
+            ``/tmp`` directory when that path is too long for a socket).
         harness_bin_dir: Directory (as runtimes see it) holding installed harness CLIs; prepended to ``PATH``.
         default_model: Model name the harness asks for when neither harness nor backend options name one.
         workspace_dir: Workspace directory (relative to the runtime's session directory) the agent works in.
@@ -74,8 +81,11 @@ class GatewaySettings(ServiceSettings):
     reconstructor_address: str = ""
     evaluator_address: str = ""
     rollout_address: str = ""
+    advertise_address: str = ""
     default_runtime: Literal["local", "docker", "apptainer"] = "local"
-    runtime_network: Literal["host", "none", "proxy"] = "host"
+    runtime_network: Literal["host", "none", "proxy"] = "proxy"
+    sandbox_proxy_port: int = Field(default=18080, ge=1, le=65535)
+    tunnel_dir: str = ""
     harness_bin_dir: str = ""
     default_model: str = "policy"
     workspace_dir: str = "workspace"

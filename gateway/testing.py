@@ -24,7 +24,7 @@ from gateway.model import (
     SessionSpec,
 )
 from gateway.seams import PreparedAgent
-from polar_core.errors import DeadlineExceeded, NotFound
+from polar_core.errors import DeadlineExceeded, InvalidArgument, NotFound
 from polar_core.records import CompletionRecord, TerminalStatus, Trace
 from reconstructor.stats import ReconstructionStats
 from runtimes.base import ExecResult, Runtime
@@ -99,6 +99,9 @@ class FakeRuntimeFactory:
 
     start_s: float = 0.0
     created: dict[str, FakeRuntime] = dataclasses.field(default_factory=dict)
+
+    def validate(self, spec: SessionSpec) -> None:
+        """Accept every runtime table."""
 
     def create(self, spec: SessionSpec) -> FakeRuntime:
         """Return a new fake runtime for ``spec``."""
@@ -186,9 +189,10 @@ class FakeAgentRunner:
     ran: list[str] = dataclasses.field(default_factory=list)
     backend_busy_s: float = 0.0
 
-    def knows(self, harness: str) -> bool:
-        """Whether ``harness`` is one of ``known``."""
-        return harness in self.known
+    def validate(self, spec: SessionSpec) -> None:
+        """Refuse a harness that is not one of ``known``."""
+        if spec.harness.name not in self.known:
+            raise InvalidArgument(f"unknown harness {spec.harness.name!r}", details={"harness": spec.harness.name})
 
     async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> _Prepared:
         """Pretend to write configuration."""

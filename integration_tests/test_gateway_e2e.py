@@ -1,10 +1,12 @@
 """A real gateway with a real model proxy (scripted backend), reconstructor and evaluator, a local runtime and
 the generic ``command`` harness running a Python script that calls the proxy's OpenAI chat endpoint.
 
-Covers: a session reaches ``resolved`` with its completions recorded, traces reconstructed and the evaluation
-reported; cancellation mid-RUN tears the runtime down; an agent timeout keeps the captured calls with status
-``agent_timeout``. (RESOURCE_EXHAUSTED with retry info is covered over gRPC in ``test_gateway_service.py``,
-where POSTRUN's duration can be controlled.)
+The runtime uses the gateway's default network, ``proxy``: loopback only, plus the model proxy through the
+gateway's Unix-socket tunnel. Covers: a session reaches ``resolved`` with its completions recorded, traces
+reconstructed and the evaluation reported, while the harness can reach no other host port (nor the internet);
+cancellation mid-RUN tears the runtime down; an agent timeout keeps the captured calls with status
+``agent_timeout``; a malformed task is refused by StartSession with INVALID_ARGUMENT. (RESOURCE_EXHAUSTED with
+retry info is covered over gRPC in ``test_gateway_service.py``, where POSTRUN's duration can be controlled.)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,19 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("python3") is None, reason="the agent script needs python3 on PATH"),
 ]
 
-# The agent: N chat calls through the proxy, then an answer file, then an optional sleep.
+# The agent: optional connection probes (any that connects fails the run), N chat calls through the proxy,
+# then an answer file, then an optional sleep.
 AGENT = """
-import json, os, sys, time, urllib.request
+import json, os, socket, sys, time, urllib.request
 calls, pause = int(sys.argv[1]), float(sys.argv[2])
+assert os.environ["OPENAI_BASE_URL"] == "http://127.0.0.1:18080/v1", os.environ["OPENAI_BASE_URL"]
+for target in sys.argv[3:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError:
+        continue
+    sys.exit(f"reached {target}")
 messages = []
 for i in range(calls):
     messages.append({"role": "user", "content": f"step {i}"})
@@ -60,6 +72,7 @@ class Stack:
     gateway: Any
     stub: Any
     runtimes_dir: Path
+    host_ports: list[int]
 
 
 async def _start_evaluator(tmp: Path) -> tuple[grpc.aio.Server, int]:
@@ -106,14 +119,14 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         proxy_address=f"127.0.0.1:{proxy_port}",
         reconstructor_address=f"127.0.0.1:{recon_port}",
         evaluator_address=f"127.0.0.1:{eval_port}",
-        runtime_network="host",
         metrics_port=-1,
         step_timeout_s=30,
     )
     gateway, port = await create_server(settings)
     channel = open_channel(f"127.0.0.1:{port}")
     try:
-        yield Stack(gateway, pb_grpc.GatewayServiceStub(channel), tmp_path / "gateway" / "runtimes")
+        ports = [proxy_port, proxy_app.http_port, recon_port, eval_port, port]
+        yield Stack(gateway, pb_grpc.GatewayServiceStub(channel), tmp_path / "gateway" / "runtimes", ports)
     finally:
         await channel.close(None)
         await gateway.stop(None)
@@ -122,7 +135,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         await proxy_app.stop()
 
 
-def session(session_id: str, *, calls: int, pause_s: float, timeout_s: float = 60.0) -> session_pb2.SessionSpec:
+def session(
+    session_id: str, *, calls: int, pause_s: float, timeout_s: float = 60.0, probes: tuple[str, ...] = ()
+) -> session_pb2.SessionSpec:
     task = task_pb2.Task(
         task_id="e2e",
         instruction="Answer.",
@@ -131,7 +146,7 @@ def session(session_id: str, *, calls: int, pause_s: float, timeout_s: float = 6
         runtime=task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
     )
-    task.harness.options.update({"argv": ["python3", "-c", AGENT, str(calls), str(pause_s)]})
+    task.harness.options.update({"argv": ["python3", "-c", AGENT, str(calls), str(pause_s), *probes]})
     return session_pb2.SessionSpec(session_id=session_id, task_id="e2e", task=task, attempt=1)
 
 
@@ -144,8 +159,22 @@ async def until_stage(stub: Any, session_id: str, stage: int, limit_s: float = 6
             await asyncio.sleep(0.05)
 
 
+def _host_address() -> str:
+    # An address of a non-loopback interface of this host (what a sandbox must not reach either).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent for UDP connect
+            return str(s.getsockname()[0])
+        except OSError:
+            return "10.255.255.1"
+
+
 async def test_session_is_resolved_with_traces(stack: Stack) -> None:
-    await stack.stub.StartSession(pb.StartSessionRequest(spec=session("ok", calls=2, pause_s=0)))
+    # The harness may reach the proxy only through the tunnel: not the proxy's own ports, not the other services,
+    # not the host's LAN address, not the internet. A probe that connects makes the agent exit 1 (unresolved).
+    lan = _host_address()
+    probes = (*(f"{host}:{p}" for p in stack.host_ports for host in ("127.0.0.1", lan)), "1.1.1.1:443")
+    await stack.stub.StartSession(pb.StartSessionRequest(spec=session("ok", calls=2, pause_s=0, probes=probes)))
     reply = await until_stage(stack.stub, "ok", status_pb2.SESSION_STAGE_DONE)
     result = reply.result
     assert result.status == "resolved", result.error_message
@@ -188,3 +217,30 @@ async def test_cancel_mid_run_tears_down(stack: Stack) -> None:
     ps = await asyncio.create_subprocess_exec("pgrep", "-f", "answer.txt", stdout=asyncio.subprocess.PIPE)
     out, _ = await ps.communicate()
     assert out == b""
+
+
+@pytest.mark.parametrize(
+    ("harness", "options", "runtime", "expected"),
+    [
+        ("no-such-harness", {}, {}, "unknown harness"),
+        ("claude-code", {"bogus_option": True}, {}, "unknown option"),
+        ("command", {}, {}, "argv"),
+        ("command", {"argv": ["true"]}, {"no_such_key": 1}, "unknown runtime option"),
+        ("command", {"argv": ["true"]}, {"network": "internet"}, "invalid runtime option"),
+    ],
+)
+async def test_malformed_task_is_refused_at_admission(
+    stack: Stack, harness: str, options: dict[str, Any], runtime: dict[str, Any], expected: str
+) -> None:
+    spec = session("bad", calls=0, pause_s=0)
+    spec.task.harness.name = harness
+    spec.task.harness.options.Clear()
+    spec.task.harness.options.update(options)
+    spec.task.runtime.options.update(runtime)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stack.stub.StartSession(pb.StartSessionRequest(spec=spec))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in (caught.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await stack.stub.GetSession(pb.GetSessionRequest(session_id="bad"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND

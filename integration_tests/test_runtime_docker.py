@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ def docker_env():
     daemon.stop()
 
 
-def _managed(client) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+def _managed(client: Any) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from opentelemetry import trace
 from polar.proxy.v1 import model_proxy_service_pb2 as pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
@@ -32,9 +33,13 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     async def OpenSession(self, request: pb.OpenSessionRequest, context: Context) -> pb.OpenSessionResponse:
         """Open (or reopen) a session and hand out its token and base URLs."""
         metadata = json_format.MessageToDict(request.metadata) if request.HasField("metadata") else {}
-        _, token = await self._app.registry.open(
+        session, token = await self._app.registry.open(
             request.session_id, request.model, policy_version=request.policy_version, metadata=metadata
         )
+        current = trace.get_current_span().get_span_context()
+        if current.is_valid:
+            # Only the span's identity is kept (not the span), so the harness's calls join the caller's trace.
+            session.trace_context = trace.set_span_in_context(trace.NonRecordingSpan(current))
         base = self._app.base_url
         return pb.OpenSessionResponse(
             session_token=token,

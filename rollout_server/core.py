@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from opentelemetry import propagate
+
 from polar_core.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -145,6 +147,9 @@ class RolloutCore:
         self._task_locks: dict[str, asyncio.Lock] = {}
         self._pending_cancels: dict[str, set[str]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # W3C trace context (``traceparent``) of each task's SubmitTask call, so its sessions are dispatched in
+        # the submitter's trace. In memory: after a restart, sessions start traces of their own.
+        self.trace_parents: dict[str, dict[str, str]] = {}
 
     # Tasks -----------------------------------------------------------------------------------------------
     async def submit_task(self, new: NewTask) -> tuple[TaskSummary, bool]:
@@ -192,6 +197,12 @@ class RolloutCore:
             ]
             stored, created = await self.store.insert_task(record, sessions)
             if created:
+                carrier: dict[str, str] = {}
+                propagate.inject(carrier)
+                if carrier:
+                    if len(self.trace_parents) > 65536:
+                        self.trace_parents.clear()
+                    self.trace_parents[new.task_id] = carrier
                 self.dispatch_wakeup.set()
                 return await self.summary(stored), False
             existing = stored

@@ -16,6 +16,9 @@ import heapq
 import logging
 from collections.abc import Sequence
 
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+
 from polar_core.records import TerminalStatus
 from rollout_server.core import RolloutCore
 from rollout_server.errors import GatewayBusy, GatewayRejected, GatewaySessionUnknown, GatewayUnreachable
@@ -134,6 +137,9 @@ class Scheduler:
         dispatch = SessionDispatch(
             session.session_id, session.task_id, session.sample_index, session.attempt, session.deadline, task.spec
         )
+        # StartSession joins the trace of the task's SubmitTask call (the gRPC client span is its child).
+        carrier = self.core.trace_parents.get(session.task_id)
+        token = otel_context.attach(propagate.extract(carrier)) if carrier else None
         try:
             await self.core.gateways.start_session(gateway.address, dispatch)
         except GatewayBusy as exc:
@@ -153,6 +159,9 @@ class Scheduler:
                 await self.core.gateways.cancel_session(gateway.address, session.session_id, "start timed out")
         else:
             return True
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         return False
 
     async def _unassign(self, session: SessionRecord) -> None:

@@ -70,6 +70,11 @@ class ApptainerRuntime:
         return self._session_id
 
     @property
+    def spec(self) -> RuntimeSpec:
+        """The spec this runtime was built from."""
+        return self._spec
+
+    @property
     def root(self) -> PurePosixPath:
         """The session directory inside the container."""
         return self._dir.inner_root

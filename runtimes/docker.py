@@ -28,8 +28,9 @@ from polar_core.errors import NotFound
 from runtimes.base import ExecResult, resolve_in_root
 from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
 from runtimes.spec import NetworkMode, RuntimeSpec
+from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["LABEL_MANAGED", "DockerRuntime", "reap_orphaned_containers"]
+__all__ = ["LABEL_MANAGED", "TUNNEL_DIR", "DockerRuntime", "reap_orphaned_containers"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ _LABEL_PID = "polar.owner_pid"
 # Extra seconds docker exec may take beyond the command's own timeout before the container is presumed hung.
 _EXEC_GRACE_S = 30.0
 _TIMEOUT_EXIT_CODES = (124, 137)
+# In ``network: proxy`` mode the directory holding the bridge's socket is mounted here (read-only), and the
+# forwarder (``runtimes/tunnel.py``, run by the image's ``python3``) listens on ``127.0.0.1:<proxy_port>``.
+TUNNEL_DIR = "/polar/tunnel"
+_FORWARDER = ".polar/tunnel.py"
+_FORWARDER_READY_S = 20.0
 
 
 def _owner_labels(session_id: str) -> dict[str, str]:
@@ -134,6 +140,11 @@ class DockerRuntime:
         return self._root
 
     @property
+    def spec(self) -> RuntimeSpec:
+        """The spec this runtime was built from."""
+        return self._spec
+
+    @property
     def container_id(self) -> str | None:
         """The container's id once started."""
         return None if self._container is None else str(self._container.id)
@@ -152,10 +163,39 @@ class DockerRuntime:
         if self._container is not None:
             return
         self._container = await asyncio.to_thread(self._run_container)
-        dirs = [str(self._root / "home"), str(self._root / "tmp")]
+        dirs = [str(self._root / "home"), str(self._root / "tmp"), str(self._root / ".polar")]
         result = await self._exec_in(self._live(), ["mkdir", "-p", *dirs], "/", None, 60.0)
         if not result.ok:
             raise RuntimeDied(f"cannot create the session directory in the container: {result.stderr}")
+        if self._spec.network is NetworkMode.PROXY:
+            await self._start_forwarder()
+
+    async def _start_forwarder(self) -> None:
+        """Start the in-container end of the proxy tunnel once, and wait until it listens."""
+        spec = self._spec
+        if spec.proxy_socket is None:
+            raise RuntimeDied("network 'proxy' without a proxy socket")
+        await self.upload(script_bytes(), _FORWARDER)
+        socket_path = f"{TUNNEL_DIR}/{spec.proxy_socket.name}"
+        argv = wrap_command("python3", str(self._root / _FORWARDER), port=spec.proxy_port, socket_path=socket_path,
+                            argv=())  # fmt: skip
+        container = self._live()
+        await asyncio.to_thread(container.exec_run, argv, workdir="/", environment=self._environment(None), detach=True)
+        probe = (
+            "import socket, sys, time\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            f"        socket.create_connection(('127.0.0.1', {spec.proxy_port}), timeout=1).close(); sys.exit(0)\n"
+            "    except OSError:\n"
+            "        time.sleep(0.1)\n"
+            "sys.exit(1)\n"
+        )
+        ready = await self._exec_in(container, ["python3", "-c", probe], "/", None, _FORWARDER_READY_S)
+        if not ready.ok:
+            raise RuntimeDied(
+                f"the proxy forwarder did not start in {self._session_id} (the image needs python3): "
+                f"{(ready.stderr or ready.stdout).strip()[-300:]}"
+            )
 
     def _run_container(self) -> Any:
         network = "host" if self._spec.network is NetworkMode.HOST else "none"
@@ -172,9 +212,13 @@ class DockerRuntime:
         }
         if self._spec.cpus is not None:
             kwargs["nano_cpus"] = int(self._spec.cpus * 1e9)
+        volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in self._spec.read_only_paths}
         if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
-            # The container has no network; the proxy's Unix socket is its only way out.
-            kwargs["volumes"] = {str(self._spec.proxy_socket): {"bind": "/polar/proxy.sock", "mode": "rw"}}
+            # The container has no network; the proxy's Unix socket is its only way out. Its directory is
+            # mounted (not the socket file), so a bridge that re-creates the socket stays reachable.
+            volumes[str(self._spec.proxy_socket.parent)] = {"bind": TUNNEL_DIR, "mode": "ro"}
+        if volumes:
+            kwargs["volumes"] = volumes
         try:
             return self._docker().containers.run(self._spec.image, **kwargs)
         except docker.errors.ImageNotFound as exc:
@@ -207,6 +251,8 @@ class DockerRuntime:
             "LANG": "C.UTF-8",
             "POLAR_SESSION_DIR": str(self._root),
         }
+        if self._spec.network is NetworkMode.PROXY:
+            merged["POLAR_PROXY_URL"] = f"http://127.0.0.1:{self._spec.proxy_port}"
         merged.update(self._spec.env)
         merged.update(env or {})
         return merged

@@ -24,7 +24,6 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from pathlib import Path, PurePosixPath
 
 from runtimes._hostdir import HostSessionDir
@@ -32,6 +31,7 @@ from runtimes._process import run_process
 from runtimes.base import ExecResult
 from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
+from runtimes.tunnel import script_bytes, wrap_command
 
 __all__ = ["LocalRuntime", "detect_isolation"]
 
@@ -39,8 +39,10 @@ _log = logging.getLogger(__name__)
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-_FORWARDER = ".polar/forwarder.py"
-_PROXY_SOCKET = ".polar/proxy.sock"
+_FORWARDER = ".polar/tunnel.py"
+# Where the proxy's socket appears inside the sandbox: a short fixed path, because a Unix socket path is limited
+# to 108 bytes and session directories (which keep their host path) can be longer than that.
+_PROXY_SOCKET = "/run/polar/proxy.sock"
 
 
 async def _probe(argv: Sequence[str]) -> bool:
@@ -95,6 +97,11 @@ class LocalRuntime:
         return self._dir.inner_root
 
     @property
+    def spec(self) -> RuntimeSpec:
+        """The spec this runtime was built from."""
+        return self._spec
+
+    @property
     def host_root(self) -> Path:
         """The session directory on the host."""
         return self._dir.host_root
@@ -120,8 +127,7 @@ class LocalRuntime:
             _log.warning("local runtime %s runs commands without isolation", self._session_id)
         self._isolation = isolation
         if self._spec.network is NetworkMode.PROXY:
-            forwarder = resources.files("runtimes").joinpath("_forwarder.py").read_bytes()
-            (root / _FORWARDER).write_bytes(forwarder)
+            (root / _FORWARDER).write_bytes(script_bytes())
         self._started = True
 
     async def stop(self) -> None:
@@ -167,14 +173,13 @@ class LocalRuntime:
         """The host command line that runs ``argv`` under the chosen isolation."""
         inner = list(argv)
         if self._spec.network is NetworkMode.PROXY and self._isolation is not Isolation.NONE:
-            inner = [
+            inner = wrap_command(
                 sys.executable,
                 str(self.root / _FORWARDER),
-                str(self._spec.proxy_port),
-                str(self.root / _PROXY_SOCKET),
-                "--",
-                *inner,
-            ]
+                port=self._spec.proxy_port,
+                socket_path=_PROXY_SOCKET,
+                argv=inner,
+            )
         if self._isolation is Isolation.BWRAP:
             return [*self._bwrap_prefix(cwd, env), "--", *inner]
         if self._isolation is Isolation.UNSHARE:
@@ -209,7 +214,7 @@ class LocalRuntime:
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         args += ["--bind", str(self.host_root), str(self.root)]
         if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
-            args += ["--bind", str(self._spec.proxy_socket), str(self.root / _PROXY_SOCKET)]
+            args += ["--bind", str(self._spec.proxy_socket), _PROXY_SOCKET]
         args += ["--chdir", str(cwd), "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]

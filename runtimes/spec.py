@@ -57,8 +57,9 @@ class RuntimeSpec:
         pids_limit: Maximum number of processes in a container.
         cpus: CPU limit of a container; ``None`` for none.
         isolation: Local runtime isolation.
-        read_only_paths: Extra host paths the local bubblewrap sandbox may read (the Python in use and its
-            prefix are always added).
+        read_only_paths: Extra host paths the sandbox may read, at the same path inside: bound read-only by the
+            local bubblewrap sandbox (which always adds the Python in use and its prefix) and mounted
+            read-only into a Docker container (e.g. installed harness CLIs and ``node``).
         env: Extra environment for every command.
         docker_host: Docker daemon URL (``unix:///...``); ``None`` uses the SDK's environment defaults.
         container_root: The session directory's path inside a container.
@@ -107,8 +108,12 @@ class RuntimeSpec:
                 merged["proxy_socket"] = Path(merged["proxy_socket"])
             if "read_only_paths" in merged:
                 merged["read_only_paths"] = tuple(Path(p) for p in merged["read_only_paths"])
+            for key in ("proxy_port", "pids_limit"):
+                # Task files arrive as JSON (protobuf Struct): integers come as floats.
+                if isinstance(merged.get(key), float) and float(merged[key]).is_integer():
+                    merged[key] = int(merged[key])
             if "env" in merged:
                 merged["env"] = {str(k): str(v) for k, v in dict(merged["env"]).items()}
+            return cls(**merged)
         except (ValueError, TypeError) as exc:
             raise InvalidArgument(f"invalid runtime option: {exc}") from None
-        return cls(**merged)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["UnixSocketBridge", "forward_tcp_to_unix", "main", "pipe"]
+__all__ = ["UnixSocketBridge", "forward_tcp_to_unix", "main", "pipe", "script_bytes", "wrap_command"]
 
 _CHUNK = 65536
 
@@ -143,14 +143,40 @@ async def forward_tcp_to_unix(host: str, port: int, socket_path: str) -> asyncio
 
 async def _run(host: str, port: int, socket_path: str, command: Sequence[str]) -> int:
     server = await forward_tcp_to_unix(host, port, socket_path)
-    async with server:
-        if not command:
+    if not command:
+        async with server:
             await server.serve_forever()
-            return 0
+        return 0
+    try:
         proc = await asyncio.create_subprocess_exec(*command)
         code = await proc.wait()
+    finally:
+        # Not ``wait_closed``: a connection a leftover grandchild holds must not keep the command from ending.
+        server.close()
     # A command killed by a signal exits the way a shell reports it.
     return code if code >= 0 else 128 - code
+
+
+def wrap_command(
+    python: str, script: str, *, port: int, socket_path: str, argv: Sequence[str], host: str = "127.0.0.1"
+) -> list[str]:
+    """The sandbox-side command line that opens the tunnel, runs ``argv`` and exits with its status.
+
+    Args:
+        python: The Python interpreter inside the sandbox.
+        script: Where this file is inside the sandbox (it needs only the standard library).
+        port: Loopback port to listen on inside the sandbox.
+        socket_path: The bridge's Unix socket as the sandbox sees it.
+        argv: The command to run; empty means forward until killed.
+        host: Address to listen on.
+    """
+    head = [python, script, "--listen", f"{host}:{port}", "--connect", socket_path]
+    return [*head, "--", *argv] if argv else head
+
+
+def script_bytes() -> bytes:
+    """The source of this module, for copying into a sandbox."""
+    return Path(__file__).read_bytes()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,8 @@ import secrets
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from opentelemetry.context import Context
+
 from model_proxy.core.render import PrefixCache
 from model_proxy.core.store import SessionMeta, SessionStore
 from model_proxy.errors import UnknownSession
@@ -38,6 +40,8 @@ class Session:
     in_flight: int = 0
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     write_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    # The trace context of the OpenSession call (the gateway's session trace); every call's span is its child.
+    trace_context: Context | None = None
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""

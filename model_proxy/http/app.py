@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -177,12 +178,13 @@ class ProxyHttp:
     ) -> Response:
         session = self._session(request)
         parsed = adapter.parse(await self._json(request), path_model=path_model, path_stream=path_stream)
+        parent = _trace_context(session, request)
         if adapter is self.google and path_stream and request.query_params.get("alt") != "sse":
             # Without alt=sse Google streams a JSON array; one element holding the whole answer is valid.
-            call = await self.engine.start_call(session, parsed.internal, trace_context=extract(request.headers))
+            call = await self.engine.start_call(session, parsed.internal, trace_context=parent)
             result = await call.collect()
             return JSONResponse([adapter.response(parsed, result)])
-        call = await self.engine.start_call(session, parsed.internal, trace_context=extract(request.headers))
+        call = await self.engine.start_call(session, parsed.internal, trace_context=parent)
         if not parsed.internal.stream:
             result = await call.collect()
             return JSONResponse(adapter.response(parsed, result))
@@ -197,3 +199,8 @@ class ProxyHttp:
         except Exception as exc:
             info = error_info(exc, protocol=adapter.protocol, retry_after_s=self._retry_after_s)
             yield adapter.stream_error(info)
+
+
+def _trace_context(session: Session, request: Request) -> Context:
+    """The parent of a call's span: the session's trace (from OpenSession), else the harness's ``traceparent``."""
+    return session.trace_context or extract(request.headers)

@@ -1,0 +1,76 @@
+"""The real agent runner's and runtime factory's admission checks and proxy-tunnel wiring (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
+from gateway.model import HarnessConfig, RuntimeConfig, SessionSpec
+from gateway.tunnel import ProxyTunnel
+from polar_core.errors import InvalidArgument
+from runtimes import DefaultRuntimeFactory, NetworkMode
+
+
+def _spec(harness: str = "command", options: dict[str, Any] | None = None, **runtime: Any) -> SessionSpec:
+    return SessionSpec(
+        session_id="s",
+        task_id="t",
+        harness=HarnessConfig(harness, options if options is not None else {"argv": ["true"]}),
+        runtime=RuntimeConfig(options=runtime),
+    )
+
+
+def _factory(tmp_path: Path) -> SpecRuntimeFactory:
+    return SpecRuntimeFactory(
+        DefaultRuntimeFactory(base_dir=tmp_path),
+        defaults={"network": "proxy", "read_only_paths": ["/opt/harnesses"]},
+        tunnel=ProxyTunnel(tmp_path / "tun", sandbox_port=18123),
+    )
+
+
+def test_proxy_network_gets_the_tunnel_socket(tmp_path: Path) -> None:
+    spec = _factory(tmp_path).runtime_spec(_spec(read_only_paths=["/data"], proxy_port=18124.0))
+    assert spec.network is NetworkMode.PROXY
+    assert spec.proxy_socket == tmp_path / "tun" / "proxy.sock"
+    assert spec.proxy_port == 18124
+    assert spec.read_only_paths == (Path("/opt/harnesses"), Path("/data"))
+    assert _factory(tmp_path).runtime_spec(_spec(network="host")).proxy_socket is None
+
+
+@pytest.mark.parametrize(
+    ("harness", "options", "runtime"),
+    [
+        ("nope", {}, {}),
+        ("pi", {"provider_mode": "telepathy"}, {}),
+        ("codex", {"unknown": 1}, {}),
+        ("command", {"argv": "not a list"}, {}),
+        ("command", {"argv": ["true"]}, {"env": "not a mapping"}),
+        ("command", {"argv": ["true"]}, {"isolation": "chroot"}),
+    ],
+)
+def test_malformed_tasks_are_refused(tmp_path: Path, harness: str, options: dict[str, Any], runtime: Any) -> None:
+    spec = _spec(harness, options, **runtime)
+
+    def admit() -> None:
+        HarnessAgentRunner().validate(spec)
+        _factory(tmp_path).validate(spec)
+
+    with pytest.raises(InvalidArgument):
+        admit()
+
+
+def test_well_formed_task_passes(tmp_path: Path) -> None:
+    spec = _spec("claude-code", {"bare": True})
+    HarnessAgentRunner().validate(spec)
+    _factory(tmp_path).validate(spec)
+
+
+async def test_long_state_dirs_get_a_short_socket_path(tmp_path: Path) -> None:
+    tunnel = ProxyTunnel.under(tmp_path / ("x" * 120))
+    assert len(str(tunnel.socket_path)) <= 100
+    assert tunnel.socket_path.parent.is_dir()
+    await tunnel.close()
+    assert not tunnel.socket_path.parent.exists()
