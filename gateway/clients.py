@@ -110,10 +110,17 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return out
 
 
+# A peer that restarts (a rollout server after a crash) should be found again within seconds, not after
+# gRPC's default reconnect backoff of up to two minutes.
+_RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 5000))
+
+
 class _Client:
     def __init__(self, target: str, *, auth_token: str = "", tracer_provider: TracerProvider | None = None) -> None:
         self.target = target
-        self._channel = open_channel(target, tracer_provider=tracer_provider, auth_token=auth_token)
+        self._channel = open_channel(
+            target, tracer_provider=tracer_provider, auth_token=auth_token, options=_RECONNECT_OPTIONS
+        )
 
     async def close(self) -> None:
         """Close the channel."""
@@ -295,10 +302,14 @@ class GrpcResultSink(_Client):
         self._timeout_s = timeout_s
 
     async def report(self, result: SessionResult) -> None:
-        """Call ReportSessionResult (idempotent by the result's idempotency key)."""
+        """Call ReportSessionResult (idempotent by the result's idempotency key).
+
+        The call waits (up to its timeout) for a rollout server that is restarting instead of failing at once,
+        so a result finished during the outage is delivered when the server is back.
+        """
         request = rollout_service_pb2.ReportSessionResultRequest(result=result_to_proto(result))
         try:
-            await self._stub.ReportSessionResult(request, timeout=self._timeout_s)
+            await self._stub.ReportSessionResult(request, timeout=self._timeout_s, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, f"rollout server {self.target} ReportSessionResult") from None
 
