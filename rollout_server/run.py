@@ -1,0 +1,399 @@
+"""``polar run``: the embedded main job — start the stack, run one task, show progress, write the run directory.
+
+The pieces shared with ``polar generate`` live here too: :class:`EmbeddedSession` submits tasks to the embedded
+stack, follows gateway stages for the progress display, and collects results and completion records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
+from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
+from polar.rollout.v1 import rollout_service_pb2
+from rich.console import Console
+
+from polar_client import RolloutClient, task_from_mapping
+from polar_core.auth import bearer_metadata
+from polar_core.channels import open_channel
+from polar_core.errors import FailedPrecondition, InvalidArgument
+from rollout_server.embedded import EmbeddedStack, StackOptions
+from rollout_server.progress import ProgressDisplay, ProgressState
+from rollout_server.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
+from rollout_server.run_output import print_summary, session_row, summarize, write_run_directory
+
+__all__ = [
+    "EmbeddedSession",
+    "RunOptions",
+    "RunReport",
+    "adopt_library_loggers",
+    "default_out_dir",
+    "default_workers",
+    "make_console",
+    "prepare_out_dir",
+    "quiet_model_loading",
+    "run_command",
+    "run_task",
+    "start_logging",
+    "task_status_name",
+]
+
+_log = logging.getLogger(__name__)
+_STAGE_NAMES = {
+    status_pb2.SESSION_STAGE_INIT: "init",
+    status_pb2.SESSION_STAGE_READY: "ready",
+    status_pb2.SESSION_STAGE_RUNNING: "running",
+    status_pb2.SESSION_STAGE_POSTRUN: "postrun",
+    status_pb2.SESSION_STAGE_DONE: "done",
+}
+_MAX_MESSAGE = 256 * 1024 * 1024
+_PAGE = 50
+_TICK_S = 1.0
+
+
+def task_status_name(value: int) -> str:
+    """``TASK_STATUS_COMPLETED`` -> ``completed``."""
+    return str(status_pb2.TaskStatus.Name(value)).removeprefix("TASK_STATUS_").lower()  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything ``polar run`` was asked to do.
+
+    Attributes:
+        task_file: The task file.
+        out: The run directory.
+        overrides: Command-line overrides of the task.
+        model: Policy model (``smollm2``, ``tiny`` or a directory).
+        overwrite: Replace an existing run directory.
+        live: Draw a live table (a terminal) instead of plain progress lines.
+        workers: Harnesses run at once; None: 1 for the in-process backend (one model serves one call at a
+            time, and a waiting harness would spend its budget), else 4.
+    """
+
+    task_file: Path
+    out: Path
+    overrides: RunOverrides = dataclasses.field(default_factory=RunOverrides)
+    model: str = DEFAULT_MODEL
+    overwrite: bool = False
+    live: bool = False
+    workers: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunReport:
+    """What a run produced."""
+
+    task_status: str
+    summary: dict[str, Any]
+    files: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        """The task completed and at least one session produced a learning signal."""
+        return self.task_status == "completed" and int(self.summary.get("sessions_usable", 0)) > 0
+
+
+def prepare_out_dir(out: Path, *, overwrite: bool) -> None:
+    """Create the run directory; refuse to mix runs in one that already holds a run.
+
+    Raises:
+        InvalidArgument: ``out`` holds a previous run and ``overwrite`` is false, or is a file.
+    """
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument(f"--out {out} is a file")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise InvalidArgument(f"{out} is not empty; choose another --out or pass --overwrite")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def start_logging(path: Path, *, verbose: bool) -> Iterator[None]:
+    """Send service logs to ``path`` (INFO) while a run draws on the terminal; warnings still reach stderr
+    unless a live display owns the terminal (then they are only in the file)."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    saved_level = root.level
+    saved = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not verbose]
+    for h in saved:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(saved_level)
+
+
+def adopt_library_loggers() -> None:
+    """Send uvicorn's log (the proxy's HTTP server configures its own stderr handler) to the run's log file.
+
+    Called once the stack is up: uvicorn installs its handlers when the proxy starts.
+    """
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def quiet_model_loading() -> None:
+    """Turn off the progress bars drawn on stderr while the model loads (they would tear the live display).
+
+    transformers draws its GGUF de-quantisation bar with plain ``tqdm``, which reads its ``TQDM_*`` defaults
+    once, when it is first imported, so the variable is set before the model modules are imported.
+    """
+    if "tqdm" not in sys.modules:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+class EmbeddedSession:
+    """A client session against an :class:`EmbeddedStack`: submit, follow stages, collect results.
+
+    Args:
+        stack: The running stack.
+        state: Progress bookkeeping fed by the gateway's stage events and the results.
+        on_change: Called after every progress change.
+    """
+
+    def __init__(self, stack: EmbeddedStack, state: ProgressState, on_change: Callable[[], None]) -> None:
+        self.stack = stack
+        self.state = state
+        self._on_change = on_change
+        self._options = [("grpc.max_receive_message_length", _MAX_MESSAGE)]
+        self.client = RolloutClient(stack.rollout_address, token=stack.token, timeout_s=60.0)
+        self._gateway = open_channel(stack.gateway_address, auth_token=stack.token)
+        self._proxy = open_channel(stack.proxy_address, auth_token=stack.token, options=self._options)
+        self._watcher: asyncio.Task[None] | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, stack: EmbeddedStack, state: ProgressState, on_change: Callable[[], None]
+    ) -> AsyncIterator[EmbeddedSession]:
+        """Open the session and start following gateway stages; close everything on exit."""
+        session = cls(stack, state, on_change)
+        session._watcher = asyncio.create_task(session._follow_stages(), name="polar-run-stages")
+        try:
+            yield session
+        finally:
+            session._watcher.cancel()
+            await asyncio.gather(session._watcher, return_exceptions=True)
+            await session.client.close()
+            await session._gateway.close(None)
+            await session._proxy.close(None)
+
+    async def _follow_stages(self) -> None:
+        stub = gateway_service_pb2_grpc.GatewayServiceStub(self._gateway)
+        request = gateway_service_pb2.WatchSessionsRequest(include_current=True)
+        while True:
+            try:
+                async for event in stub.WatchSessions(request, metadata=bearer_metadata(self.stack.token)):
+                    stage = _STAGE_NAMES.get(event.state.stage)
+                    if stage is not None:
+                        self.state.stage(event.state.session_id, stage)
+                        self._on_change()
+            except grpc.aio.AioRpcError as exc:
+                # The stream is for display only; a dropped one is reopened (current states come first).
+                _log.info("gateway watch ended (%s); reopening", exc.code().name)
+            await asyncio.sleep(0.5)
+
+    async def submit(self, task: task_pb2.Task) -> str:
+        """Submit ``task``; return its id."""
+        reply = await self.client.submit(task)
+        if reply.already_existed:
+            raise FailedPrecondition(f"task {reply.task_id} already exists in this run's store")
+        return reply.task_id
+
+    async def results(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]:
+        """Yield the task's final session results as they finish, recording them in the progress state."""
+        async for result in self.client.watch(task_id):
+            self.state.finished(result.session_id, result.status, result.reward, int(result.statistics.completions))
+            self._on_change()
+            yield result
+
+    async def task_info(self, task_id: str) -> rollout_service_pb2.TaskInfo:
+        """The task's final state and statistics."""
+        return (await self.client.get(task_id, summary_only=True)).task
+
+    async def completions(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's completion records (``completions.jsonl`` objects), in order of arrival."""
+        from reconstructor.convert import completion_from_proto
+
+        stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._proxy)
+        rows: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            request = model_proxy_service_pb2.ListCompletionsRequest(
+                session_id=session_id, page_size=_PAGE, page_token=token
+            )
+            try:
+                reply = await stub.ListCompletions(request, timeout=60.0)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return rows  # the session never reached the proxy (failed before RUNNING)
+                raise
+            rows.extend(completion_from_proto(c).to_dict() for c in reply.completions)
+            token = reply.next_page_token
+            if not token:
+                return sorted(rows, key=lambda r: int(r.get("seq", 0)))
+
+
+async def _ticker(display: ProgressDisplay) -> None:
+    while True:
+        await asyncio.sleep(_TICK_S)
+        display.changed()
+
+
+def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path) -> StackOptions:
+    return StackOptions(
+        state_dir=state_dir,
+        model=options.model,
+        backend=prepared.backend,
+        backend_options=prepared.backend_options,
+        harness_bin_dir=prepared.harness_bin_dir,
+        running_workers=default_workers(prepared.backend, options.workers),
+    )
+
+
+def default_workers(backend: str, workers: int | None) -> int:
+    """Harnesses run at once: as asked, else 1 for the in-process ``transformers`` backend, else 4."""
+    if workers is not None:
+        if workers < 1:
+            raise InvalidArgument("--workers must be at least 1")
+        return workers
+    return 1 if backend == "transformers" else 4
+
+
+def _describe(prepared: PreparedTask, options: RunOptions) -> str:
+    samples = int(prepared.task.get("num_samples") or 1)
+    return (
+        f"polar run · {prepared.task_id} · {samples} session{'s' if samples != 1 else ''} · harness {prepared.harness}"
+        f" · backend {prepared.backend} ({options.model})"
+    )
+
+
+async def run_task(options: RunOptions, console: Console) -> RunReport:
+    """Run one task on the embedded stack and write the run directory (see ``docs/run.md``).
+
+    Raises:
+        InvalidArgument: A malformed task file or option.
+        FailedPrecondition: Something the run needs is missing (a harness CLI, the model wheel).
+    """
+    prepared = prepare_task(options.task_file, options.overrides)
+    task = task_from_mapping(prepared.task)
+    (options.out / "task.json").write_text(_json(prepared.task), encoding="utf-8")
+    title = _describe(prepared, options)
+    state = ProgressState(task.num_samples or 1)
+    display = ProgressDisplay(console, title, state, live=options.live)
+    started = time.monotonic()
+    console.print(f"starting the embedded stack ({options.model} on {prepared.backend}) ...", soft_wrap=True)
+    quiet_model_loading()
+    async with EmbeddedStack.start(_stack_options(prepared, options, options.out / "state")) as stack:
+        startup_s = time.monotonic() - started
+        adopt_library_loggers()
+        console.print(f"stack up in {startup_s:.1f}s", soft_wrap=True)
+        state.started = time.monotonic()
+        results: list[session_pb2.SessionResult] = []
+        with display:
+            async with EmbeddedSession.open(stack, state, display.changed) as session:
+                ticker = asyncio.create_task(_ticker(display))
+                try:
+                    task_id = await session.submit(task)
+                    async for result in session.results(task_id):
+                        results.append(result)
+                        display.note(_result_line(result))
+                finally:
+                    ticker.cancel()
+                    await asyncio.gather(ticker, return_exceptions=True)
+                info = await session.task_info(task_id)
+                completions = [row for r in results for row in await session.completions(r.session_id)]
+    wall_s = time.monotonic() - started
+    rows = [session_row(r) for r in results]
+    task_status = task_status_name(info.status)
+    extra: dict[str, Any] = {
+        "task_id": task_id,
+        "task_status": task_status,
+        "model": options.model,
+        "backend": prepared.backend,
+        "harness": prepared.harness,
+        "wall_seconds": round(wall_s, 3),
+        "startup_seconds": round(startup_s, 3),
+        "completions": len(completions),
+    }
+    if info.error_message:
+        extra["task_error"] = info.error_message
+    summary = summarize(rows, statistics=info.statistics, extra=extra)
+    files = write_run_directory(options.out, results=results, completions=completions, summary=summary)
+    print_summary(console, summary, title=f"{task_id}: {task_status} in {wall_s:.0f}s")
+    console.print(
+        f"run directory {options.out}: "
+        + ", ".join(f"{name} ({count} line{'s' if count != 1 else ''})" for name, count in files.items())
+        + ", summary.json, polar.log",
+        soft_wrap=True,
+    )
+    return RunReport(task_status, summary, files)
+
+
+def _result_line(result: session_pb2.SessionResult) -> str:
+    stats = result.statistics
+    error = f"  ({result.error_message.splitlines()[0][:120]})" if result.error_message else ""
+    return (
+        f"{result.session_id}  {result.status:<14} reward={result.reward:g}  calls={stats.completions}  "
+        f"tokens={stats.response_tokens}  {result.timings.get('total', 0.0):.1f}s{error}"
+    )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str) + "\n"
+
+
+def default_out_dir(task_file: Path, now: float | None = None) -> Path:
+    """``runs/<task dir or file stem>-<YYYYmmdd-HHMMSS>`` under the current directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    name = task_file.parent.name if task_file.name in ("task.yaml", "task.yml") else task_file.stem
+    return Path("runs") / f"{name}-{stamp}"
+
+
+def make_console() -> Console:
+    """The console of ``polar run``/``generate``: a redirected stdout gets wide lines instead of rich's 80."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def run_command(options: RunOptions, *, verbose: bool = False) -> int:
+    """Run ``polar run`` and return its exit code (0: completed with a learning signal)."""
+    console = make_console()
+    prepare_task(options.task_file, options.overrides)  # fail on a bad task before touching --out
+    prepare_out_dir(options.out, overwrite=options.overwrite)
+    with start_logging(options.out / "polar.log", verbose=verbose):
+        report = asyncio.run(run_task(options, console))
+    if not report.ok:
+        reason = report.summary.get("task_error") or "no session produced a learning signal"
+        print(f"polar: run {report.task_status}: {reason}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,309 @@
+"""Turning a task file plus command-line overrides into what the embedded stack runs (``polar run``/``generate``).
+
+Pure functions over parsed YAML: no servers, no ports, so they are unit-tested directly.
+
+What is resolved here:
+
+* paths in the task (``evaluator.repo``, ``evaluator.test_patch``, ``metadata.repo``, ``backend.script``) are
+  made absolute relative to the task file, because the services do not know where it was;
+* ``--harness`` replaces the harness (its options are dropped when the name changes); ``claude_code`` is
+  accepted for ``claude-code``; a task without a harness gets :data:`DEFAULT_HARNESS`; with the in-process
+  backend pi's calls are capped at :data:`IN_PROCESS_MAX_TOKENS` unless the task or ``--max-tokens`` sets it;
+* ``--backend`` replaces the task's backend table (``--backend-option`` adds options); the backend itself is
+  configured on the embedded proxy, and the task keeps only its name and ``model_name``;
+* a local runtime may read the installed harness CLIs (``read_only_paths``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from polar_core.errors import FailedPrecondition, InvalidArgument
+
+__all__ = [
+    "DEFAULT_BACKEND",
+    "DEFAULT_HARNESS",
+    "DEFAULT_MODEL",
+    "HARNESS_BINARIES",
+    "IN_PROCESS_MAX_TOKENS",
+    "PreparedTask",
+    "RunOverrides",
+    "check_harness",
+    "find_harness_root",
+    "load_task_mapping",
+    "parse_backend_options",
+    "prepare_task",
+]
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_BACKEND = "transformers"
+# pi: the smallest system prompt of the real CLIs (~1,600 SmolLM2 tokens with its 4 tools); Qwen Code
+# (~18,000) and Claude Code do not fit SmolLM2's 8,192-token context at all.
+DEFAULT_HARNESS = "pi"
+# With the in-process model (SmolLM2-135M samples ~10 tokens/s on 2 CPU cores, one call at a time) pi's calls
+# are capped unless the task or --max-tokens says otherwise: uncapped, pi asks for 16,384 tokens and a rambling
+# answer runs until the agent's timeout. pi's context window stays at its default (128k): with SmolLM2's real
+# 8k, pi would compact (summarise the conversation, an extra call) after every turn.
+IN_PROCESS_MAX_TOKENS = 128
+HARNESS_BINARIES: Mapping[str, str] = {
+    "claude-code": "claude",
+    "codex": "codex",
+    "qwen-code": "qwen",
+    "pi": "pi",
+    "gemini-cli": "gemini",
+}
+_HARNESS_ALIASES = {"claude_code": "claude-code", "qwen_code": "qwen-code", "gemini_cli": "gemini-cli"}
+_MODEL_NAME = "policy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOverrides:
+    """Command-line choices that override the task file (``None``: keep the task's).
+
+    Attributes:
+        samples: ``num_samples``.
+        harness: Harness name.
+        backend: Backend name; replaces the task's backend table.
+        backend_options: Options added to the backend (after ``backend``'s replacement, if any).
+        timeout_s: ``timeout_seconds`` (the agent's budget).
+        max_tokens: Output limit per model call, given to harnesses that take one (pi's ``max_tokens``).
+        harness_root: The directory holding ``node_modules/.bin`` with the installed CLIs.
+    """
+
+    samples: int | None = None
+    harness: str | None = None
+    backend: str | None = None
+    backend_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    timeout_s: float | None = None
+    max_tokens: int | None = None
+    harness_root: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedTask:
+    """A task ready to submit, and how the embedded proxy must be configured for it.
+
+    Attributes:
+        task: The task mapping to submit (``polar_client.task_from_mapping`` reads it).
+        task_dir: The directory of the task file.
+        backend: Backend name for the proxy.
+        backend_options: Backend options for the proxy (paths resolved).
+        model_name: The model name harnesses ask for.
+        harness: The harness name.
+        harness_bin_dir: Where the harness CLI lives, for the gateway's ``PATH`` (None: not a CLI harness).
+    """
+
+    task: dict[str, Any]
+    task_dir: Path
+    backend: str
+    backend_options: dict[str, Any]
+    model_name: str
+    harness: str
+    harness_bin_dir: Path | None
+
+    @property
+    def task_id(self) -> str:
+        """The task's id."""
+        return str(self.task.get("task_id") or "")
+
+
+def load_task_mapping(path: Path) -> dict[str, Any]:
+    """Read a task file as a mapping.
+
+    Raises:
+        InvalidArgument: The file cannot be read or is not a YAML mapping.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"cannot read task file {path}: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidArgument(f"{path}: a task file must be a mapping")
+    return dict(data)
+
+
+def parse_backend_options(items: Sequence[str]) -> dict[str, Any]:
+    """Parse ``KEY=VALUE`` strings; values are YAML scalars (``4`` is an int, ``true`` a bool).
+
+    Raises:
+        InvalidArgument: An item without ``=``.
+    """
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--backend-option wants KEY=VALUE, not {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        options[key.strip()] = value
+    return options
+
+
+def find_harness_root(candidates: Sequence[Path]) -> Path | None:
+    """Return the first ``.harnesses`` directory among ``candidates`` that has ``node_modules/.bin``."""
+    for candidate in candidates:
+        if (candidate / "node_modules" / ".bin").is_dir():
+            return candidate.resolve()
+    return None
+
+
+def _section(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"task field {key!r} must be a mapping")
+    return dict(value)
+
+
+def _absolute(value: Any, base: Path, *, must_exist: bool) -> Any:
+    """``value`` resolved against ``base`` when it is a relative path (left alone when it is not a path)."""
+    if not isinstance(value, str) or not value or "\n" in value:
+        return value
+    candidate = (base / value).resolve()
+    if must_exist and not candidate.exists():
+        return value
+    return str(candidate)
+
+
+def _harness(data: dict[str, Any], overrides: RunOverrides, backend: str) -> tuple[str, dict[str, Any]]:
+    table = _section(data, "harness")
+    name = str(table.pop("name", "") or "")
+    name = _HARNESS_ALIASES.get(name, name)
+    wanted = overrides.harness and _HARNESS_ALIASES.get(overrides.harness, overrides.harness)
+    if wanted and wanted != name:
+        name, table = wanted, {}
+    if not name:
+        name = DEFAULT_HARNESS
+    options = dict(table)
+    if name == "pi":
+        if overrides.max_tokens is not None:
+            options["max_tokens"] = overrides.max_tokens
+        elif backend == DEFAULT_BACKEND:
+            options.setdefault("max_tokens", IN_PROCESS_MAX_TOKENS)
+    return name, options
+
+
+def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> None:
+    """Dry-run the harness adapter (pure: it starts nothing) so a bad name or option fails before the stack starts.
+
+    Raises:
+        InvalidArgument: Unknown harness, or options the adapter rejects.
+    """
+    from pathlib import PurePosixPath
+
+    from gateway.harnesses import HarnessContext, ProxyEndpoints, get_adapter
+
+    root = PurePosixPath("/polar-check")
+    url = "http://127.0.0.1:1"
+    context = HarnessContext(
+        home=root / "home",
+        workspace=root / "workspace",
+        tmp=root / "tmp",
+        instruction=instruction,
+        endpoints=ProxyEndpoints(
+            token="check", anthropic_base_url=url, openai_base_url=url + "/v1", google_base_url=url
+        ),
+        model=_MODEL_NAME,
+        options=dict(options),
+    )
+    try:
+        get_adapter(name).prepare(context)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InvalidArgument(f"invalid options for harness {name!r}: {exc}") from None
+
+
+def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> tuple[str, dict[str, Any], str]:
+    table = _section(data, "backend")
+    name = str(table.pop("name", "") or "")
+    for key in ("script",):
+        if key in table:
+            table[key] = _absolute(table[key], task_dir, must_exist=True)
+    if isinstance(table.get("sessions"), Mapping):
+        table["sessions"] = {k: _absolute(v, task_dir, must_exist=True) for k, v in table["sessions"].items()}
+    if overrides.backend and overrides.backend != name:
+        name, table = overrides.backend, {}
+    cli_options = dict(overrides.backend_options)
+    if isinstance(cli_options.get("script"), str):
+        cli_options["script"] = _absolute(cli_options["script"], Path.cwd(), must_exist=True)
+    table.update(cli_options)
+    model_name = str(table.pop("model_name", "") or _MODEL_NAME)
+    return name or DEFAULT_BACKEND, table, model_name
+
+
+def prepare_task(
+    path: Path, overrides: RunOverrides | None = None, *, data: Mapping[str, Any] | None = None
+) -> PreparedTask:
+    """Read the task file at ``path`` (or use ``data``, parsed from it) and apply ``overrides``.
+
+    Raises:
+        InvalidArgument: A malformed task or override.
+        FailedPrecondition: The harness is a real CLI that is not installed.
+    """
+    overrides = overrides or RunOverrides()
+    task_dir = path.parent.resolve()
+    task = copy.deepcopy(dict(data)) if data is not None else load_task_mapping(path)
+    if not task.get("task_id"):
+        task["task_id"] = path.parent.name if path.name in ("task.yaml", "task.yml") else path.stem
+    if not task.get("instruction"):
+        raise InvalidArgument(f"{path}: the task has no instruction")
+    if overrides.samples is not None:
+        if overrides.samples < 1:
+            raise InvalidArgument("--samples must be at least 1")
+        task["num_samples"] = overrides.samples
+    if overrides.timeout_s is not None:
+        task["timeout_seconds"] = overrides.timeout_s
+
+    evaluator = _section(task, "evaluator")
+    for key, must_exist in (("repo", False), ("test_patch", True)):
+        if key in evaluator:
+            evaluator[key] = _absolute(evaluator[key], task_dir, must_exist=must_exist)
+    if evaluator:
+        task["evaluator"] = evaluator
+    metadata = _section(task, "metadata")
+    if "repo" in metadata:
+        metadata["repo"] = _absolute(metadata["repo"], task_dir, must_exist=False)
+    if metadata:
+        task["metadata"] = metadata
+
+    backend, backend_options, model_name = _backend(task, overrides, task_dir)
+    harness, harness_options = _harness(task, overrides, backend)
+    task["harness"] = {"name": harness, **harness_options}
+    check_harness(harness, harness_options, str(task["instruction"]))
+    # The proxy is configured with the backend; the gateway reads only ``model_name`` (the name harnesses ask for).
+    task["backend"] = {"name": backend, "model_name": model_name}
+
+    bin_dir: Path | None = None
+    runtime = _section(task, "runtime")
+    binary = HARNESS_BINARIES.get(harness)
+    if binary is not None:
+        root = overrides.harness_root
+        if root is None or not (root / "node_modules" / ".bin" / binary).exists():
+            raise FailedPrecondition(
+                f"the {harness} CLI is not installed (looked for .harnesses/node_modules/.bin/{binary}); "
+                "run `bash scripts/setup.sh`, or choose `--harness command` with a command of your own"
+            )
+        bin_dir = root / "node_modules" / ".bin"
+        if str(runtime.get("kind", "local")) == "local":
+            paths = [str(p) for p in runtime.get("read_only_paths", [])]
+            if str(root) not in paths:
+                runtime["read_only_paths"] = [*paths, str(root)]
+    if runtime:
+        task["runtime"] = runtime
+    return PreparedTask(
+        task=task,
+        task_dir=task_dir,
+        backend=backend,
+        backend_options=backend_options,
+        model_name=model_name,
+        harness=harness,
+        harness_bin_dir=bin_dir,
+    )

@@ -1,0 +1,190 @@
+"""The run directory of ``polar run`` (see ``docs/run.md``) and the summary printed at the end.
+
+Pure functions from session results (protobuf ``SessionResult``), completion records and the rollout server's
+task statistics to JSON rows, so the numbers in the table, ``summary.json`` and the JSONL files agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from polar.common.v1 import session_pb2
+from rich.console import Console
+from rich.table import Table
+
+from polar_client.tensors import as_trace
+from polar_core.records import write_jsonl
+
+__all__ = [
+    "COMPLETIONS_FILE",
+    "SESSIONS_FILE",
+    "SUMMARY_FILE",
+    "TRACES_FILE",
+    "print_summary",
+    "session_row",
+    "summarize",
+    "trace_rows",
+    "write_run_directory",
+]
+
+COMPLETIONS_FILE = "completions.jsonl"
+TRACES_FILE = "traces.jsonl"
+SESSIONS_FILE = "sessions.jsonl"
+SUMMARY_FILE = "summary.json"
+# Sessions without a learning signal, whatever their reward.
+_DROPPED = frozenset({"infra_error", "cancelled"})
+_TRUNCATED = frozenset({"agent_timeout", "eval_timeout"})
+
+
+def trace_rows(result: session_pb2.SessionResult) -> list[dict[str, Any]]:
+    """The session's traces as ``traces.jsonl`` objects."""
+    return [as_trace(t).to_dict() for t in result.traces]
+
+
+def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
+    """One ``sessions.jsonl`` object: the contract fields, then per-session statistics."""
+    traces = list(result.traces)
+    stats = result.statistics
+    versions = sorted({v for t in traces for v in t.policy_versions})
+    return {
+        "session_id": result.session_id,
+        "task_id": result.task_id,
+        "status": result.status,
+        "reward": result.reward,
+        "timings": {k: round(v, 3) for k, v in sorted(result.timings.items())},
+        "sample_index": result.sample_index,
+        "attempt": result.attempt,
+        "duration_s": round(result.timings.get("total", 0.0), 3),
+        "calls": int(stats.completions),
+        "prompt_tokens": int(stats.prompt_tokens),
+        "response_tokens": int(stats.response_tokens),
+        "traces": len(traces),
+        "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
+        "exact_context": all(t.exact_context for t in traces),
+        "policy_versions": versions,
+        "gateway_id": result.gateway_id,
+        "error_message": result.error_message,
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    statistics: Any | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` object: totals and per-status rows computed from ``rows``, plus the server's
+    ``TaskStatistics`` (durations, calls, chains, policy age, dropped/retried/truncated) when given."""
+    by_status: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_status[str(row["status"])].append(row)
+
+    def block(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return {
+            "sessions": len(group),
+            "mean_reward": round(_mean([float(r["reward"]) for r in group]), 6),
+            "calls": sum(int(r["calls"]) for r in group),
+            "trainable_tokens": sum(int(r["trainable_tokens"]) for r in group),
+            "traces": sum(int(r["traces"]) for r in group),
+        }
+
+    summary: dict[str, Any] = dict(extra or {})
+    summary.update(block(rows))
+    summary["by_status"] = {status: block(group) for status, group in sorted(by_status.items())}
+    summary["sessions_usable"] = sum(1 for r in rows if r["status"] not in _DROPPED)
+    summary["sessions_dropped"] = sum(1 for r in rows if r["status"] in _DROPPED)
+    summary["sessions_truncated"] = sum(1 for r in rows if r["status"] in _TRUNCATED)
+    summary["sessions_retried"] = sum(1 for r in rows if int(r.get("attempt", 1)) > 1)
+    durations = [float(r["duration_s"]) for r in rows]
+    summary["session_duration_s"] = {
+        "mean": round(_mean(durations), 3),
+        "max": round(max(durations, default=0.0), 3),
+    }
+    if statistics is not None:
+        summary["statistics"] = json_format.MessageToDict(
+            statistics, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    return summary
+
+
+def write_run_directory(
+    out: Path,
+    *,
+    results: Iterable[session_pb2.SessionResult],
+    completions: Iterable[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+) -> dict[str, int]:
+    """Write the three JSONL files and ``summary.json``; return the line count of each JSONL file."""
+    out.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(results, key=lambda r: (r.task_id, r.sample_index, r.session_id))
+    counts = {
+        COMPLETIONS_FILE: write_jsonl(out / COMPLETIONS_FILE, completions),
+        TRACES_FILE: write_jsonl(out / TRACES_FILE, (t for r in ordered for t in trace_rows(r))),
+        SESSIONS_FILE: write_jsonl(out / SESSIONS_FILE, (session_row(r) for r in ordered)),
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return counts
+
+
+def _dist(stats: Mapping[str, Any], key: str, unit: str = "") -> str:
+    d = stats.get(key) or {}
+    if not d.get("count"):
+        return "-"
+    return " · ".join(f"{k} {d[k]:.1f}{unit}" for k in ("mean", "p50", "p90", "max"))
+
+
+def print_summary(console: Console, summary: Mapping[str, Any], *, title: str) -> None:
+    """Print the sessions-by-status table and the trainer statistics."""
+    table = Table(title=title, title_justify="left")
+    for name, justify in (
+        ("status", "left"),
+        ("sessions", "right"),
+        ("mean reward", "right"),
+        ("calls", "right"),
+        ("trainable tokens", "right"),
+        ("traces", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+    def add(name: str, block: Mapping[str, Any], *, style: str = "") -> None:
+        table.add_row(
+            name,
+            str(block["sessions"]),
+            f"{block['mean_reward']:.3f}",
+            str(block["calls"]),
+            str(block["trainable_tokens"]),
+            str(block["traces"]),
+            style=style,
+        )
+
+    for status, block in summary["by_status"].items():
+        add(status, block)
+    table.add_section()
+    add("total", summary, style="bold")
+    console.print(table)
+    stats = summary.get("statistics") or {}
+    lines = [
+        ("session duration", _dist(stats, "session_duration_seconds", "s")),
+        ("calls per session", _dist(stats, "calls")),
+        ("chains per session", _dist(stats, "chains")),
+        ("policy age", _dist(stats, "policy_age")),
+        (
+            "dropped / retried / truncated",
+            f"{stats.get('sessions_dropped', summary['sessions_dropped'])} / "
+            f"{stats.get('sessions_retried', summary['sessions_retried'])} / "
+            f"{stats.get('sessions_truncated', summary['sessions_truncated'])}"
+            f"  (attempts {stats.get('attempts_total', '-')})",
+        ),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        console.print(f"{key:<{width}}  {value}", highlight=False)
