@@ -66,6 +66,7 @@ class HarnessAgentRunner:
         names: The harness names ``adapters`` knows.
         tunnel: The gateway's proxy tunnel; runtimes with ``network: proxy`` on its socket get it started and
             their endpoints rebased to the in-sandbox forwarder.
+        default_model: Model name given to the harness when the task names none.
     """
 
     def __init__(
@@ -76,7 +77,9 @@ class HarnessAgentRunner:
         adapters: Callable[[str], HarnessAdapter] = get_adapter,
         names: tuple[str, ...] | None = None,
         tunnel: ProxyTunnel | None = None,
+        default_model: str = "policy",
     ) -> None:
+        self._default_model = default_model
         self._workspace_dir = workspace_dir
         self._bin_dir = bin_dir
         self._adapters = adapters
@@ -138,7 +141,8 @@ class HarnessAgentRunner:
             tmp=runtime.root / "tmp",
             instruction=spec.instruction,
             endpoints=endpoints,
-            model=spec.model,
+            # The same fallback the pipeline uses when it opens the proxy session.
+            model=spec.model or self._default_model,
             options=dict(spec.harness.options),
             bin_dir=self._bin_dir,
         )

@@ -5,10 +5,8 @@ Only the servicer and the gRPC clients use this module; the pipeline sees datacl
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from polar.common.v1 import completion_pb2, metrics_pb2, session_pb2, status_pb2, task_pb2, trace_pb2
+from google.protobuf import timestamp_pb2
+from polar.common.v1 import metrics_pb2, session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2
 
 from gateway.model import (
@@ -23,9 +21,18 @@ from gateway.model import (
     Stage,
 )
 from gateway.pools import StageSnapshot
+from polar_core.convert import (
+    completion_from_proto,
+    completion_to_proto,
+    status_from_proto,
+    struct_to_dict,
+    trace_from_proto,
+    trace_to_proto,
+)
+from polar_core.convert import status_to_proto as _status_to_proto
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
-from reconstructor.convert import completion_from_proto, stats_to_proto, strategy_from_proto, trace_to_proto
+from polar_core.records import ReconstructionStrategy, TerminalStatus
+from reconstructor.convert import stats_to_proto, strategy_from_proto
 
 __all__ = [
     "completion_from_proto",
@@ -57,16 +64,6 @@ _STAGES = {
 }
 
 
-def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
-    """Return a ``Struct`` as a plain dict (numbers are floats, as JSON has them)."""
-    return json_format.MessageToDict(message)
-
-
-def _dict_to_struct(data: dict[str, Any], out: struct_pb2.Struct) -> None:
-    if data:
-        out.update(data)
-
-
 def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     stamp = timestamp_pb2.Timestamp()
     stamp.FromNanoseconds(int(seconds * 1e9))
@@ -75,24 +72,7 @@ def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 def status_to_proto(status: TerminalStatus | None) -> status_pb2.TerminalStatus:
     """Return the enum value of ``status`` (UNSPECIFIED for ``None``)."""
-    if status is None:
-        return status_pb2.TERMINAL_STATUS_UNSPECIFIED
-    return cast(status_pb2.TerminalStatus, status_pb2.TerminalStatus.Value(f"TERMINAL_STATUS_{status.value.upper()}"))
-
-
-def status_from_proto(value: int) -> TerminalStatus:
-    """Return the terminal status of an enum value.
-
-    Raises:
-        InvalidArgument: The value is UNSPECIFIED or unknown.
-    """
-    try:
-        name = status_pb2.TerminalStatus.Name(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise InvalidArgument(f"unknown terminal status {value}") from None
-    if value == status_pb2.TERMINAL_STATUS_UNSPECIFIED:
-        raise InvalidArgument("terminal status is unspecified")
-    return TerminalStatus(name.removeprefix("TERMINAL_STATUS_").lower())
+    return status_pb2.TERMINAL_STATUS_UNSPECIFIED if status is None else _status_to_proto(status)
 
 
 def stage_to_proto(stage: Stage | None) -> status_pb2.SessionStage:
@@ -194,56 +174,4 @@ def snapshot_to_proto(snapshot: StageSnapshot) -> metrics_pb2.StageMetrics:
         queue_length=snapshot.queue_length,
         occupancy=snapshot.occupancy,
         workers=snapshot.workers,
-    )
-
-
-def completion_to_proto(record: CompletionRecord) -> completion_pb2.Completion:
-    """Return the ``Completion`` message of a record (``extra`` fields the message has are kept)."""
-    out = completion_pb2.Completion(
-        session_id=record.session_id,
-        call_id=record.call_id,
-        seq=record.seq,
-        protocol=record.protocol,
-        model=record.model,
-        policy_version=record.policy_version,
-        prompt_token_ids=record.prompt_token_ids,
-        response_token_ids=record.response_token_ids,
-        response_logprobs=record.response_logprobs,
-        finish_reason=record.finish_reason,
-        started_at=record.started_at,
-        ended_at=record.ended_at,
-    )
-    if record.parent_call_id is not None:
-        out.parent_call_id = record.parent_call_id
-    _dict_to_struct(record.request, out.request)
-    _dict_to_struct(record.response, out.response)
-    extra = record.extra
-    if extra.get("normalization_rules_fired"):
-        out.normalization_rules_fired.extend(extra["normalization_rules_fired"])
-    if extra.get("tool_call_parse_error"):
-        out.tool_call_parse_error = True
-    if isinstance(extra.get("sampling"), dict):
-        _dict_to_struct(extra["sampling"], out.sampling)
-    for name in ("backend", "replica"):
-        if extra.get(name):
-            setattr(out, name, str(extra[name]))
-    return out
-
-
-def trace_from_proto(message: trace_pb2.Trace) -> Trace:
-    """Return the trace of a ``Trace`` message."""
-    return Trace(
-        session_id=message.session_id,
-        task_id=message.task_id,
-        trace_index=message.trace_index,
-        call_ids=list(message.call_ids),
-        prompt_token_ids=list(message.prompt_token_ids),
-        response_token_ids=list(message.response_token_ids),
-        loss_mask=list(message.loss_mask),
-        response_logprobs=list(message.response_logprobs),
-        reward=message.reward,
-        weight=message.weight,
-        status=message.status,
-        exact_context=message.exact_context,
-        policy_versions=list(message.policy_versions),
     )

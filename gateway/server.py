@@ -144,7 +144,10 @@ async def create_server(
             defaults=_runtime_defaults(settings),
             tunnel=tunnel,
         ),
-        agents=seams.agents or HarnessAgentRunner(workspace_dir=settings.workspace_dir, bin_dir=bin_dir, tunnel=tunnel),
+        agents=seams.agents
+        or HarnessAgentRunner(
+            workspace_dir=settings.workspace_dir, bin_dir=bin_dir, tunnel=tunnel, default_model=settings.default_model
+        ),
         proxy=seams.proxy or client(settings.proxy_address, GrpcProxyClient) or _NoProxy(),
         reconstructor=seams.reconstructor or client(settings.reconstructor_address, GrpcReconstructorClient),
         evaluator=seams.evaluator or client(settings.evaluator_address, GrpcEvaluatorClient),

@@ -41,11 +41,11 @@ from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
 from polar_core.channels import open_channel
+from polar_core.convert import completion_from_proto
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import TerminalStatus
 from polar_core.server import start_grpc_server
 from polar_core.services import service_spec
-from reconstructor.convert import completion_from_proto
 
 REPO = Path(__file__).resolve().parents[1]
 BIN_DIR = REPO / ".harnesses" / "node_modules" / ".bin"

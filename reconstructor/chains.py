@@ -33,7 +33,6 @@ from typing import NamedTuple
 import numpy as np
 
 from polar_core.records import CompletionRecord, ReconstructionStrategy
-from reconstructor.errors import EndOfTurnUnknown
 from reconstructor.prefix import TokenArray, as_tokens, equal_tokens
 from reconstructor.stats import SplitReason
 
@@ -270,10 +269,9 @@ class ChainBuilder:
         if self._strategy is ReconstructionStrategy.EXACT:
             return _Merge(ids[n + len(response) :], exact=True)
         if not self._eot:
-            raise EndOfTurnUnknown(
-                "prefix-merge needs end-of-turn token IDs: pass them, or a tokenizer that names them",
-                details={"session_id": call.record.session_id},
-            )
+            # No end-of-turn ID was given and none could be detected (every response was cut at the token
+            # limit): the boundary cannot be found safely, so the call starts a chain of its own.
+            return SplitReason.NO_END_OF_TURN
         if not self._eot.isdisjoint(response[:-1]):
             # The rendering of a_m holds an end-of-turn token too: the first one in the tail may sit inside
             # it, so the boundary is ambiguous.

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 from polar.common.v1 import reconstruction_pb2
 
-from polar_core.convert import completion_from_proto, status_from_proto, trace_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.records import ReconstructionStrategy
 from reconstructor.stats import ReconstructionStats
 
-__all__ = [
-    "completion_from_proto",
-    "stats_to_proto",
-    "status_from_proto",
-    "strategy_from_proto",
-    "trace_to_proto",
-]
+__all__ = ["stats_to_proto", "strategy_from_proto"]
 
 _STRATEGIES: dict[int, ReconstructionStrategy] = {
     reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST: ReconstructionStrategy.PER_REQUEST,

@@ -88,7 +88,6 @@ def reconstruct_session(
 
     Raises:
         MalformedCompletions: The records name several sessions or repeat a call id.
-        EndOfTurnUnknown: ``prefix-merge`` had a merge to make but no end-of-turn IDs.
     """
     options = options or ReconstructionOptions()
     outcome = outcome or SessionOutcome()

@@ -243,7 +243,7 @@ class EmbeddedSession:
 
     async def completions(self, session_id: str) -> list[dict[str, Any]]:
         """The session's completion records (``completions.jsonl`` objects), in order of arrival."""
-        from reconstructor.convert import completion_from_proto
+        from polar_core.convert import completion_from_proto
 
         stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._proxy)
         rows: list[dict[str, Any]] = []

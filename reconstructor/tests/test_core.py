@@ -5,7 +5,6 @@ import pytest
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
 from reconstructor import (
-    EndOfTurnUnknown,
     MalformedCompletions,
     ReconstructionOptions,
     ReconstructionResult,
@@ -298,10 +297,11 @@ def test_end_of_turn_is_detected_from_finished_responses():
     assert trace.loss_mask == [1, 1, 0, 1, 1]
 
 
-def test_missing_end_of_turn_fails_only_when_a_merge_needs_it():
+def test_unknown_end_of_turn_splits_instead_of_guessing():
     truncated = [rec(0, [1], [20], finish="length"), rec(1, [1, 20, EOT, 3], [21], finish="length")]
-    with pytest.raises(EndOfTurnUnknown):
-        reconstruct_session(truncated, ReconstructionOptions())
+    result = reconstruct_session(truncated, ReconstructionOptions())
+    assert [t.call_ids for t in result.traces] == [["c0"], ["c1"]]
+    assert result.stats.splits_by_reason == {"no_end_of_turn": 1}
     unrelated = [rec(0, [1], [20], finish="length"), rec(1, [2], [21], finish="length")]
     assert len(reconstruct_session(unrelated, ReconstructionOptions()).traces) == 2
 
