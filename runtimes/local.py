@@ -209,9 +209,11 @@ class LocalRuntime:
                 args += ["--symlink", os.readlink(path), name]
             elif path.exists():
                 args += ["--ro-bind", name, name]
+        # The private /tmp comes before the read-only binds: bwrap mounts in order, so an interpreter or a
+        # checkout that itself lives under the host's /tmp stays visible on top of it.
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in self._read_only_paths():
             args += ["--ro-bind", str(path), str(path)]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         args += ["--bind", str(self.host_root), str(self.root)]
         if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
             args += ["--bind", str(self._spec.proxy_socket), _PROXY_SOCKET]
