@@ -92,7 +92,7 @@ for host, port in (("127.0.0.1", {port}), ("{_host_address()}", {port}), ("1.1.1
     async with server, UnixSocketBridge("127.0.0.1", port, sock_path):
         argv = [
             "bwrap", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(sock_dir), str(sock_dir),
+            "--proc", "/proc", "--bind", str(sock_dir), str(sock_dir),
             sys.executable, "-m", "runtimes.tunnel", "--listen", f"127.0.0.1:{inner_port}",
             "--connect", str(sock_path), "--", sys.executable, "-c", probe,
         ]  # fmt: skip
