@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import unicodedata
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,8 +94,9 @@ def test_stop_trimmer_without_stops_passes_everything() -> None:
     assert trim.matched is None
 
 
+# The Qwen2-style tokenizer NFC-normalises its input (as real Qwen2.5 does), so only NFC text round-trips.
 @settings(max_examples=60, deadline=None)
-@given(st.text(max_size=60), st.integers(1, 5))
+@given(st.text(max_size=60).map(lambda s: unicodedata.normalize("NFC", s)), st.integers(1, 5))
 def test_incremental_decoder_matches_full_decode(tokenizer, text: str, step: int) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     dec = IncrementalDecoder(tokenizer)
