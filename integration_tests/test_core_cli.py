@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,16 @@ async def test_health_command_against_a_live_server(tmp_path: Path) -> None:
     _, err = await gone.communicate()
     assert gone.returncode == 1
     assert b"UNAVAILABLE" in err
+
+
+def test_serve_all_five_wires_them_together(tmp_path: Path) -> None:
+    env = {**os.environ, "POLAR_PROXY_MODEL": "tiny"}
+    done = subprocess.run(
+        [*POLAR, "serve", "--check", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for name in ("proxy", "reconstructor", "evaluator", "rollout", "gateway"):
+        assert f"health {name:<14} SERVING" in done.stdout
+    assert "control-plane token: " in done.stdout
+    assert (tmp_path / "rollout").is_dir()

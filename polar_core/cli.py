@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from polar_core.errors import PolarError
 from polar_core.services import SERVICE_NAMES, service_spec
+from polar_core.settings import ServiceSettings
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["main"]
@@ -33,8 +35,19 @@ async def _check_health(host: str, port: int, service: str) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+# Start order for several services in one process: the gateway is wired to the services started before it.
+_START_ORDER = ("proxy", "reconstructor", "evaluator", "rollout", "gateway")
+
+
 async def _serve(args: argparse.Namespace) -> int:
-    names = list(dict.fromkeys(args.services)) or list(SERVICE_NAMES)
+    requested = list(dict.fromkeys(args.services)) or list(SERVICE_NAMES)
+    for name in requested:
+        service_spec(name)  # unknown names fail before anything starts
+    names = sorted(requested, key=_START_ORDER.index)
+    config = Path(args.config) if args.config else None
+    # Services sharing a process share a control-plane token; the embedded default makes its own.
+    token = secrets.token_urlsafe(24) if len(names) > 1 else ""
+    addresses: dict[str, str] = {}
     started: list[tuple[str, grpc.aio.Server, str, int, str]] = []
     try:
         for name in names:
@@ -45,10 +58,16 @@ async def _serve(args: argparse.Namespace) -> int:
                 overrides["state_dir"] = Path(args.state_dir) / name if len(names) > 1 else Path(args.state_dir)
             if args.port is not None and len(names) == 1:
                 overrides["port"] = args.port
-            settings = spec.settings_cls.load(Path(args.config) if args.config else None, **overrides)
+            settings = spec.settings_cls.load(config, **overrides)
+            wiring = _wiring(name, settings, addresses, token)
+            if wiring:
+                settings = spec.settings_cls.load(config, **overrides, **wiring)
             server, port = await spec.start(settings, create_tracer_provider(name))
             started.append((name, server, settings.host, port, spec.grpc_service))
+            addresses[name] = f"{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{port}"
             print(f"{name:<14} {settings.host}:{port}  ({spec.grpc_service})", flush=True)
+        if token:
+            print(f"control-plane token: {token}", flush=True)
         if args.check:
             ok = True
             for name, _, host, port, service in started:
@@ -66,6 +85,18 @@ async def _serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         await asyncio.gather(*(server.stop(5) for _, server, _, _, _ in started))
+
+
+def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
+    """Settings that connect ``name`` to the services already started in this process (unset ones only)."""
+    wiring: dict[str, object] = {}
+    if token and not settings.auth_token:
+        wiring["auth_token"] = token
+    if name == "gateway":
+        for peer in ("proxy", "reconstructor", "evaluator", "rollout"):
+            if peer in addresses and not getattr(settings, f"{peer}_address", "x"):
+                wiring[f"{peer}_address"] = addresses[peer]
+    return wiring
 
 
 async def _health(args: argparse.Namespace) -> int:
