@@ -144,7 +144,7 @@ class GrpcProxyClient(_Client):
 
     async def open_session(self, spec: SessionSpec, model: str, *, timeout_s: float) -> ProxyEndpoints:
         """Call OpenSession (idempotent by session id)."""
-        request = model_proxy_service_pb2.OpenSessionRequest(session_id=spec.session_id, model=model)
+        request = model_proxy_service_pb2.OpenSessionRequest(session_id=spec.proxy_session_id, model=model)
         request.metadata.update({"task_id": spec.task_id, "sample_index": spec.sample_index, "attempt": spec.attempt})
         try:
             reply = await self._stub.OpenSession(request, timeout=timeout_s)

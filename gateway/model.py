@@ -140,6 +140,15 @@ class SessionSpec:
     builder: BuilderConfig = dataclasses.field(default_factory=BuilderConfig)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def proxy_session_id(self) -> str:
+        """The model proxy's session for this attempt: a retried attempt records into a fresh one.
+
+        The proxy refuses to reopen a closed session, and a retry must not mix its calls with the failed
+        attempt's; the gateway maps the records back to ``session_id`` when it lists them.
+        """
+        return self.session_id if self.attempt == 1 else f"{self.session_id}~attempt{self.attempt}"
+
     def __post_init__(self) -> None:
         if not self.session_id:
             raise InvalidArgument("session_id is required")

@@ -606,20 +606,23 @@ class SessionPipeline:
         await self._step(
             s,
             "proxy.close_session",
-            lambda: self._proxy.close_session(s.spec.session_id, timeout_s=self._settings.step_timeout_s),
+            lambda: self._proxy.close_session(s.spec.proxy_session_id, timeout_s=self._settings.step_timeout_s),
             self._settings.step_timeout_s,
             deadline=False,
         )
         s.proxy_open = False
 
     async def _list_completions(self, s: _Session) -> None:
-        s.completions = await self._step(
+        records = await self._step(
             s,
             "proxy.list_completions",
-            lambda: self._proxy.list_completions(s.spec.session_id, timeout_s=self._settings.step_timeout_s),
+            lambda: self._proxy.list_completions(s.spec.proxy_session_id, timeout_s=self._settings.step_timeout_s),
             self._settings.step_timeout_s,
             deadline=False,
         )
+        for record in records:  # a retried attempt's proxy session still belongs to the logical session
+            record.session_id = s.spec.session_id
+        s.completions = records
         s.listed = True
 
     async def _stop_runtime(self, s: _Session) -> None:

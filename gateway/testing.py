@@ -121,9 +121,10 @@ class FakeProxy:
     async def open_session(self, spec: SessionSpec, model: str, *, timeout_s: float) -> ProxyEndpoints:
         """Open (idempotently) and return made-up endpoints."""
         endpoints = self.opened.setdefault(
-            spec.session_id, ProxyEndpoints(token=f"tok-{spec.session_id}", openai_base_url="http://fake/v1")
+            spec.proxy_session_id,
+            ProxyEndpoints(token=f"tok-{spec.proxy_session_id}", openai_base_url="http://fake/v1"),
         )
-        self.calls.setdefault(spec.session_id, [])
+        self.calls.setdefault(spec.proxy_session_id, [])
         return endpoints
 
     async def close_session(self, session_id: str, *, timeout_s: float) -> int:
@@ -197,7 +198,7 @@ class FakeAgentRunner:
     async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> _Prepared:
         """Pretend to write configuration."""
         await asyncio.sleep(self.prepare_s)
-        return _Prepared(spec.harness.name, spec.session_id)
+        return _Prepared(spec.harness.name, spec.proxy_session_id)
 
     async def run(self, runtime: Runtime, prepared: PreparedAgent, *, timeout_s: float) -> AgentRun:
         """Make the calls, honouring ``timeout_s`` like a real harness run."""
@@ -205,7 +206,7 @@ class FakeAgentRunner:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
-                await self._work(runtime.session_id)
+                await self._work(prepared.session_id if isinstance(prepared, _Prepared) else runtime.session_id)
         except TimeoutError:
             return AgentRun(AgentOutcome.TIMEOUT, exit_code=-9, duration_s=time.monotonic() - started)
         outcome = AgentOutcome.COMPLETED if self.exit_code == 0 else AgentOutcome.ERROR

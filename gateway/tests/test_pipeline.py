@@ -404,3 +404,21 @@ async def test_results_are_evicted_beyond_retention() -> None:
     with pytest.raises(SessionNotFound):
         world.pipeline.get_session("a")
     assert world.pipeline.get_session("c")[1] is not None
+
+
+async def test_retried_attempt_records_into_a_fresh_proxy_session() -> None:
+    world = World()
+    # The failed first attempt left a closed proxy session with one call behind.
+    world.proxy.record_call("s1")
+    world.proxy.closed.add("s1")
+    await world.pipeline.start_session(spec(attempt=2))
+    result = await world.pipeline.wait_done("s1")
+
+    assert result.status is TerminalStatus.RESOLVED
+    assert result.completions == 2
+    assert "s1~attempt2" in world.proxy.opened
+    assert "s1~attempt2" in world.proxy.closed
+    assert [t.call_ids for t in result.traces] == [["s1~attempt2-0"], ["s1~attempt2-1"]]
+    # The records and traces belong to the logical session, not to the attempt's proxy session.
+    assert {t.session_id for t in result.traces} == {"s1"}
+    assert len(world.proxy.calls["s1"]) == 1
