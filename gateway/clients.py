@@ -44,6 +44,7 @@ from gateway.registration import HeartbeatReply, Lease
 from polar_core import errors
 from polar_core.channels import open_channel
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
+from polar_core.tls import TlsFiles
 from reconstructor.stats import ReconstructionStats
 
 __all__ = [
@@ -116,10 +117,17 @@ _RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_rec
 
 
 class _Client:
-    def __init__(self, target: str, *, auth_token: str = "", tracer_provider: TracerProvider | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.target = target
         self._channel = open_channel(
-            target, tracer_provider=tracer_provider, auth_token=auth_token, options=_RECONNECT_OPTIONS
+            target, tracer_provider=tracer_provider, auth_token=auth_token, options=_RECONNECT_OPTIONS, tls=tls
         )
 
     async def close(self) -> None:
@@ -136,9 +144,10 @@ class GrpcProxyClient(_Client):
         *,
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
         page_size: int = 500,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._channel)
         self._page_size = page_size
 
@@ -188,8 +197,15 @@ class GrpcProxyClient(_Client):
 class GrpcReconstructorClient(_Client):
     """A :class:`gateway.seams.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
 
-    def __init__(self, target: str, *, auth_token: str = "", tracer_provider: TracerProvider | None = None) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+    def __init__(
+        self,
+        target: str,
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = reconstructor_service_pb2_grpc.ReconstructorServiceStub(self._channel)
 
     async def reconstruct(
@@ -235,8 +251,15 @@ class GrpcReconstructorClient(_Client):
 class GrpcEvaluatorClient(_Client):
     """A :class:`gateway.seams.EvaluatorClient` over ``EvaluatorService``."""
 
-    def __init__(self, target: str, *, auth_token: str = "", tracer_provider: TracerProvider | None = None) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+    def __init__(
+        self,
+        target: str,
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = evaluator_service_pb2_grpc.EvaluatorServiceStub(self._channel)
 
     async def prepare(self, spec: SessionSpec, *, request_id: str, timeout_s: float) -> str:
@@ -295,9 +318,10 @@ class GrpcResultSink(_Client):
         *,
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
         timeout_s: float = 30.0,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
         self._timeout_s = timeout_s
 
@@ -323,9 +347,10 @@ class GrpcRolloutRegistrar(_Client):
         *,
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider)
+        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
         self._timeout_s = timeout_s
 

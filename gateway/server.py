@@ -119,7 +119,7 @@ async def create_server(
     def client(address: str, cls: Callable[..., Any]) -> Any:
         if not address:
             return None
-        made = cls(address, auth_token=settings.auth_token, tracer_provider=tracer_provider)
+        made = cls(address, auth_token=settings.auth_token, tracer_provider=tracer_provider, tls=settings.tls())
         closers.append(made.close)
         return made
 

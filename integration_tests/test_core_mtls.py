@@ -93,3 +93,33 @@ def test_partial_tls_settings_are_refused(tmp_path: Path) -> None:
     settings = RolloutSettings(tls_cert_file=tmp_path / "a.crt")
     with pytest.raises(InvalidArgument, match="together"):
         settings.tls()
+
+
+async def test_trainer_client_and_gateway_reach_an_mtls_rollout_server(tmp_path: Path) -> None:
+    from gateway.clients import GrpcRolloutRegistrar
+    from polar_client import RolloutClient
+
+    ca_crt, _, ca_name, ca_key = _issue(tmp_path, "ca", "polar-ca", None, ca=True)
+    srv_crt, srv_key, _, _ = _issue(tmp_path, "server", "rollout", (ca_name, ca_key), ca=False)
+    gw_crt, gw_key, _, _ = _issue(tmp_path, "gateway", "gateway", (ca_name, ca_key), ca=False)
+    settings = RolloutSettings(
+        state_dir=tmp_path / "state", tls_cert_file=srv_crt, tls_key_file=srv_key, tls_ca_file=ca_crt
+    )
+    server, port = await create_server(settings)
+    target = f"127.0.0.1:{port}"
+    files = TlsFiles(gw_crt, gw_key, ca_crt)
+    try:
+        client = RolloutClient(target, tls=files)
+        try:
+            listed = await client.list()
+            assert list(listed.tasks) == []
+        finally:
+            await client.close()
+        registrar = GrpcRolloutRegistrar(target, tls=files)
+        try:
+            lease = await registrar.register("gw-mtls", "127.0.0.1:1", 4, {}, "test")
+            assert lease.heartbeat_interval_s > 0
+        finally:
+            await registrar.close()
+    finally:
+        await server.stop(None)

@@ -16,8 +16,8 @@ from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
 from polar_client.taskfile import load_task, task_from_mapping
-from polar_core.auth import bearer_metadata
 from polar_core.channels import open_channel
+from polar_core.tls import TlsFiles
 
 __all__ = ["RolloutClient", "TaskLike"]
 
@@ -49,16 +49,19 @@ class RolloutClient:
     """
 
     def __init__(
-        self, target: str, *, token: str = "", timeout_s: float = 30.0, tracer_provider: TracerProvider | None = None
+        self,
+        target: str,
+        *,
+        token: str = "",
+        timeout_s: float = 30.0,
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
-        self._channel = open_channel(target, tracer_provider=tracer_provider, auth_token=token)
+        self._channel = open_channel(target, tracer_provider=tracer_provider, auth_token=token, tls=tls)
         self._stub: rollout_service_pb2_grpc.RolloutServiceAsyncStub = rollout_service_pb2_grpc.RolloutServiceStub(
             self._channel
         )
         self._timeout = timeout_s
-        # The channel's token interceptor does not reach server-streaming calls (seen with grpcio 1.81 and the
-        # OpenTelemetry interceptors in front of it), so streams carry the token explicitly.
-        self._stream_metadata = bearer_metadata(token)
 
     async def __aenter__(self) -> Self:
         return self
@@ -118,9 +121,7 @@ class RolloutClient:
         next_index = from_index
         while True:
             try:
-                stream = self._stub.WatchTask(
-                    pb.WatchTaskRequest(task_id=task_id, from_result_index=next_index), metadata=self._stream_metadata
-                )
+                stream = self._stub.WatchTask(pb.WatchTaskRequest(task_id=task_id, from_result_index=next_index))
                 async for event in stream:
                     if event.HasField("session_result"):
                         next_index = event.result_index + 1

@@ -12,6 +12,7 @@ from polar_core.channels import open_channel
 from polar_core.convert import completion_from_proto
 from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, PolarError, Unavailable
 from polar_core.records import CompletionRecord
+from polar_core.tls import TlsFiles
 
 __all__ = ["CompletionSource", "ProxyCompletionSource"]
 
@@ -41,7 +42,9 @@ class ProxyCompletionSource:
         timeout_s: float = 60.0,
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        self._tls = tls
         self._page_size = page_size
         self._timeout_s = timeout_s
         self._auth_token = auth_token
@@ -59,7 +62,9 @@ class ProxyCompletionSource:
         if not proxy_target or not session_id:
             raise InvalidArgument("proxy source needs both proxy_target and session_id")
         records: list[CompletionRecord] = []
-        channel = open_channel(proxy_target, tracer_provider=self._tracer_provider, auth_token=self._auth_token)
+        channel = open_channel(
+            proxy_target, tracer_provider=self._tracer_provider, auth_token=self._auth_token, tls=self._tls
+        )
         async with channel:
             stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(channel)
             page_token = ""

@@ -50,6 +50,7 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
             timeout_s=settings.proxy_timeout_s,
             auth_token=settings.auth_token,
             tracer_provider=tracer_provider,
+            tls=settings.tls(),
         )
         return cls(settings, source)
 

@@ -53,7 +53,10 @@ class RolloutApp:
         store = store or await open_store(settings.store_url, settings.state_dir)
         token = settings.gateway_auth_token or settings.auth_token
         gateways = gateway_client or GrpcGatewayClient(
-            auth_token=token, timeout_s=settings.gateway_rpc_timeout_s, tracer_provider=tracer_provider
+            auth_token=token,
+            timeout_s=settings.gateway_rpc_timeout_s,
+            tracer_provider=tracer_provider,
+            tls=settings.tls(),
         )
         sender = callback_sender or CallbackSenders(
             auth_token=token, timeout_s=settings.callback_timeout_s, tracer_provider=tracer_provider

@@ -14,6 +14,7 @@ from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 
 from polar_core.channels import open_channel
 from polar_core.errors import InvalidArgument
+from polar_core.tls import TlsFiles
 from rollout_server.convert import result_from_proto
 from rollout_server.errors import GatewayBusy, GatewayRejected, GatewaySessionUnknown, GatewayUnreachable
 from rollout_server.ports import CapacityView, GatewaySessionView, SessionDispatch
@@ -54,8 +55,14 @@ class GrpcGatewayClient:
     """Calls GatewayService over one cached channel per address."""
 
     def __init__(
-        self, *, auth_token: str = "", timeout_s: float = 10.0, tracer_provider: TracerProvider | None = None
+        self,
+        *,
+        auth_token: str = "",
+        timeout_s: float = 10.0,
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        self._tls = tls
         self._token = auth_token
         self._timeout = timeout_s
         self._tracer_provider = tracer_provider
@@ -65,7 +72,9 @@ class GrpcGatewayClient:
     def _stub(self, address: str) -> gateway_service_pb2_grpc.GatewayServiceAsyncStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = open_channel(address, tracer_provider=self._tracer_provider, auth_token=self._token)
+            channel = open_channel(
+                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
+            )
             self._channels[address] = channel
             stub = self._stubs[address] = gateway_service_pb2_grpc.GatewayServiceStub(channel)
         return stub
