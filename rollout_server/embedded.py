@@ -49,9 +49,8 @@ class StackOptions:
         running_workers: Harnesses run at once on the gateway.
         init_workers: Sessions prepared at once on the gateway.
         postrun_workers: Sessions evaluated and reconstructed at once on the gateway.
-        max_attempts: Attempts per session (only ``infra_error`` is retried). 1 by default: a retried attempt
-            reopens the proxy session of the same id, which the proxy refuses once the first attempt closed it,
-            so a retry would only replace the first attempt's error with "session ... was closed".
+        max_attempts: Attempts per session (only ``infra_error`` is retried; each attempt records into its own
+            proxy session).
         session_grace_s: Slack on top of a task's ``timeout_seconds`` for runtime start and evaluation.
         fsync: Whether the proxy fsyncs each completion record.
     """
@@ -66,7 +65,7 @@ class StackOptions:
     running_workers: int = 4
     init_workers: int = 2
     postrun_workers: int = 2
-    max_attempts: int = 1
+    max_attempts: int = 2
     session_grace_s: float = 300.0
     fsync: bool = False
 
