@@ -11,7 +11,7 @@ from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
 from evaluator.service import EvaluatorService
 from evaluator.servicer import EvaluatorServicer
 from evaluator.settings import EvaluatorSettings
-from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["create_server", "main"]
@@ -32,14 +32,7 @@ async def create_server(
         _SERVICE.full_name,
         lambda server: evaluator_service_pb2_grpc.add_EvaluatorServiceServicer_to_server(servicer, server),
     )
-    server, port = await start_grpc_server(
-        [registration],
-        host=settings.host,
-        port=settings.port,
-        tracer_provider=tracer_provider,
-        auth_token=settings.auth_token,
-        tls=settings.tls(),
-    )
+    server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
     return ManagedServer(server, service.close).as_server(), port
 
 

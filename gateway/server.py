@@ -33,7 +33,7 @@ from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
-from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from runtimes import DefaultRuntimeFactory
 
@@ -160,14 +160,7 @@ async def create_server(
         _SERVICE.full_name,
         lambda server: gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server),
     )
-    inner, port = await start_grpc_server(
-        [registration],
-        host=settings.host,
-        port=settings.port,
-        tracer_provider=tracer_provider,
-        auth_token=settings.auth_token,
-        tls=settings.tls(),
-    )
+    inner, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
     pipeline.gateway_id = settings.gateway_id or f"gateway-{port}"
     metrics_port = endpoint.start(settings.metrics_host, settings.metrics_port) if endpoint is not None else -1
     membership: RegistrationLoop | None = None

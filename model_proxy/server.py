@@ -11,7 +11,7 @@ from model_proxy.app import ProxyApp
 from model_proxy.policy import load_policy, make_backend
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar_core.server import ManagedServer, run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["create_server", "main"]
@@ -29,14 +29,7 @@ async def create_server(
     app = ProxyApp(settings, backend, policy.tokenizer, tracer_provider=tracer_provider)
     await app.start()
     try:
-        server, port = await start_grpc_server(
-            [registration(app)],
-            host=settings.host,
-            port=settings.port,
-            tracer_provider=tracer_provider,
-            auth_token=settings.auth_token,
-            tls=settings.tls(),
-        )
+        server, port = await start_service_server([registration(app)], settings, tracer_provider=tracer_provider)
     except BaseException:
         await app.stop()
         raise

@@ -18,9 +18,17 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import TokenAuthInterceptor
 from polar_core.grpc_errors import ErrorMappingInterceptor
+from polar_core.settings import ServiceSettings
 from polar_core.tls import TlsFiles, server_credentials
 
-__all__ = ["ManagedServer", "ServiceRegistration", "placeholder_servicer", "run_until_signal", "start_grpc_server"]
+__all__ = [
+    "ManagedServer",
+    "ServiceRegistration",
+    "placeholder_servicer",
+    "run_until_signal",
+    "start_grpc_server",
+    "start_service_server",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -148,3 +156,20 @@ class ManagedServer:
     def as_server(self) -> grpc.aio.Server:
         """This object typed as the server it wraps (it answers every server method)."""
         return self  # type: ignore[return-value]
+
+
+async def start_service_server(
+    registrations: Sequence[ServiceRegistration],
+    settings: ServiceSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """:func:`start_grpc_server` with the address, token and mTLS files of a service's settings."""
+    return await start_grpc_server(
+        registrations,
+        host=settings.host,
+        port=settings.port,
+        tracer_provider=tracer_provider,
+        auth_token=settings.auth_token,
+        tls=settings.tls(),
+    )

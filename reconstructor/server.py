@@ -8,7 +8,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
 
-from polar_core.server import ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from reconstructor.servicer import ReconstructorServicer
 from reconstructor.settings import ReconstructorSettings
@@ -27,14 +27,7 @@ async def create_server(
         _SERVICE.full_name,
         lambda server: reconstructor_service_pb2_grpc.add_ReconstructorServiceServicer_to_server(servicer, server),
     )
-    return await start_grpc_server(
-        [registration],
-        host=settings.host,
-        port=settings.port,
-        tracer_provider=tracer_provider,
-        auth_token=settings.auth_token,
-        tls=settings.tls(),
-    )
+    return await start_service_server([registration], settings, tracer_provider=tracer_provider)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_grpc_server
+from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
 from rollout_server.servicer import RolloutServicer
@@ -44,14 +44,7 @@ async def start_rollout_server(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
     )
-    server, port = await start_grpc_server(
-        [registration],
-        host=settings.host,
-        port=settings.port,
-        tracer_provider=tracer_provider,
-        auth_token=settings.auth_token,
-        tls=settings.tls(),
-    )
+    server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
     await app.start()
     return RolloutServer(server, port, app)
 
