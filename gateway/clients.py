@@ -309,8 +309,10 @@ class GrpcEvaluatorClient(_Client):
             raise error_from_rpc(exc, f"evaluator {self.target} Release") from None
 
 
-class GrpcResultSink(_Client):
-    """A :class:`gateway.seams.ResultSink` that calls the rollout server's ReportSessionResult."""
+class _RolloutClient(_Client):
+    """A client of the rollout server's ``RolloutService``; ``timeout_s`` bounds each call."""
+
+    default_timeout_s = 10.0
 
     def __init__(
         self,
@@ -319,11 +321,17 @@ class GrpcResultSink(_Client):
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
     ) -> None:
         super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
         self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
-        self._timeout_s = timeout_s
+        self._timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+
+
+class GrpcResultSink(_RolloutClient):
+    """A :class:`gateway.seams.ResultSink` that calls the rollout server's ReportSessionResult."""
+
+    default_timeout_s = 30.0
 
     async def report(self, result: SessionResult) -> None:
         """Call ReportSessionResult (idempotent by the result's idempotency key).
@@ -338,21 +346,8 @@ class GrpcResultSink(_Client):
             raise error_from_rpc(exc, f"rollout server {self.target} ReportSessionResult") from None
 
 
-class GrpcRolloutRegistrar(_Client):
+class GrpcRolloutRegistrar(_RolloutClient):
     """A :class:`gateway.registration.Registrar` over the rollout server's RegisterGateway and Heartbeat."""
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        auth_token: str = "",
-        tracer_provider: TracerProvider | None = None,
-        tls: TlsFiles | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
-        self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
-        self._timeout_s = timeout_s
 
     async def register(
         self, gateway_id: str, address: str, capacity: int, labels: dict[str, str], version: str

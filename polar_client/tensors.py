@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from polar_core.convert import trace_from_proto
 from polar_core.records import Trace
 
 __all__ = ["as_trace", "traces_to_tensors"]
@@ -16,21 +17,7 @@ def as_trace(item: Any) -> Trace:
         return item
     if isinstance(item, Mapping):
         return Trace.from_dict(item)
-    return Trace(
-        session_id=item.session_id,
-        task_id=item.task_id,
-        trace_index=item.trace_index,
-        call_ids=list(item.call_ids),
-        prompt_token_ids=list(item.prompt_token_ids),
-        response_token_ids=list(item.response_token_ids),
-        loss_mask=list(item.loss_mask),
-        response_logprobs=list(item.response_logprobs),
-        reward=item.reward,
-        weight=item.weight,
-        status=item.status,
-        exact_context=item.exact_context,
-        policy_versions=list(item.policy_versions),
-    )
+    return trace_from_proto(item)
 
 
 def traces_to_tensors(
