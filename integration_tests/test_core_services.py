@@ -108,22 +108,19 @@ async def test_errors_map_to_precise_status_codes_with_details() -> None:
         await server.stop(None)
 
 
-async def test_placeholder_rpcs_name_their_issue(tmp_path: Path) -> None:
+async def test_unknown_task_is_not_found(tmp_path: Path) -> None:
+    from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
+
     spec = service_spec("rollout")
     server, port = await spec.start(spec.settings_cls.load(state_dir=tmp_path))
     try:
-        from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
-
         async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = rollout_service_pb2_grpc.RolloutServiceStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.GetTask(rollout_service_pb2.GetTaskRequest(task_id="t"), timeout=5)
     finally:
         await server.stop(None)
-    if info.value.code() == grpc.StatusCode.UNIMPLEMENTED:
-        assert "lands with issue #6" in (info.value.details() or "")
-    else:  # the rollout server is implemented: an unknown task is NOT_FOUND
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_calls_without_the_control_plane_token_are_refused() -> None:

@@ -24,7 +24,6 @@ from polar_core.tls import TlsFiles, server_credentials
 __all__ = [
     "ManagedServer",
     "ServiceRegistration",
-    "placeholder_servicer",
     "run_until_signal",
     "start_grpc_server",
     "start_service_server",
@@ -113,24 +112,6 @@ async def run_until_signal(
         await on_stop()
     for task in (waiter, stopper):
         task.cancel()
-
-
-def placeholder_servicer(base: type[Any], service_name: str, methods: Sequence[str], issue: str) -> Any:
-    """Return a servicer whose every RPC answers UNIMPLEMENTED, naming the issue that implements it.
-
-    Used until a service's issue lands, so callers get a precise message instead of gRPC's generic one.
-    """
-    from polar_core.errors import Unimplemented
-
-    def make(method: str) -> Callable[..., Awaitable[None]]:
-        async def rpc(self: object, request: object, context: object) -> None:
-            raise Unimplemented(f"{service_name}.{method} is not implemented yet; it lands with {issue}")
-
-        rpc.__name__ = method
-        return rpc
-
-    cls = type(f"Placeholder{base.__name__}", (base,), {m: make(m) for m in methods})
-    return cls()
 
 
 class ManagedServer:
