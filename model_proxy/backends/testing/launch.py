@@ -13,6 +13,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,11 +54,13 @@ def free_ports(count: int) -> list[int]:
 @contextlib.contextmanager
 def _process(
     argv: list[str], env: dict[str, str], log_path: Path, ready: Callable[[subprocess.Popen[str]], bool],
-    timeout_s: float, *, pipe_stdout: bool,
+    timeout_s: float, *, pipe_stdout: bool, extra_logs: tuple[Path, ...] = (),
 ) -> Iterator[float]:  # fmt: skip
     """Run ``argv``, poll ``ready`` until true or ``timeout_s``; yield the start-up time in seconds.
 
-    Only a server that prints next to nothing may have its stdout piped: nobody drains the pipe later.
+    Only a server that prints next to nothing may have its stdout piped: nobody drains the pipe later. A
+    server that is still alive at the deadline gets SIGUSR1 first (a Python server with ``faulthandler``
+    registered on it writes every thread's stack to its log), so the error says where it hung.
     """
     with log_path.open("w") as log:
         stdout = subprocess.PIPE if pipe_stdout else log
@@ -66,8 +69,14 @@ def _process(
             started = time.monotonic()
             while not ready(proc):
                 if proc.poll() is not None or time.monotonic() - started > timeout_s:
-                    tail = log_path.read_text(errors="replace")[-4000:]
-                    raise ServerStartError(f"{argv[2:4]} not ready (exit {proc.poll()}):\n{tail}")
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGUSR1)
+                        time.sleep(1.0)
+                    tails = [log_path.read_text(errors="replace")[-6000:]]
+                    tails += [
+                        f"--- {p.name}:\n{p.read_text(errors='replace')[-4000:]}" for p in extra_logs if p.exists()
+                    ]
+                    raise ServerStartError(f"{argv[2:4]} not ready (exit {proc.poll()}):\n" + "\n".join(tails))
             yield time.monotonic() - started
         finally:
             if proc.poll() is None:
@@ -88,32 +97,56 @@ def _libdir(python: Path) -> str:
 
 @contextlib.contextmanager
 def run_pytriton(
-    python: Path, model_dir: Path, log_path: Path, *, model_name: str = "tiny", timeout_s: float = 120.0
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    *,
+    model_name: str = "tiny",
+    timeout_s: float = 180.0,
+    attempts: int = 2,
 ) -> Iterator[tuple[str, float]]:
     """Serve ``model_dir`` on Triton with TensorRT-LLM tensor names (see ``pytriton_server.py``).
 
+    A start that fails or hangs is retried on fresh ports, up to ``attempts`` times in all: on a loaded
+    two-core machine tritonserver has once been seen not to come up within two minutes, and a test
+    fixture should not fail on that. Each attempt's logs stay next to ``log_path`` (``.1``, ``.2``, ...).
+
     Yields:
-        The gRPC ``host:port`` and the start-up time in seconds. Models ``<model_name>`` (unary) and
+        The gRPC ``host:port`` and the total start-up time in seconds. Models ``<model_name>`` (unary) and
         ``<model_name>_stream`` (decoupled) are loaded.
     """
-    grpc_port, http_port, metrics_port = free_ports(3)
     env = dict(os.environ)
     # The Python backend stub must load this interpreter's libpython, not the system one.
     env["LD_LIBRARY_PATH"] = _libdir(python)
-    argv = [
-        str(python), str(_PYTRITON_SERVER), "--model-dir", str(model_dir), "--model-name", model_name,
-        "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-        # Next to the log, so a killed server leaves nothing behind in ~/.cache.
-        "--workspace", str(log_path.parent / "pytriton-workspace"),
-    ]  # fmt: skip
 
     def ready(proc: subprocess.Popen[str]) -> bool:
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], 0.5)
         return bool(readable) and proc.stdout.readline().strip() == "READY"
 
-    with _process(argv, env, log_path, ready, timeout_s, pipe_stdout=True) as startup_s:
-        yield f"127.0.0.1:{grpc_port}", startup_s
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        grpc_port, http_port, metrics_port = free_ports(3)
+        log = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.{attempt}")
+        triton_log = log.with_name(f"{log.name}.tritonserver")
+        argv = [
+            str(python), str(_PYTRITON_SERVER), "--model-dir", str(model_dir), "--model-name", model_name,
+            "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+            # Next to the log, so a killed server leaves nothing behind in ~/.cache.
+            "--workspace", str(log.parent / f"pytriton-workspace-{attempt}"), "--triton-log", str(triton_log),
+        ]  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(
+                    _process(argv, env, log, ready, timeout_s, pipe_stdout=True, extra_logs=(triton_log,))
+                )
+            except ServerStartError as error:
+                if attempt == attempts:
+                    raise
+                print(f"PyTriton start attempt {attempt} failed, retrying on fresh ports: {error}", file=sys.stderr)
+                continue
+            yield f"127.0.0.1:{grpc_port}", time.monotonic() - started
+            return
 
 
 @contextlib.contextmanager

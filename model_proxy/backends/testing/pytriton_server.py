@@ -16,6 +16,8 @@ unlike some TensorRT-LLM builds, the sampled end token is included in ``output_i
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import logging
 import signal
 import sys
 import threading
@@ -138,7 +140,11 @@ def _main() -> None:
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
     parser.add_argument("--workspace", default=None, help="PyTriton's work directory (default: a new one)")
+    parser.add_argument("--triton-log", default=None, help="tritonserver's own log file (default: none)")
     args = parser.parse_args()
+    # Diagnostics for a start that hangs: PyTriton's progress on stderr, every thread's stack on SIGUSR1.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sampler = _Sampler(args.model_dir)
 
     def unary(requests: list[Any]) -> list[dict[str, np.ndarray]]:
@@ -166,6 +172,7 @@ def _main() -> None:
         grpc_address="127.0.0.1",
         http_address="127.0.0.1",
         exit_on_error=True,
+        log_file=args.triton_log,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
