@@ -200,3 +200,30 @@ async def test_results_deliveries_and_durability(store_factory: StoreFactory) ->
     assert not await reopened.update_delivery(due, 0)
     assert await reopened.delivery_counts("t") == {DeliveryState.DEAD: 1}
     assert [d.idempotency_key for d in await reopened.dead_letters("t")] == ["k1"]
+
+
+async def test_trace_context_is_durable_and_added_to_an_older_database(store_factory: StoreFactory) -> None:
+    store = await store_factory()
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "k=v"}
+    traced = task("traced")
+    traced.trace_context = dict(carrier)
+    await store.insert_task(traced, sessions("traced"))
+    await store.insert_task(task("plain"), sessions("plain"))
+    # Make it a database from before the column existed (its rows lose their contexts), as an old release left it.
+    async with store._db.transaction() as conn:
+        await conn.execute("ALTER TABLE tasks DROP COLUMN trace_context")
+    await store.close()
+    reopened = await store_factory()  # adds the column back; existing rows take the default
+    got = await reopened.get_task("traced")
+    assert got is not None
+    assert got.trace_context == {}
+    assert got.spec == b"\x00spec\xff"
+    again = task("again")
+    again.trace_context = dict(carrier)
+    await reopened.insert_task(again, sessions("again"))
+    await reopened.close()
+    third = await store_factory()  # reopened once more, with the column present: stored contexts survive
+    stored = await third.get_task("again")
+    assert stored is not None
+    assert stored.trace_context == carrier
+    assert [t.trace_context for t in await third.active_tasks()] == [{}, {}, carrier]

@@ -147,9 +147,6 @@ class RolloutCore:
         self._task_locks: dict[str, asyncio.Lock] = {}
         self._pending_cancels: dict[str, set[str]] = {}
         self._background: set[asyncio.Task[None]] = set()
-        # W3C trace context (``traceparent``) of each task's SubmitTask call, so its sessions are dispatched in
-        # the submitter's trace. In memory: after a restart, sessions start traces of their own.
-        self.trace_parents: dict[str, dict[str, str]] = {}
 
     # Tasks -----------------------------------------------------------------------------------------------
     async def submit_task(self, new: NewTask) -> tuple[TaskSummary, bool]:
@@ -178,6 +175,9 @@ class RolloutCore:
                 raise ResourceExhausted("too many active tasks; retry later", retry_after_s=5.0)
             now = self.clock()
             timeout = new.task_timeout_s or self.config.task_timeout_s
+            # Stored with the task, so its sessions join the submitter's trace even after a restart.
+            trace_context: dict[str, str] = {}
+            propagate.inject(trace_context)
             record = TaskRecord(
                 task_id=new.task_id,
                 spec=new.spec,
@@ -190,6 +190,7 @@ class RolloutCore:
                 state=TaskState.PENDING,
                 submitted_at=now,
                 deadline=now + timeout,
+                trace_context=trace_context,
             )
             sessions = [
                 SessionRecord(session_id_for(new.task_id, i), new.task_id, i, priority=new.priority)
@@ -197,12 +198,6 @@ class RolloutCore:
             ]
             stored, created = await self.store.insert_task(record, sessions)
             if created:
-                carrier: dict[str, str] = {}
-                propagate.inject(carrier)
-                if carrier:
-                    if len(self.trace_parents) > 65536:
-                        self.trace_parents.clear()
-                    self.trace_parents[new.task_id] = carrier
                 self.dispatch_wakeup.set()
                 return await self.summary(stored), False
             existing = stored

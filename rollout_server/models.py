@@ -142,6 +142,8 @@ class TaskRecord:
         error_message: Why the task failed or stopped early, for people.
         seq: Insertion order assigned by the store (newest tasks have the largest ``seq``).
         results_count: Number of session results recorded (the next result index).
+        trace_context: The W3C trace context (``traceparent``, ``tracestate``) of the SubmitTask call, so the
+            task's sessions are dispatched in the submitter's trace even after a restart; empty when untraced.
     """
 
     task_id: str
@@ -159,6 +161,7 @@ class TaskRecord:
     error_message: str = ""
     seq: int = 0
     results_count: int = 0
+    trace_context: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)

@@ -138,7 +138,7 @@ class Scheduler:
             session.session_id, session.task_id, session.sample_index, session.attempt, session.deadline, task.spec
         )
         # StartSession joins the trace of the task's SubmitTask call (the gRPC client span is its child).
-        carrier = self.core.trace_parents.get(session.task_id)
+        carrier = task.trace_context
         token = otel_context.attach(propagate.extract(carrier)) if carrier else None
         try:
             await self.core.gateways.start_session(gateway.address, dispatch)

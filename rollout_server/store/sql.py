@@ -78,7 +78,8 @@ CREATE TABLE IF NOT EXISTS tasks (
   deadline {real} NOT NULL,
   finished_at {real},
   error_message TEXT NOT NULL,
-  results_count {int} NOT NULL DEFAULT 0
+  results_count {int} NOT NULL DEFAULT 0,
+  trace_context TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state, seq);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -162,9 +163,15 @@ def schema(types: dict[str, str]) -> list[str]:
     return [s.strip() for s in _SCHEMA.format(**types).split(";") if s.strip()]
 
 
+# Columns added after a table's first release: (table, column, definition). A database made before the
+# column existed gets it by ``ALTER TABLE ... ADD COLUMN`` on start; rows already there take the default.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),)
+
+
 _TASK_COLS = (
     "task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, callback_kind, "
-    "callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, error_message"
+    "callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, error_message, "
+    "trace_context"
 )
 _TASK_SELECT = f"SELECT {_TASK_COLS}, seq, results_count FROM tasks"
 _SESSION_COLS = (
@@ -206,6 +213,7 @@ def _task_row(t: TaskRecord) -> tuple[Any, ...]:
         float(t.deadline),
         _opt_float(t.finished_at),
         t.error_message,
+        json.dumps(t.trace_context, sort_keys=True) if t.trace_context else "",
     )
 
 
@@ -225,8 +233,9 @@ def _task_from(r: Row) -> TaskRecord:
         deadline=float(r[12]),
         finished_at=None if r[13] is None else float(r[13]),
         error_message=r[14],
-        seq=int(r[15]),
-        results_count=int(r[16]),
+        trace_context=json.loads(r[15]) if r[15] else {},
+        seq=int(r[16]),
+        results_count=int(r[17]),
     )
 
 
@@ -356,10 +365,17 @@ class SqlStore:
         self._db = backend
 
     async def init(self) -> None:
-        """Create the schema if it does not exist."""
+        """Create the schema if it does not exist, and add columns that an older database lacks."""
         async with self._db.transaction() as conn:
             for statement in schema(self._db.types):
                 await conn.execute(statement)
+        for table, column, definition in ADDED_COLUMNS:
+            try:
+                async with self._db.connection() as conn:
+                    await conn.fetch(f"SELECT {column} FROM {table} WHERE 1 = 0")
+            except Exception:
+                async with self._db.transaction() as conn:
+                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     async def close(self) -> None:
         """Close the backend."""
@@ -370,7 +386,7 @@ class SqlStore:
         """Insert a task and its sessions unless the id exists."""
         async with self._db.transaction() as conn:
             rows = await conn.fetch(
-                f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * 15)}) "
+                f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * 16)}) "
                 "ON CONFLICT (task_id) DO NOTHING RETURNING seq",
                 _task_row(task),
             )

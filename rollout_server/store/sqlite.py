@@ -16,14 +16,15 @@ import aiosqlite
 
 from rollout_server.store.sql import Row, SqlStore
 
-_TYPES = {
+# The dialect's column types for :func:`~rollout_server.store.sql.schema`.
+TYPES = {
     "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
     "blob": "BLOB",
     "real": "REAL",
     "int": "INTEGER",
 }
 
-__all__ = ["SqliteBackend", "open_sqlite_store"]
+__all__ = ["TYPES", "SqliteBackend", "open_sqlite_store"]
 
 
 class _Conn:
@@ -50,7 +51,7 @@ class SqliteBackend:
     """One aiosqlite connection; a lock serialises transactions (SQLite has a single writer anyway)."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
-        self.types = dict(_TYPES)
+        self.types = dict(TYPES)
         self._db = db
         self._conn = _Conn(db)
         self._lock = asyncio.Lock()

@@ -6,10 +6,13 @@ No ports: SQLite in a temporary file, an in-memory fake gateway client, and a ha
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.errors import AlreadyExists, Internal, InvalidArgument, NotFound, PermissionDenied
 from polar_core.records import TerminalStatus
@@ -25,8 +28,10 @@ from rollout_server.models import (
     check_session_transition,
     check_task_transition,
 )
+from rollout_server.ports import SessionDispatch
 from rollout_server.scheduler import Scheduler, SchedulerConfig
-from rollout_server.store.sql import SqlStore
+from rollout_server.store.sql import SqlStore, schema
+from rollout_server.store.sqlite import TYPES as SQLITE_TYPES
 from rollout_server.store.sqlite import open_sqlite_store
 from rollout_server.testing.fakes import FakeGatewayClient, RecordingSender, make_result
 
@@ -373,3 +378,70 @@ async def test_delivery_retries_then_dead_letters(env: Env) -> None:
     assert len(letters) == 1
     assert letters[0].state is DeliveryState.DEAD
     assert letters[0].attempts == 1
+
+
+class TracingGateways(FakeGatewayClient):
+    """A fake gateway client that notes the trace each StartSession call is made in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trace_ids: dict[str, int] = {}
+
+    async def start_session(self, address: str, dispatch: SessionDispatch) -> None:
+        self.trace_ids[dispatch.session_id] = trace.get_current_span().get_span_context().trace_id
+        await super().start_session(address, dispatch)
+
+
+async def test_sessions_join_the_submitters_trace_after_a_restart(tmp_path: Path) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    first = await make_env(tmp_path / "r.sqlite3")
+    with tracer.start_as_current_span("trainer.submit") as span:
+        await first.core.submit_task(new_task("traced", 2))
+        submit_trace = span.get_span_context().trace_id
+    await first.core.submit_task(new_task("untraced", 1))  # no span: nothing stored, nothing attached
+    await first.core.close()
+    await first.store.close()
+
+    gateways = TracingGateways()
+    second = await make_env(tmp_path / "r.sqlite3", gateways)  # a restarted server: nothing kept in memory
+    try:
+        await second.add_gateway("a", 4)
+        assert await second.dispatch() == 3
+        traced = {sid: t for sid, t in gateways.trace_ids.items() if sid.startswith("traced")}
+        assert len(traced) == 2
+        assert set(traced.values()) == {submit_trace}
+        untraced = [t for sid, t in gateways.trace_ids.items() if sid.startswith("untraced")]
+        assert untraced == [0]  # INVALID_SPAN: not parented to anything stale
+    finally:
+        await second.core.close()
+        await second.store.close()
+
+
+async def test_a_database_from_before_trace_context_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old_schema = [s.replace(",\n  trace_context TEXT NOT NULL DEFAULT ''", "") for s in schema(SQLITE_TYPES)]
+    assert all("trace_context" not in s for s in old_schema)
+    with sqlite3.connect(path) as db:
+        for statement in old_schema:
+            db.execute(statement)
+        db.execute(
+            "INSERT INTO tasks (task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, "
+            "callback_kind, callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, "
+            "error_message) VALUES ('old', x'00', 'h', 1, 0, 0, 60.0, '', '', 0, 'pending', 1.0, 2.0, NULL, '')"
+        )
+    store = await open_sqlite_store(path)
+    try:
+        old = await store.get_task("old")
+        assert old is not None
+        assert old.trace_context == {}
+        core = RolloutCore(store, FakeGatewayClient())
+        with TracerProvider().get_tracer("test").start_as_current_span("submit"):
+            await core.submit_task(new_task("new", 1))
+        new = await store.get_task("new")
+        assert new is not None
+        assert set(new.trace_context) == {"traceparent"}
+        await core.close()
+    finally:
+        await store.close()
+    store = await open_sqlite_store(path)  # a second start finds the column and changes nothing
+    await store.close()
