@@ -60,8 +60,9 @@ class PrivateDockerd:
         # dockerd's containerd and shims share its process group (start_new_session); end them too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        # Container layers may still be mounted under the data root; unmount before deleting.
-        subprocess.run(["umount", "-R", "-l", str(self.workdir / "data")], check=False, capture_output=True)
+        # Container layers (data root) and network namespaces (exec root) may still be mounted; unmount first.
+        for root in ("data", "exec"):
+            subprocess.run(["umount", "-R", "-l", str(self.workdir / root)], check=False, capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
