@@ -60,9 +60,13 @@ class PrivateDockerd:
         # dockerd's containerd and shims share its process group (start_new_session); end them too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        # Container layers (data root) and network namespaces (exec root) may still be mounted; unmount first.
-        for root in ("data", "exec"):
-            subprocess.run(["umount", "-R", "-l", str(self.workdir / root)], check=False, capture_output=True)
+        # Container layers (data root) and network namespaces (exec root) may still be mounted; unmount them,
+        # deepest first, before deleting.
+        prefix = f"{self.workdir}/"
+        with contextlib.suppress(OSError):
+            mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+            for target in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+                subprocess.run(["umount", "-l", target], check=False, capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
