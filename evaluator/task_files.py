@@ -9,11 +9,9 @@ import yaml
 
 from evaluator.errors import InvalidOptions
 from evaluator.models import EvaluatorSpec
+from polar_core.task_paths import resolve_task_paths
 
 __all__ = ["evaluator_spec_from_task", "load_task_file"]
-
-# Options that name files next to the task file; a remote evaluator cannot resolve them, so the reader does.
-_PATH_OPTIONS = ("repo", "test_patch")
 
 
 def load_task_file(path: Path) -> dict[str, Any]:
@@ -35,11 +33,6 @@ def evaluator_spec_from_task(task: dict[str, Any], task_dir: Path) -> EvaluatorS
     table = task.get("evaluator") or {"strategy": "session_completed"}
     if not isinstance(table, dict) or not isinstance(table.get("strategy"), str):
         raise InvalidOptions("the task's evaluator needs a 'strategy'")
-    options = {k: v for k, v in table.items() if k != "strategy"}
-    for key in _PATH_OPTIONS:
-        value = options.get(key)
-        if isinstance(value, str) and value and "\n" not in value:
-            candidate = (task_dir / value).resolve()
-            if key == "repo" or candidate.is_file():
-                options[key] = str(candidate)
+    options = resolve_task_paths({"evaluator": table}, task_dir)["evaluator"]
+    options.pop("strategy")
     return EvaluatorSpec(strategy=table["strategy"], options=options)

@@ -114,6 +114,9 @@ class HarnessAgentRunner:
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgument(f"invalid options for harness {name!r}: {exc}", details={"harness": name}) from None
         _string_list(spec.metadata.get("artifact_paths"))
+        repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
+        if repo:
+            _repository(str(repo), must_exist=False)
 
     async def _sandbox_endpoints(self, runtime: Runtime, endpoints: ProxyEndpoints) -> ProxyEndpoints:
         """The endpoints as the harness inside ``runtime`` reaches them (through the tunnel in proxy mode)."""
@@ -131,7 +134,7 @@ class HarnessAgentRunner:
         workspace = runtime.root / self._workspace_dir
         repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
         if repo:
-            await runtime.upload(Path(str(repo)), self._workspace_dir)
+            await runtime.upload(_repository(str(repo)), self._workspace_dir)
         else:
             await _check(runtime, ["mkdir", "-p", str(workspace)], "creating the workspace")
         await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
@@ -252,3 +255,19 @@ class SpecRuntimeFactory:
             InvalidArgument: The task's runtime table is malformed.
         """
         return self.inner.create(self.runtime_spec(spec), session_id=spec.session_id)
+
+
+def _repository(repo: str, *, must_exist: bool = True) -> Path:
+    """The task's repository snapshot on this host, or a clear error naming what is wrong with the path."""
+    path = Path(repo)
+    if not path.is_absolute():
+        raise InvalidArgument(
+            f"the task's repository {repo!r} is a relative path: a task must name it absolutely "
+            "(polar submit, polar run and polar_client.load_task resolve a task file's paths against its folder)",
+            details={"repo": repo},
+        )
+    if must_exist and not path.exists():
+        raise FailedPrecondition(
+            f"the task's repository {repo} does not exist on this gateway's host", details={"repo": repo}
+        )
+    return path

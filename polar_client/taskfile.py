@@ -11,6 +11,7 @@ from google.protobuf import json_format, struct_pb2
 from polar.common.v1 import reconstruction_pb2, task_pb2
 
 from polar_core.errors import InvalidArgument
+from polar_core.task_paths import resolve_task_paths
 
 __all__ = ["load_task", "task_from_mapping"]
 
@@ -87,11 +88,11 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
 
 
 def load_task(path: Path | str) -> task_pb2.Task:
-    """Read a ``TASK.yaml`` file."""
+    """Read a ``TASK.yaml`` file; paths in it (``evaluator.repo``, ...) are made absolute against its folder."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise InvalidArgument(f"cannot read task file {path}: {exc}") from None
     if not isinstance(data, Mapping):
         raise InvalidArgument(f"{path}: a task file must be a mapping")
-    return task_from_mapping(data)
+    return task_from_mapping(resolve_task_paths(data, Path(path).parent.resolve()))

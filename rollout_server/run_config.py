@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from polar_core.errors import FailedPrecondition, InvalidArgument
+from polar_core.task_paths import absolute_path, resolve_task_paths
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -164,16 +165,6 @@ def _section(data: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _absolute(value: Any, base: Path, *, must_exist: bool) -> Any:
-    """``value`` resolved against ``base`` when it is a relative path (left alone when it is not a path)."""
-    if not isinstance(value, str) or not value or "\n" in value:
-        return value
-    candidate = (base / value).resolve()
-    if must_exist and not candidate.exists():
-        return value
-    return str(candidate)
-
-
 def _harness(data: dict[str, Any], overrides: RunOverrides, backend: str) -> tuple[str, dict[str, Any]]:
     table = _section(data, "harness")
     name = str(table.pop("name", "") or "")
@@ -226,14 +217,14 @@ def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> t
     name = str(table.pop("name", "") or "")
     for key in ("script",):
         if key in table:
-            table[key] = _absolute(table[key], task_dir, must_exist=True)
+            table[key] = absolute_path(table[key], task_dir, must_exist=True)
     if isinstance(table.get("sessions"), Mapping):
-        table["sessions"] = {k: _absolute(v, task_dir, must_exist=True) for k, v in table["sessions"].items()}
+        table["sessions"] = {k: absolute_path(v, task_dir, must_exist=True) for k, v in table["sessions"].items()}
     if overrides.backend and overrides.backend != name:
         name, table = overrides.backend, {}
     cli_options = dict(overrides.backend_options)
     if isinstance(cli_options.get("script"), str):
-        cli_options["script"] = _absolute(cli_options["script"], Path.cwd(), must_exist=True)
+        cli_options["script"] = absolute_path(cli_options["script"], Path.cwd(), must_exist=True)
     table.update(cli_options)
     model_name = str(table.pop("model_name", "") or _MODEL_NAME)
     return name or DEFAULT_BACKEND, table, model_name
@@ -262,17 +253,9 @@ def prepare_task(
     if overrides.timeout_s is not None:
         task["timeout_seconds"] = overrides.timeout_s
 
-    evaluator = _section(task, "evaluator")
-    for key, must_exist in (("repo", False), ("test_patch", True)):
-        if key in evaluator:
-            evaluator[key] = _absolute(evaluator[key], task_dir, must_exist=must_exist)
-    if evaluator:
-        task["evaluator"] = evaluator
-    metadata = _section(task, "metadata")
-    if "repo" in metadata:
-        metadata["repo"] = _absolute(metadata["repo"], task_dir, must_exist=False)
-    if metadata:
-        task["metadata"] = metadata
+    for key in ("evaluator", "metadata"):
+        _section(task, key)  # a mapping or absent, else a clear error
+    task = resolve_task_paths(task, task_dir)
 
     backend, backend_options, model_name = _backend(task, overrides, task_dir)
     harness, harness_options = _harness(task, overrides, backend)

@@ -2,8 +2,9 @@
 
 Nothing here runs on import. ``start_private_dockerd`` starts ``dockerd`` as a child with its own data root,
 exec root and socket (no default bridge, no iptables), so tests never touch a system daemon.
-``ensure_python_image`` makes a Debian bookworm minbase image with python3 (and venv), pytest and git: the root
-file system is built once per machine with ``debootstrap`` into ``cache_dir`` and then ``docker import``-ed.
+``ensure_python_image`` makes a Debian bookworm minbase image with python3 (and venv), pytest, git, bubblewrap and
+ca-certificates: the root file system is built once per machine with ``debootstrap`` into ``cache_dir`` and then
+``docker import``-ed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 __all__ = ["PYTHON_IMAGE_TAG", "PrivateDockerd", "ensure_python_image", "start_private_dockerd"]
 
 PYTHON_IMAGE_TAG = "polar-test-python:bookworm"
-_ROOTFS_NAME = "debian-bookworm-python3-venv-pytest-git.tar"
+_ROOTFS_NAME = "debian-bookworm-python3-venv-pytest-git-bwrap-certs.tar"
 # Bulky parts of the root file system that no test needs.
 _STRIP = ("usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info", "var/cache/apt",
           "var/lib/apt/lists")  # fmt: skip
@@ -127,7 +128,7 @@ def _build_rootfs(cache_dir: Path) -> Path | None:
             [
                 "debootstrap",
                 "--variant=minbase",
-                "--include=python3,python3-venv,python3-pytest,git",
+                "--include=python3,python3-venv,python3-pytest,git,bubblewrap,ca-certificates",
                 "bookworm",
                 str(rootfs),
                 "http://deb.debian.org/debian",
@@ -147,7 +148,7 @@ def _build_rootfs(cache_dir: Path) -> Path | None:
 
 
 def ensure_python_image(client: Any, cache_dir: Path) -> str | None:
-    """Return the tag of an image with python3 (and venv), pytest and git, importing or building it as needed.
+    """Return the tag of an image with python3 (venv), pytest, git, bubblewrap and CA certificates, built as needed.
 
     Returns ``None`` when it cannot be built here (no debootstrap, or no Debian mirror reachable).
     """

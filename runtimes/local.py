@@ -40,6 +40,8 @@ _log = logging.getLogger(__name__)
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 _FORWARDER = ".polar/tunnel.py"
+_UNSHARE_FLAGS = ("unshare", "--user", "--map-root-user", "--pid", "--ipc", "--uts", "--mount", "--fork",
+                  "--kill-child", "--mount-proc")  # fmt: skip
 # Where the proxy's socket appears inside the sandbox: a short fixed path, because a Unix socket path is limited
 # to 108 bytes and session directories (which keep their host path) can be longer than that.
 _PROXY_SOCKET = "/run/polar/proxy.sock"
@@ -59,9 +61,9 @@ async def detect_isolation() -> Isolation:
         ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
     ):
         return Isolation.BWRAP
-    if shutil.which("unshare") and await _probe(
-        ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "true"]
-    ):
+    # The probes use the flags the runtime runs with: inside a container whose /proc is masked (Docker's
+    # default), creating namespaces works but mounting a fresh /proc does not, and both tools need that.
+    if shutil.which("unshare") and await _probe([*_UNSHARE_FLAGS, "--net", "--", "true"]):
         return Isolation.UNSHARE
     return Isolation.NONE
 
@@ -184,10 +186,7 @@ class LocalRuntime:
             return [*self._bwrap_prefix(cwd, env), "--", *inner]
         if self._isolation is Isolation.UNSHARE:
             net = [] if self._spec.network is NetworkMode.HOST else ["--net"]
-            return [
-                "unshare", "--user", "--map-root-user", *net, "--pid", "--ipc", "--uts", "--mount",
-                "--fork", "--kill-child", "--mount-proc", "--", *inner,
-            ]  # fmt: skip
+            return [*_UNSHARE_FLAGS, *net, "--", *inner]
         return inner
 
     def _read_only_paths(self) -> list[Path]:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
-from gateway.model import HarnessConfig, RuntimeConfig, SessionSpec
+from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory, _repository
+from gateway.model import EvaluatorConfig, HarnessConfig, RuntimeConfig, SessionSpec
 from gateway.tunnel import ProxyTunnel
-from polar_core.errors import InvalidArgument
+from polar_core.errors import FailedPrecondition, InvalidArgument
 from runtimes import DefaultRuntimeFactory, NetworkMode
 
 
@@ -60,6 +61,17 @@ def test_malformed_tasks_are_refused(tmp_path: Path, harness: str, options: dict
 
     with pytest.raises(InvalidArgument):
         admit()
+
+
+def test_a_relative_repository_is_refused_at_admission_and_a_missing_one_at_init(tmp_path: Path) -> None:
+    relative = dataclasses.replace(_spec(), evaluator=EvaluatorConfig("swe", {"repo": "repo"}))
+    with pytest.raises(InvalidArgument, match="relative path"):
+        HarnessAgentRunner().validate(relative)
+    missing = dataclasses.replace(_spec(), metadata={"repo": str(tmp_path / "nowhere")})
+    HarnessAgentRunner().validate(missing)  # it may exist on the gateway host that runs the session
+    with pytest.raises(FailedPrecondition, match="does not exist on this gateway"):
+        _repository(str(tmp_path / "nowhere"))
+    assert _repository(str(tmp_path)) == tmp_path
 
 
 def test_well_formed_task_passes(tmp_path: Path) -> None:

@@ -71,3 +71,29 @@ def test_apptainer_argv_host_network_and_proxy_socket() -> None:
     argv = build_exec_argv(proxy, host_root=Path("/s"), argv=["true"], cwd=PurePosixPath("/polar/session"), env={})
     assert "/run/p.sock:/polar/session/.polar/proxy.sock" in argv
     assert argv[argv.index("--network") + 1] == "none"
+
+
+async def test_isolation_probes_use_the_flags_the_runtime_runs_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A container with a masked /proc lets namespaces be made but not /proc be mounted: the probe must see that."""
+    import shutil
+
+    import runtimes.local as local
+    from runtimes.spec import Isolation
+
+    probed: list[list[str]] = []
+
+    async def probe(argv: list[str]) -> bool:
+        probed.append(list(argv))
+        return "--mount-proc" not in argv and "--proc" not in argv  # as in such a container
+
+    monkeypatch.setattr(local, "_probe", probe)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert await local.detect_isolation() is Isolation.NONE
+    assert [argv[0] for argv in probed] == ["bwrap", "unshare"]
+    spec = RuntimeSpec(kind=RuntimeKind.LOCAL, network=NetworkMode.NONE)
+    runtime = local.LocalRuntime(spec, session_id="s", base_dir=tmp_path)
+    runtime._isolation = Isolation.UNSHARE
+    run = runtime.wrap_argv(["true"], cwd=PurePosixPath("/"), env={})
+    assert set(run[: run.index("--")]) == set(probed[1][: probed[1].index("--")])
