@@ -1,9 +1,9 @@
 """Durable per-session storage: ``<state_dir>/sessions/<dir>/session.json`` and ``completions.jsonl``.
 
-Completion records are appended one JSON line each and fsync'd before the call is answered, so a restarted
-proxy loses no finished call. ``session.json`` holds the session's metadata and the SHA-256 digests of its
-tokens (never a token itself); it is replaced atomically. A torn last line (a crash mid-append) is dropped
-on load.
+Completion records are appended one JSON line each and made durable (``fdatasync``) before the call is
+answered, so a restarted proxy loses no finished call. ``session.json`` holds the session's metadata and the
+SHA-256 digests of its tokens (never a token itself); it is replaced atomically. A torn last line (a crash
+mid-append) is dropped on load.
 """
 
 from __future__ import annotations
@@ -100,13 +100,18 @@ class SessionStore:
             prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
                 (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
         """
-        line = _record_line(record, prompt_ids_json)
+        data = memoryview(_record_line(record, prompt_ids_json).encode("utf-8"))
         path = self._dir(record.session_id) / "completions.jsonl"
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
+        # Plain descriptor calls: no buffered text file object per record. fdatasync makes an append durable
+        # (it flushes the data and the file size) without the metadata that reading it back does not need.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
             if self._fsync:
-                os.fsync(fh.fileno())
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def load_all(self) -> list[StoredSession]:
         """Load every stored session (records in seq order)."""
