@@ -326,8 +326,9 @@ class Call:
                 "replica": "",
             },
         )
+        alone = self.engine.gate.in_flight <= 1  # this call is the only one between the gate and its answer
         task = asyncio.ensure_future(
-            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json)
+            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json, alone=alone)
         )
         self.engine.keep(task)
         await asyncio.shield(task)
