@@ -165,7 +165,7 @@ class SessionRegistry:
                 # Shielded: a caller that goes away must not leave a half-written line behind.
                 await asyncio.shield(asyncio.to_thread(self._timed_append, record, prompt_ids_json))
             else:
-                # Without fsync the write only reaches the page cache: always cheaper inline than a thread hop.
+                # A page-cache write (fsync off), or a lone call's durable write on a fast disk: inline.
                 self._timed_append(record, prompt_ids_json)
             session.records.append(record)
         session.notify()
