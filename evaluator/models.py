@@ -7,7 +7,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Self
 
-from polar_core.records import TerminalStatus, Trace
+from polar_core.records import AgentStatus, TerminalStatus, Trace
 
 __all__ = [
     "AgentStatus",
@@ -18,15 +18,6 @@ __all__ = [
     "TestOutcome",
     "TestStatus",
 ]
-
-
-class AgentStatus(enum.StrEnum):
-    """How the agent run ended, as the gateway saw it."""
-
-    COMPLETED = "completed"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    CANCELLED = "cancelled"
 
 
 class TestStatus(enum.StrEnum):

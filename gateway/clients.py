@@ -43,9 +43,8 @@ from gateway.pipeline import Capacity
 from gateway.registration import HeartbeatReply, Lease
 from polar_core import errors
 from polar_core.channels import open_channel
-from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
+from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus
 from polar_core.tls import TlsFiles
-from reconstructor.stats import ReconstructionStats
 
 __all__ = [
     "GrpcEvaluatorClient",

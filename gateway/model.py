@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
-from reconstructor.stats import ReconstructionStats
+from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
 
 __all__ = [
     "AgentOutcome",

@@ -25,8 +25,7 @@ from gateway.model import (
 )
 from gateway.seams import PreparedAgent
 from polar_core.errors import DeadlineExceeded, InvalidArgument, NotFound
-from polar_core.records import CompletionRecord, TerminalStatus, Trace
-from reconstructor.stats import ReconstructionStats
+from polar_core.records import CompletionRecord, ReconstructionStats, TerminalStatus, Trace
 from runtimes.base import ExecResult, Runtime
 
 __all__ = [

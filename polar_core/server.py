@@ -7,8 +7,8 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +23,8 @@ from polar_core.tls import TlsFiles, server_credentials
 
 __all__ = [
     "ManagedServer",
+    "RunningService",
+    "ServiceApp",
     "ServiceRegistration",
     "run_until_signal",
     "start_grpc_server",
@@ -114,7 +116,68 @@ async def run_until_signal(
         task.cancel()
 
 
-class ManagedServer:
+class ServiceApp(Protocol):
+    """What a service's ``app.py`` builds from its settings: the domain object and everything it owns."""
+
+    async def close(self) -> None:
+        """Release what the app owns (stores, clients, runtimes, HTTP fronts, background loops)."""
+
+
+AppT = TypeVar("AppT", bound=ServiceApp)
+
+
+@dataclasses.dataclass
+class RunningService(Generic[AppT]):
+    """A started service: its gRPC server, the port it bound and the app behind it.
+
+    Every service's ``server.start_server(settings)`` returns one; ``create_server`` hands out
+    :meth:`as_grpc_server` for callers (``polar serve``, tests) that stop everything with one
+    ``await server.stop(grace)``.
+    """
+
+    server: grpc.aio.Server
+    port: int
+    app: AppT
+    _stopped: bool = dataclasses.field(default=False, init=False, repr=False)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving (letting calls finish within ``grace``), then close the app; idempotent."""
+        await self.server.stop(grace)
+        if not self._stopped:
+            self._stopped = True
+            await self.app.close()
+
+    def as_grpc_server(self) -> grpc.aio.Server:
+        """This service as a ``grpc.aio.Server`` whose ``stop`` also closes the app."""
+        return _OwningServer(self)
+
+
+class _OwningServer(grpc.aio.Server):
+    """A ``grpc.aio.Server`` that delegates to a :class:`RunningService`; ``stop`` closes the app too."""
+
+    def __init__(self, running: RunningService[Any]) -> None:
+        self.running = running
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]) -> None:
+        self.running.server.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self.running.server.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self.running.server.add_secure_port(address, server_credentials)
+
+    async def start(self) -> None:
+        await self.running.server.start()
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.running.stop(grace)
+
+    async def wait_for_termination(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 (grpc's API)
+        return await self.running.server.wait_for_termination(timeout)
+
+
+class ManagedServer:  # TODO(#10): removed once every service returns RunningService
     """A gRPC server whose ``stop`` also releases what the service holds (stores, runtimes, HTTP apps).
 
     ``create_server`` returns one of these where a service owns resources beyond the gRPC server, so callers

@@ -5,6 +5,7 @@ See ``docs/reconstruction.md`` for the strategies and the guarantees each one gi
 
 from __future__ import annotations
 
+from polar_core.records import ReconstructionStats, SplitReason
 from reconstructor.core import (
     ReconstructionOptions,
     ReconstructionResult,
@@ -15,7 +16,6 @@ from reconstructor.core import (
 )
 from reconstructor.eot import detect_end_of_turn_ids, end_of_turn_ids_from_tokenizer
 from reconstructor.errors import EndOfTurnUnknown, MalformedCompletions
-from reconstructor.stats import ReconstructionStats, SplitReason
 from reconstructor.weights import WeightingMode, trace_weights
 
 __all__ = [

@@ -32,9 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from polar_core.records import CompletionRecord, ReconstructionStrategy
+from polar_core.records import CompletionRecord, ReconstructionStrategy, SplitReason
 from reconstructor.prefix import TokenArray, as_tokens, equal_tokens
-from reconstructor.stats import SplitReason
 
 __all__ = ["Chain", "ChainBuilder", "PreparedCall", "prepare"]
 

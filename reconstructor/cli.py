@@ -12,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, read_jsonl, write_jsonl
+from polar_core.records import (
+    CompletionRecord,
+    ReconstructionStats,
+    ReconstructionStrategy,
+    TerminalStatus,
+    read_jsonl,
+    write_jsonl,
+)
 from reconstructor.core import ReconstructionOptions, SessionOutcome, reconstruct
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
 from reconstructor.export import write_parquet
-from reconstructor.stats import ReconstructionStats
 from reconstructor.weights import WeightingMode
 
 __all__ = ["add_parser", "load_outcomes", "run"]

@@ -8,8 +8,7 @@ from __future__ import annotations
 from polar.common.v1 import reconstruction_pb2
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import ReconstructionStrategy
-from reconstructor.stats import ReconstructionStats
+from polar_core.records import ReconstructionStats, ReconstructionStrategy
 
 __all__ = ["stats_to_proto", "strategy_from_proto"]
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
+from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
 from reconstructor.chains import Chain, ChainBuilder, PreparedCall, prepare
 from reconstructor.eot import detect_end_of_turn_ids
 from reconstructor.errors import MalformedCompletions
-from reconstructor.stats import ReconstructionStats
 from reconstructor.weights import WeightingMode, trace_weights
 
 __all__ = [
