@@ -15,8 +15,8 @@ def duration(value_s: float) -> duration_pb2.Duration:
 
 
 def seconds(value: duration_pb2.Duration) -> float:
-    """The length of a ``Duration`` in seconds."""
-    return float(value.ToNanoseconds()) / 1e9
+    """The length of a ``Duration`` in seconds (computed as every service always has, so hashes stay stable)."""
+    return value.seconds + value.nanos / 1e9
 
 
 def timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
@@ -28,4 +28,4 @@ def timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
 
 def timestamp_seconds(value: timestamp_pb2.Timestamp) -> float:
     """A ``Timestamp`` as Unix seconds."""
-    return float(value.ToNanoseconds()) / 1e9
+    return value.seconds + value.nanos / 1e9
