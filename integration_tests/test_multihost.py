@@ -43,10 +43,10 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
+from integration_tests.support.postgres import PG_BIN, postgres_available
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
 from polar_core.server import ServiceRegistration, start_grpc_server
-from rollout_server.testing.postgres import PG_BIN, postgres_available
 
 pytestmark = [
     pytest.mark.slow,

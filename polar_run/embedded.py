@@ -26,6 +26,7 @@ from typing import Any, Self
 import grpc
 
 from polar_core.errors import Unavailable
+from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["EmbeddedStack", "StackOptions", "end_of_turn_ids"]
@@ -88,12 +89,22 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     return (eos,) if isinstance(eos, int) else ()
 
 
-async def _start_proxy(settings: Any) -> tuple[grpc.aio.Server, int, Any]:
+class _ProxyApp:
+    """The model proxy's app as a :class:`~polar_core.server.ServiceApp` (``close`` stops it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def close(self) -> None:
+        await self.app.stop()
+
+
+async def _start_proxy(settings: Any) -> tuple[RunningService[_ProxyApp], Any]:
     """Start the model proxy as ``model_proxy.server.create_server`` does, keeping the policy's tokenizer."""
     from model_proxy.app import ProxyApp
     from model_proxy.policy import load_policy, make_backend
     from model_proxy.servicer import registration
-    from polar_core.server import ManagedServer, start_grpc_server
+    from polar_core.server import start_grpc_server
 
     tracer_provider = create_tracer_provider("proxy")
     policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
@@ -111,7 +122,7 @@ async def _start_proxy(settings: Any) -> tuple[grpc.aio.Server, int, Any]:
     except BaseException:
         await app.stop()
         raise
-    return ManagedServer(server, app.stop).as_server(), port, policy.tokenizer
+    return RunningService(server, port, _ProxyApp(app)), policy.tokenizer
 
 
 class _LateSink:
@@ -149,9 +160,9 @@ class EmbeddedStack:
         from gateway.server import create_server as create_gateway
         from gateway.settings import GatewaySettings
         from model_proxy.settings import ProxySettings
-        from polar_core.services import service_spec
+        from polar_run.serve import service_spec
         from reconstructor.settings import ReconstructorSettings
-        from rollout_server.server import start_rollout_server
+        from rollout_server.server import start_server as start_rollout
         from rollout_server.settings import RolloutSettings
 
         token = secrets.token_urlsafe(24)
@@ -173,8 +184,9 @@ class EmbeddedStack:
                 context_length=options.context_length,
                 fsync=options.fsync,
             )
-            proxy, proxy_port, tokenizer = await _start_proxy(proxy_settings)
-            stopping(proxy)
+            proxy, tokenizer = await _start_proxy(proxy_settings)
+            stack.push_async_callback(proxy.stop, _STOP_GRACE_S)
+            proxy_port = proxy.port
             reconstructor = service_spec("reconstructor")
             recon, recon_port = await reconstructor.start(
                 ReconstructorSettings(
@@ -222,7 +234,7 @@ class EmbeddedStack:
                 dispatch_interval_s=0.2,
                 heartbeat_interval_s=2.0,
             )
-            rollout = await start_rollout_server(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
+            rollout = await start_rollout(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
             stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
