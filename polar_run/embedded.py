@@ -137,6 +137,58 @@ class _LateSink:
         await self.target.report(result)
 
 
+def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
+    from model_proxy.settings import ProxySettings
+
+    return ProxySettings(
+        host=_HOST,
+        http_host=_HOST,
+        state_dir=state / "proxy",
+        auth_token=token,
+        model=options.model,
+        backend=options.backend,
+        backend_options=dict(options.backend_options),
+        default_max_tokens=options.default_max_tokens,
+        context_length=options.context_length,
+        fsync=options.fsync,
+    )
+
+
+def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Mapping[str, int]) -> Any:
+    from gateway.settings import GatewaySettings
+
+    return GatewaySettings(
+        host=_HOST,
+        state_dir=state / "gateway",
+        auth_token=token,
+        gateway_id="embedded",
+        proxy_address=f"{_HOST}:{ports['proxy']}",
+        reconstructor_address=f"{_HOST}:{ports['reconstructor']}",
+        evaluator_address=f"{_HOST}:{ports['evaluator']}",
+        running_workers=options.running_workers,
+        init_workers=options.init_workers,
+        ready_capacity=max(1, options.init_workers),
+        postrun_workers=options.postrun_workers,
+        harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
+        metrics_port=-1,
+    )
+
+
+def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int) -> Any:
+    from rollout_server.settings import RolloutSettings
+
+    return RolloutSettings(
+        host=_HOST,
+        state_dir=state / "rollout",
+        auth_token=token,
+        gateway_addresses=[f"{_HOST}:{gateway_port}"],
+        max_attempts=options.max_attempts,
+        session_grace_s=options.session_grace_s,
+        dispatch_interval_s=0.2,
+        heartbeat_interval_s=2.0,
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddedStack:
     """A running embedded stack: the addresses of its services and their shared control-plane token."""
@@ -158,37 +210,22 @@ class EmbeddedStack:
         from gateway.clients import GrpcResultSink
         from gateway.server import GatewaySeams
         from gateway.server import create_server as create_gateway
-        from gateway.settings import GatewaySettings
-        from model_proxy.settings import ProxySettings
         from polar_run.serve import service_spec
         from reconstructor.settings import ReconstructorSettings
         from rollout_server.server import start_server as start_rollout
-        from rollout_server.settings import RolloutSettings
 
         token = secrets.token_urlsafe(24)
         state = options.state_dir.absolute()
+        ports: dict[str, int] = {}
         async with contextlib.AsyncExitStack() as stack:
 
             def stopping(server: grpc.aio.Server) -> None:
                 stack.push_async_callback(server.stop, _STOP_GRACE_S)
 
-            proxy_settings = ProxySettings(
-                host=_HOST,
-                http_host=_HOST,
-                state_dir=state / "proxy",
-                auth_token=token,
-                model=options.model,
-                backend=options.backend,
-                backend_options=dict(options.backend_options),
-                default_max_tokens=options.default_max_tokens,
-                context_length=options.context_length,
-                fsync=options.fsync,
-            )
-            proxy, tokenizer = await _start_proxy(proxy_settings)
+            proxy, tokenizer = await _start_proxy(_proxy_settings(options, state, token))
             stack.push_async_callback(proxy.stop, _STOP_GRACE_S)
-            proxy_port = proxy.port
-            reconstructor = service_spec("reconstructor")
-            recon, recon_port = await reconstructor.start(
+            ports["proxy"] = proxy.port
+            recon, ports["reconstructor"] = await service_spec("reconstructor").start(
                 ReconstructorSettings(
                     host=_HOST,
                     state_dir=state / "reconstructor",
@@ -198,43 +235,22 @@ class EmbeddedStack:
                 create_tracer_provider("reconstructor"),
             )
             stopping(recon)
-            evaluator = service_spec("evaluator")
-            evaluator_server, eval_port = await evaluator.start(
+            evaluator, ports["evaluator"] = await service_spec("evaluator").start(
                 EvaluatorSettings(host=_HOST, state_dir=state / "evaluator", auth_token=token),
                 create_tracer_provider("evaluator"),
             )
-            stopping(evaluator_server)
+            stopping(evaluator)
             sink = _LateSink()
-            gateway_settings = GatewaySettings(
-                host=_HOST,
-                state_dir=state / "gateway",
-                auth_token=token,
-                gateway_id="embedded",
-                proxy_address=f"{_HOST}:{proxy_port}",
-                reconstructor_address=f"{_HOST}:{recon_port}",
-                evaluator_address=f"{_HOST}:{eval_port}",
-                running_workers=options.running_workers,
-                init_workers=options.init_workers,
-                ready_capacity=max(1, options.init_workers),
-                postrun_workers=options.postrun_workers,
-                harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
-                metrics_port=-1,
-            )
-            gateway, gateway_port = await create_gateway(
-                gateway_settings, tracer_provider=create_tracer_provider("gateway"), seams=GatewaySeams(sink=sink)
+            gateway, ports["gateway"] = await create_gateway(
+                _gateway_settings(options, state, token, ports),
+                tracer_provider=create_tracer_provider("gateway"),
+                seams=GatewaySeams(sink=sink),
             )
             stopping(gateway)
-            rollout_settings = RolloutSettings(
-                host=_HOST,
-                state_dir=state / "rollout",
-                auth_token=token,
-                gateway_addresses=[f"{_HOST}:{gateway_port}"],
-                max_attempts=options.max_attempts,
-                session_grace_s=options.session_grace_s,
-                dispatch_interval_s=0.2,
-                heartbeat_interval_s=2.0,
+            rollout = await start_rollout(
+                _rollout_settings(options, state, token, ports["gateway"]),
+                tracer_provider=create_tracer_provider("rollout"),
             )
-            rollout = await start_rollout(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
             stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
@@ -242,9 +258,9 @@ class EmbeddedStack:
             yield cls(
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
-                gateway_address=f"{_HOST}:{gateway_port}",
-                proxy_address=f"{_HOST}:{proxy_port}",
-                reconstructor_address=f"{_HOST}:{recon_port}",
-                evaluator_address=f"{_HOST}:{eval_port}",
+                gateway_address=f"{_HOST}:{ports['gateway']}",
+                proxy_address=f"{_HOST}:{ports['proxy']}",
+                reconstructor_address=f"{_HOST}:{ports['reconstructor']}",
+                evaluator_address=f"{_HOST}:{ports['evaluator']}",
                 options=options,
             )
