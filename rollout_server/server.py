@@ -11,8 +11,10 @@ from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
+from rollout_server.ports import CallbackSender, GatewayClient
 from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
+from rollout_server.store import Store
 
 __all__ = ["create_server", "main", "start_server"]
 
@@ -20,14 +22,26 @@ _SERVICE = rollout_service_pb2.DESCRIPTOR.services_by_name["RolloutService"]
 
 
 async def start_server(
-    settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None, app: RolloutApp | None = None
+    settings: RolloutSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    store: Store | None = None,
+    gateway_client: GatewayClient | None = None,
+    callback_sender: CallbackSender | None = None,
 ) -> RunningService[RolloutApp]:
-    """Open the app (or serve the given ``app``), serve it on ``settings.host:settings.port``, then start it.
+    """Open the app, serve it on ``settings.host:settings.port`` (0 picks a port), then start it.
 
+    ``store``, ``gateway_client`` and ``callback_sender`` replace the ones the settings name (tests, benchmarks).
     Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
     ``stop`` on the result stops serving, then the loops, and closes the store.
     """
-    app = app or await RolloutApp.open(settings, tracer_provider=tracer_provider)
+    app = await RolloutApp.open(
+        settings,
+        tracer_provider=tracer_provider,
+        store=store,
+        gateway_client=gateway_client,
+        callback_sender=callback_sender,
+    )
     servicer = RolloutServicer(app.core)
     registration = ServiceRegistration(
         _SERVICE.full_name,
