@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_core.services import service_spec
+from polar_run.serve import service_spec
 
-POLAR = [sys.executable, "-m", "polar_core"]
+POLAR = [sys.executable, "-m", "polar_run"]
 
 
 def test_serve_check_runs_a_subset_and_reports_health(tmp_path: Path) -> None:

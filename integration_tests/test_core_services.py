@@ -14,7 +14,7 @@ from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 from polar_core.channels import open_channel
 from polar_core.errors import InvalidArgument, ResourceExhausted
 from polar_core.server import ServiceRegistration, start_grpc_server
-from polar_core.services import SERVICE_NAMES, service_spec
+from polar_run.serve import SERVICE_NAMES, service_spec
 
 
 @pytest.mark.parametrize("name", SERVICE_NAMES)

@@ -45,7 +45,7 @@ from polar_core.convert import completion_from_proto
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import TerminalStatus
 from polar_core.server import start_grpc_server
-from polar_core.services import service_spec
+from polar_run.serve import service_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BIN_DIR = REPO / ".harnesses" / "node_modules" / ".bin"

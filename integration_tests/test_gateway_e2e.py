@@ -31,7 +31,7 @@ from gateway.server import create_server
 from gateway.settings import GatewaySettings
 from polar_core.channels import open_channel
 from polar_core.server import ServiceRegistration, start_grpc_server
-from polar_core.services import service_spec
+from polar_run.serve import service_spec
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for the workspace"),

@@ -29,9 +29,10 @@ from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
 from polar_core.channels import open_channel
 from polar_core.model_fixtures import build_tiny_tokenizer
-from polar_core.server import start_grpc_server
-from polar_core.services import service_spec
-from rollout_server.server import RolloutServer, start_rollout_server
+from polar_core.server import RunningService, start_grpc_server
+from polar_run.serve import service_spec
+from rollout_server.app import RolloutApp
+from rollout_server.server import start_server as start_rollout_server
 from rollout_server.settings import RolloutSettings
 
 pytestmark = [
@@ -52,7 +53,7 @@ print(json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][
 
 
 class Stack:
-    rollout: RolloutServer
+    rollout: RunningService[RolloutApp]
     gateway: Any
     gateway_port: int
     rollout_stub: Any

@@ -43,10 +43,10 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
+from integration_tests.support.postgres import PG_BIN, postgres_available
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
 from polar_core.server import ServiceRegistration, start_grpc_server
-from rollout_server.testing.postgres import PG_BIN, postgres_available
 
 pytestmark = [
     pytest.mark.slow,
@@ -137,8 +137,9 @@ class Cluster:
     netns: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def polar_bin(self) -> Path:
-        return Path(sys.executable).with_name("polar")
+    def polar_argv(self) -> list[str]:
+        """The ``polar`` command: what the installed script runs (``polar_run.cli:main``), from this checkout."""
+        return [sys.executable, "-m", "polar_run"]
 
     def ns(self, host: str) -> str:
         return f"polar-{self.tag}-{host}"
@@ -171,7 +172,7 @@ class Cluster:
         full_env.update(env)
         # grpc and urllib would honour a proxy from the environment; every address here is local.
         full_env["no_proxy"] = full_env["NO_PROXY"] = "*"
-        argv = ["ip", "netns", "exec", self.ns(host), str(self.polar_bin), "-v", "serve", service]
+        argv = ["ip", "netns", "exec", self.ns(host), *self.polar_argv, "-v", "serve", service]
         argv += ["--state-dir", str(state), "--host", address, "--port", str(port)]
         with log.open("ab") as out:
             process = subprocess.Popen(
@@ -302,8 +303,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     reason = _netns_permitted()
     if reason is not None:
         pytest.skip(reason)
-    if not Path(sys.executable).with_name("polar").exists():
-        pytest.skip("the 'polar' command is not installed next to this Python")
     pg_dir = Path(tempfile.mkdtemp(prefix="polar-mh-pg-"))
     shutil.chown(pg_dir, "postgres")
     c = Cluster(tag=f"{os.getpid() % 0xFFFF:04x}", subnet=_free_subnet(), root=tmp_path, pg_dir=pg_dir)

@@ -23,8 +23,8 @@ import yaml
 from evaluator.settings import EvaluatorSettings
 from gateway.settings import GatewaySettings
 from model_proxy.settings import ProxySettings
-from polar_core.services import SERVICE_NAMES
 from polar_core.settings import ServiceSettings, TelemetrySettings
+from polar_run.serve import SERVICE_NAMES
 from reconstructor.settings import ReconstructorSettings
 from rollout_server.settings import RolloutSettings
 

@@ -1,4 +1,4 @@
-"""``polar run`` as a user runs it: the installed command in a subprocess, the embedded stack in it.
+"""``polar run`` as a user runs it: the ``polar`` command in a subprocess, the embedded stack in it.
 
 * the scripted backend with the ``command`` harness (a small Python agent loop with a shell tool) fixes
   ``examples/tasks/paginate``: exit 0, the run directory's three JSONL files carry the contract fields, the
@@ -95,10 +95,8 @@ pytestmark = [
 
 
 def _polar_argv() -> list[str]:
-    installed = Path(sys.executable).parent / "polar"
-    if installed.exists():
-        return [str(installed)]
-    return [sys.executable, "-c", "from polar_core.cli import main; main()"]
+    # What the installed ``polar`` script runs (``polar_run.cli:main``), from this checkout.
+    return [sys.executable, "-m", "polar_run"]
 
 
 def run_polar(*args: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:

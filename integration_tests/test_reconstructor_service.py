@@ -15,7 +15,7 @@ from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as pb_grpc
 from polar_core.channels import open_channel
 from polar_core.convert import completion_to_proto
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus
-from polar_core.services import service_spec
+from polar_run.serve import service_spec
 from reconstructor import ReconstructionOptions, SessionOutcome, WeightingMode, reconstruct_session
 from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
 

@@ -22,13 +22,14 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc, trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
+from integration_tests.support.postgres import postgres_available, private_postgres
 from polar_client import RolloutClient, traces_to_tensors
 from polar_core.errors import InvalidArgument, Unavailable
-from polar_core.server import ServiceRegistration, start_grpc_server
-from rollout_server.server import RolloutServer, start_rollout_server
+from polar_core.server import RunningService, ServiceRegistration, start_grpc_server
+from rollout_server.app import RolloutApp
+from rollout_server.server import start_server
 from rollout_server.settings import RolloutSettings
 from rollout_server.testing.fake_gateway import FakeGateway
-from rollout_server.testing.postgres import postgres_available, private_postgres
 
 TOKEN = "s3cret-token"
 
@@ -73,7 +74,7 @@ def settings(tmp_path: Path, store_url: str = "", **kw: Any) -> RolloutSettings:
 
 class Stack:
     def __init__(self) -> None:
-        self.rollout: RolloutServer | None = None
+        self.rollout: RunningService[RolloutApp] | None = None
         self.gateways: list[FakeGateway] = []
 
     @property
@@ -82,7 +83,7 @@ class Stack:
         return f"127.0.0.1:{self.rollout.port}"
 
     async def start_rollout(self, s: RolloutSettings) -> None:
-        self.rollout = await start_rollout_server(s)
+        self.rollout = await start_server(s)
         for g in self.gateways:
             g.rollout_target = self.target
 
@@ -367,7 +368,7 @@ async def test_cli_submit_and_status(stack: Stack, tmp_path: Path) -> None:
         "harness: {name: claude_code}\nruntime: {kind: local}\nbuilder: {strategy: prefix-merge}\n"
         "evaluator: {strategy: none}\nmetadata: {dataset: demo}\n"
     )
-    cmd = [sys.executable, "-c", "import sys; from polar_core.cli import main; main(sys.argv[1:])"]
+    cmd = [sys.executable, "-c", "import sys; from polar_run.cli import main; main(sys.argv[1:])"]
     common = ["--server", stack.target, "--token", TOKEN]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
+from integration_tests.support.postgres import postgres_available, private_postgres
 from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
 from rollout_server.models import (
@@ -24,7 +25,6 @@ from rollout_server.models import (
 )
 from rollout_server.store import open_store
 from rollout_server.store.sql import SqlStore
-from rollout_server.testing.postgres import postgres_available, private_postgres
 
 StoreFactory = Callable[[], Awaitable[SqlStore]]
 

@@ -38,8 +38,8 @@ from model_proxy.settings import ProxySettings
 from polar_core.channels import open_channel
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.server import start_grpc_server
-from polar_core.services import service_spec
-from rollout_server.server import start_rollout_server
+from polar_run.serve import service_spec
+from rollout_server.server import start_server as start_rollout_server
 from rollout_server.settings import RolloutSettings
 
 pytestmark = [

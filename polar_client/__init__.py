@@ -13,7 +13,16 @@ Example::
 from __future__ import annotations
 
 from polar_client.client import RolloutClient, TaskLike
+from polar_client.settings import ClientSettings
 from polar_client.taskfile import load_task, task_from_mapping
-from polar_client.tensors import traces_to_tensors
+from polar_client.tensors import as_trace, traces_to_tensors
 
-__all__ = ["RolloutClient", "TaskLike", "load_task", "task_from_mapping", "traces_to_tensors"]
+__all__ = [
+    "ClientSettings",
+    "RolloutClient",
+    "TaskLike",
+    "as_trace",
+    "load_task",
+    "task_from_mapping",
+    "traces_to_tensors",
+]

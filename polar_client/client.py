@@ -9,7 +9,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
-from google.protobuf import duration_pb2
 from opentelemetry.sdk.trace import TracerProvider
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
@@ -17,6 +16,7 @@ from polar.rollout.v1 import rollout_service_pb2_grpc
 
 from polar_client.taskfile import load_task, task_from_mapping
 from polar_core.channels import open_channel
+from polar_core.durations import duration
 from polar_core.tls import TlsFiles
 
 __all__ = ["RolloutClient", "TaskLike"]
@@ -88,9 +88,7 @@ class RolloutClient:
         )
         request = pb.SubmitTaskRequest(task=message)
         if task_timeout_s:
-            timeout = duration_pb2.Duration()
-            timeout.FromNanoseconds(int(task_timeout_s * 1e9))
-            request.task_timeout.CopyFrom(timeout)
+            request.task_timeout.CopyFrom(duration(task_timeout_s))
         return await self._stub.SubmitTask(request, timeout=self._timeout)
 
     async def get(self, task_id: str, *, summary_only: bool = False) -> pb.GetTaskResponse:

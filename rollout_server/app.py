@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from rollout_server.callbacks import CallbackSenders
-from rollout_server.core import CoreConfig, RolloutCore
-from rollout_server.delivery import Deliverer, DeliveryConfig
-from rollout_server.gateway_client import GrpcGatewayClient
+from rollout_server.clients import CallbackSenders, GrpcGatewayClient
+from rollout_server.core import RolloutCore
+from rollout_server.delivery import Deliverer
+from rollout_server.models import CoreConfig, DeliveryConfig, SchedulerConfig
 from rollout_server.ports import CallbackSender, GatewayClient
-from rollout_server.scheduler import Scheduler, SchedulerConfig
+from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
 

@@ -6,14 +6,14 @@ import hashlib
 import uuid
 from typing import Any, cast
 
-from google.protobuf import duration_pb2, json_format, timestamp_pb2
+from google.protobuf import duration_pb2, json_format
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2
 
+from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
 from polar_core.records import TerminalStatus
-from rollout_server.core import NewTask
-from rollout_server.models import CallbackTarget, GatewayRecord, ResultRecord, TaskState
+from rollout_server.models import CallbackTarget, GatewayRecord, NewTask, ResultRecord, TaskState
 from rollout_server.stats import Distribution, TaskSummary
 
 __all__ = [
@@ -54,10 +54,6 @@ def task_state_from_proto(value: int) -> TaskState | None:
         raise InvalidArgument(f"unknown task status {value}") from None
 
 
-def _seconds(duration: duration_pb2.Duration) -> float:
-    return duration.seconds + duration.nanos / 1e9
-
-
 def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration | None = None) -> NewTask:
     """Validate a submitted task and turn it into a :class:`NewTask` (assigning an id when it has none).
 
@@ -81,7 +77,7 @@ def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration
         callback = CallbackTarget("http", task.callback.http_url, task.callback.max_attempts)
     elif which == "grpc_target":
         callback = CallbackTarget("grpc", task.callback.grpc_target, task.callback.max_attempts)
-    timeout_s = _seconds(task_timeout) if task_timeout is not None else 0.0
+    timeout_s = seconds(task_timeout) if task_timeout is not None else 0.0
     if timeout_s < 0:
         raise InvalidArgument("task_timeout must not be negative")
     spec = task.SerializeToString(deterministic=True)
@@ -167,12 +163,6 @@ def result_to_json(record: ResultRecord) -> dict[str, Any]:
     return json_format.MessageToDict(result_to_proto(record), preserving_proto_field_name=True)
 
 
-def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
-
-
 def _distribution(d: Distribution) -> rollout_service_pb2.Distribution:
     return rollout_service_pb2.Distribution(count=d.count, mean=d.mean, p50=d.p50, p90=d.p90, max=d.max)
 
@@ -190,9 +180,9 @@ def summary_to_proto(summary: TaskSummary) -> rollout_service_pb2.TaskInfo:
         sessions_running=summary.sessions_running,
         sessions_by_status=summary.sessions_by_status,
         mean_reward=summary.mean_reward,
-        submitted_at=_timestamp(task.submitted_at),
+        submitted_at=timestamp(task.submitted_at),
         error_message=task.error_message,
-        deadline=_timestamp(task.deadline),
+        deadline=timestamp(task.deadline),
         statistics=rollout_service_pb2.TaskStatistics(
             session_duration_seconds=_distribution(st.session_duration_s),
             calls=_distribution(st.calls),
@@ -214,7 +204,7 @@ def summary_to_proto(summary: TaskSummary) -> rollout_service_pb2.TaskInfo:
         ),
     )
     if task.finished_at is not None:
-        info.finished_at.CopyFrom(_timestamp(task.finished_at))
+        info.finished_at.CopyFrom(timestamp(task.finished_at))
     return info
 
 

@@ -30,9 +30,10 @@ from polar_core.errors import (
 from polar_core.records import TerminalStatus
 from rollout_server.errors import GatewaySessionUnknown, GatewayUnreachable, StaleAttempt
 from rollout_server.models import (
-    CallbackTarget,
+    CoreConfig,
     DeliveryRecord,
     GatewayRecord,
+    NewTask,
     ResultRecord,
     SessionRecord,
     SessionState,
@@ -43,54 +44,12 @@ from rollout_server.ports import GatewayClient
 from rollout_server.stats import TaskSummary, summarize
 from rollout_server.store import Store
 
-__all__ = ["CoreConfig", "NewTask", "RolloutCore", "TaskPage"]
+__all__ = ["RolloutCore", "TaskPage"]
 
 _log = logging.getLogger(__name__)
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _MAX_PAGE = 1000
 _DEFAULT_PAGE = 50
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CoreConfig:
-    """The knobs of the domain (a subset of :class:`~rollout_server.settings.RolloutSettings`)."""
-
-    max_attempts: int = 3
-    retry_backoff_s: float = 1.0
-    session_grace_s: float = 300.0
-    task_timeout_s: float = 6 * 3600.0
-    max_active_tasks: int = 10_000
-    heartbeat_interval_s: float = 5.0
-    lease_ttl_s: float = 20.0
-    callback_max_attempts: int = 8
-    watch_poll_s: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NewTask:
-    """A validated submission.
-
-    Attributes:
-        task_id: The task id (already assigned when the client left it empty).
-        spec: The serialised task.
-        spec_hash: Digest of the submission; equal digests mean an identical resubmission.
-        num_samples: Sessions to run.
-        priority: Dispatch priority.
-        early_stop_min_usable: Early-stop target (0: none).
-        session_timeout_s: Agent budget per session.
-        callback: Where results are pushed.
-        task_timeout_s: Limit for the whole task; ``None`` means the server's default.
-    """
-
-    task_id: str
-    spec: bytes
-    spec_hash: str
-    num_samples: int
-    priority: int = 0
-    early_stop_min_usable: int = 0
-    session_timeout_s: float = 600.0
-    callback: CallbackTarget | None = None
-    task_timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

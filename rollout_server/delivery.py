@@ -16,25 +16,13 @@ import logging
 from collections.abc import Callable
 
 from rollout_server.errors import DeliveryFailed
-from rollout_server.models import DeliveryRecord, DeliveryState
+from rollout_server.models import DeliveryConfig, DeliveryRecord, DeliveryState
 from rollout_server.ports import CallbackSender
 from rollout_server.store import Store
 
-__all__ = ["Deliverer", "DeliveryConfig"]
+__all__ = ["Deliverer"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeliveryConfig:
-    """Retry policy of callback delivery."""
-
-    max_attempts: int = 8
-    backoff_s: float = 0.5
-    backoff_max_s: float = 60.0
-    batch: int = 64
-    concurrency: int = 16
-    poll_s: float = 1.0
 
 
 class Deliverer:

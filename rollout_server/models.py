@@ -1,4 +1,4 @@
-"""Plain records and the two state machines (task, session) of the rollout server.
+"""Plain records, the frozen config objects of the domain, and the two state machines (task, session).
 
 Both machines are explicit tables of allowed transitions; :func:`check_task_transition` and
 :func:`check_session_transition` are called before every change is persisted, so an illegal move is a bug that
@@ -29,10 +29,14 @@ from polar_core.records import TerminalStatus
 
 __all__ = [
     "CallbackTarget",
+    "CoreConfig",
+    "DeliveryConfig",
     "DeliveryRecord",
     "DeliveryState",
     "GatewayRecord",
+    "NewTask",
     "ResultRecord",
+    "SchedulerConfig",
     "SessionRecord",
     "SessionState",
     "TaskRecord",
@@ -288,3 +292,69 @@ class DeliveryRecord:
     attempts: int = 0
     next_attempt_at: float = 0.0
     last_error: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """The knobs of the domain (a subset of :class:`~rollout_server.settings.RolloutSettings`)."""
+
+    max_attempts: int = 3
+    retry_backoff_s: float = 1.0
+    session_grace_s: float = 300.0
+    task_timeout_s: float = 6 * 3600.0
+    max_active_tasks: int = 10_000
+    heartbeat_interval_s: float = 5.0
+    lease_ttl_s: float = 20.0
+    callback_max_attempts: int = 8
+    watch_poll_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated submission.
+
+    Attributes:
+        task_id: The task id (already assigned when the client left it empty).
+        spec: The serialised task.
+        spec_hash: Digest of the submission; equal digests mean an identical resubmission.
+        num_samples: Sessions to run.
+        priority: Dispatch priority.
+        early_stop_min_usable: Early-stop target (0: none).
+        session_timeout_s: Agent budget per session.
+        callback: Where results are pushed.
+        task_timeout_s: Limit for the whole task; ``None`` means the server's default.
+    """
+
+    task_id: str
+    spec: bytes
+    spec_hash: str
+    num_samples: int
+    priority: int = 0
+    early_stop_min_usable: int = 0
+    session_timeout_s: float = 600.0
+    callback: CallbackTarget | None = None
+    task_timeout_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Timing of the background loops."""
+
+    dispatch_interval_s: float = 0.5
+    dispatch_batch: int = 256
+    busy_backoff_s: float = 1.0
+    watchdog_interval_s: float = 1.0
+    deadline_slack_s: float = 5.0
+    static_gateways: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeliveryConfig:
+    """Retry policy of callback delivery."""
+
+    max_attempts: int = 8
+    backoff_s: float = 0.5
+    backoff_max_s: float = 60.0
+    batch: int = 64
+    concurrency: int = 16
+    poll_s: float = 1.0

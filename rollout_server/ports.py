@@ -1,8 +1,8 @@
 """The seams of the rollout server's domain code: gateways and trainer callbacks.
 
 The scheduler talks to gateways only through :class:`GatewayClient` and the deliverer to trainers only through
-:class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.gateway_client` and
-:mod:`rollout_server.callbacks`, and unit tests pass fakes.
+:class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.clients`, and unit
+tests pass fakes.
 """
 
 from __future__ import annotations

@@ -22,24 +22,19 @@ from opentelemetry import propagate
 from polar_core.records import TerminalStatus
 from rollout_server.core import RolloutCore
 from rollout_server.errors import GatewayBusy, GatewayRejected, GatewaySessionUnknown, GatewayUnreachable
-from rollout_server.models import GatewayRecord, ResultRecord, SessionRecord, SessionState, TaskRecord
+from rollout_server.models import (
+    GatewayRecord,
+    ResultRecord,
+    SchedulerConfig,
+    SessionRecord,
+    SessionState,
+    TaskRecord,
+)
 from rollout_server.ports import SessionDispatch
 
-__all__ = ["Scheduler", "SchedulerConfig"]
+__all__ = ["Scheduler"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Timing of the background loops."""
-
-    dispatch_interval_s: float = 0.5
-    dispatch_batch: int = 256
-    busy_backoff_s: float = 1.0
-    watchdog_interval_s: float = 1.0
-    deadline_slack_s: float = 5.0
-    static_gateways: tuple[str, ...] = ()
 
 
 class Scheduler:

@@ -1,44 +1,47 @@
-"""gRPC server of the RolloutService."""
+"""gRPC server of the RolloutService: wiring only (the app is built in :mod:`rollout_server.app`)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import ManagedServer, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
+from rollout_server.ports import CallbackSender, GatewayClient
 from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
+from rollout_server.store import Store
 
-__all__ = ["RolloutServer", "create_server", "main", "start_rollout_server"]
+__all__ = ["create_server", "main", "start_server"]
 
 _SERVICE = rollout_service_pb2.DESCRIPTOR.services_by_name["RolloutService"]
 
 
-@dataclasses.dataclass(slots=True)
-class RolloutServer:
-    """A running rollout server: the gRPC server, its port, and the app behind it."""
+async def start_server(
+    settings: RolloutSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    store: Store | None = None,
+    gateway_client: GatewayClient | None = None,
+    callback_sender: CallbackSender | None = None,
+) -> RunningService[RolloutApp]:
+    """Open the app, serve it on ``settings.host:settings.port`` (0 picks a port), then start it.
 
-    server: grpc.aio.Server
-    port: int
-    app: RolloutApp
-
-    async def stop(self, grace: float | None = None) -> None:
-        """Stop serving, then stop the background loops and close the store."""
-        await self.server.stop(grace)
-        await self.app.close()
-
-
-async def start_rollout_server(
-    settings: RolloutSettings, *, tracer_provider: TracerProvider | None = None, app: RolloutApp | None = None
-) -> RolloutServer:
-    """Open the app (reconciling with gateways), serve it, and start its loops."""
-    app = app or await RolloutApp.open(settings, tracer_provider=tracer_provider)
+    ``store``, ``gateway_client`` and ``callback_sender`` replace the ones the settings name (tests, benchmarks).
+    Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
+    ``stop`` on the result stops serving, then the loops, and closes the store.
+    """
+    app = await RolloutApp.open(
+        settings,
+        tracer_provider=tracer_provider,
+        store=store,
+        gateway_client=gateway_client,
+        callback_sender=callback_sender,
+    )
     servicer = RolloutServicer(app.core)
     registration = ServiceRegistration(
         _SERVICE.full_name,
@@ -46,7 +49,7 @@ async def start_rollout_server(
     )
     server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
     await app.start()
-    return RolloutServer(server, port, app)
+    return RunningService(server, port, app)
 
 
 async def create_server(
@@ -56,8 +59,8 @@ async def create_server(
 
     Stopping the returned server also stops the app's loops and closes the store.
     """
-    handle = await start_rollout_server(settings, tracer_provider=tracer_provider)
-    return ManagedServer(handle.server, handle.app.close).as_server(), handle.port
+    running = await start_server(settings, tracer_provider=tracer_provider)
+    return running.as_grpc_server(), running.port
 
 
 def main() -> None:

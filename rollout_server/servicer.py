@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
+from polar_core.durations import duration
 from polar_core.errors import InvalidArgument
 from rollout_server.convert import (
     gateway_from_register,
@@ -25,12 +25,6 @@ from rollout_server.core import RolloutCore
 __all__ = ["RolloutServicer"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
 
 
 class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
@@ -77,8 +71,8 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         config = self._core.config
         return pb.RegisterGatewayResponse(
             gateway_id=gateway.gateway_id,
-            heartbeat_interval=_duration(config.heartbeat_interval_s),
-            lease_ttl=_duration(config.lease_ttl_s),
+            heartbeat_interval=duration(config.heartbeat_interval_s),
+            lease_ttl=duration(config.lease_ttl_s),
         )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:

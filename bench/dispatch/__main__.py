@@ -24,14 +24,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rollout_server.core import CoreConfig, NewTask, RolloutCore
-from rollout_server.gateway_client import GrpcGatewayClient
-from rollout_server.models import GatewayRecord, SessionState
-from rollout_server.scheduler import Scheduler, SchedulerConfig
+from integration_tests.support.postgres import postgres_available, private_postgres
+from rollout_server.clients import GrpcGatewayClient
+from rollout_server.core import RolloutCore
+from rollout_server.models import CoreConfig, GatewayRecord, NewTask, SchedulerConfig, SessionState
+from rollout_server.scheduler import Scheduler
 from rollout_server.store import SessionChange, open_store
 from rollout_server.store.sql import SqlStore
 from rollout_server.testing.fake_gateway import FakeGateway
-from rollout_server.testing.postgres import postgres_available, private_postgres
 
 
 class PerRowCommitStore(SqlStore):

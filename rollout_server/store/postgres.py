@@ -11,7 +11,8 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
-from rollout_server.store.sql import Row, SqlStore
+from rollout_server.store.rows import Row
+from rollout_server.store.sql import SqlStore
 
 _TYPES = {
     "serial": "BIGSERIAL PRIMARY KEY",

@@ -6,30 +6,46 @@ SQLite and PostgreSQL differ here only in a few column types, the autoincrement 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from polar_core.records import TerminalStatus
 from rollout_server.models import (
-    CallbackTarget,
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
     ResultRecord,
     SessionRecord,
-    SessionState,
     TaskRecord,
     TaskState,
     check_session_transition,
     check_task_transition,
 )
 from rollout_server.store.base import SessionChange
+from rollout_server.store.rows import (
+    DELIVERY_COLS,
+    GATEWAY_COLS,
+    REPORT_COLS,
+    RESULT_COLS,
+    SESSION_COLS,
+    TASK_COLS,
+    TASK_SELECT,
+    Row,
+    delivery_from,
+    delivery_row,
+    gateway_from,
+    gateway_row,
+    opt_float,
+    report_row,
+    result_from,
+    result_row,
+    session_from,
+    session_row,
+    task_from,
+    task_row,
+)
 
 __all__ = ["SqlBackend", "SqlConnection", "SqlStore", "schema"]
-
-Row = Sequence[Any]
 
 
 class SqlConnection(Protocol):
@@ -168,173 +184,6 @@ def schema(types: dict[str, str]) -> list[str]:
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),)
 
 
-_TASK_COLS = (
-    "task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, callback_kind, "
-    "callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, error_message, "
-    "trace_context"
-)
-_TASK_SELECT = f"SELECT {_TASK_COLS}, seq, results_count FROM tasks"
-_SESSION_COLS = (
-    "session_id, task_id, sample_index, state, attempt, infra_failures, gateway_id, not_before, dispatched_at, "
-    "deadline, priority, task_seq"
-)
-_RESULT_COLS = (
-    "session_id, task_id, sample_index, status, reward, attempt, gateway_id, idempotency_key, error_message, "
-    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at"
-)
-_GATEWAY_COLS = (
-    "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
-)
-_DELIVERY_COLS = (
-    "idempotency_key, task_id, session_id, target_kind, target, max_attempts, state, attempts, next_attempt_at, "
-    "last_error"
-)
-
-
-def _opt_float(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _task_row(t: TaskRecord) -> tuple[Any, ...]:
-    cb = t.callback
-    return (
-        t.task_id,
-        t.spec,
-        t.spec_hash,
-        t.num_samples,
-        t.priority,
-        t.early_stop_min_usable,
-        float(t.session_timeout_s),
-        cb.kind if cb else "",
-        cb.target if cb else "",
-        cb.max_attempts if cb else 0,
-        t.state.value,
-        float(t.submitted_at),
-        float(t.deadline),
-        _opt_float(t.finished_at),
-        t.error_message,
-        json.dumps(t.trace_context, sort_keys=True) if t.trace_context else "",
-    )
-
-
-def _task_from(r: Row) -> TaskRecord:
-    callback = CallbackTarget(r[7], r[8], int(r[9])) if r[7] else None
-    return TaskRecord(
-        task_id=r[0],
-        spec=bytes(r[1]),
-        spec_hash=r[2],
-        num_samples=int(r[3]),
-        priority=int(r[4]),
-        early_stop_min_usable=int(r[5]),
-        session_timeout_s=float(r[6]),
-        callback=callback,
-        state=TaskState(r[10]),
-        submitted_at=float(r[11]),
-        deadline=float(r[12]),
-        finished_at=None if r[13] is None else float(r[13]),
-        error_message=r[14],
-        trace_context=json.loads(r[15]) if r[15] else {},
-        seq=int(r[16]),
-        results_count=int(r[17]),
-    )
-
-
-def _session_row(s: SessionRecord) -> tuple[Any, ...]:
-    return (
-        s.session_id,
-        s.task_id,
-        s.sample_index,
-        s.state.value,
-        s.attempt,
-        s.infra_failures,
-        s.gateway_id,
-        float(s.not_before),
-        _opt_float(s.dispatched_at),
-        _opt_float(s.deadline),
-        s.priority,
-        s.task_seq,
-    )
-
-
-def _session_from(r: Row) -> SessionRecord:
-    return SessionRecord(
-        session_id=r[0],
-        task_id=r[1],
-        sample_index=int(r[2]),
-        state=SessionState(r[3]),
-        attempt=int(r[4]),
-        infra_failures=int(r[5]),
-        gateway_id=r[6],
-        not_before=float(r[7]),
-        dispatched_at=None if r[8] is None else float(r[8]),
-        deadline=None if r[9] is None else float(r[9]),
-        priority=int(r[10]),
-        task_seq=int(r[11]),
-    )
-
-
-def _result_from(r: Row) -> ResultRecord:
-    return ResultRecord(
-        session_id=r[0],
-        task_id=r[1],
-        sample_index=int(r[2]),
-        status=TerminalStatus(r[3]),
-        reward=float(r[4]),
-        attempt=int(r[5]),
-        gateway_id=r[6],
-        idempotency_key=r[7],
-        error_message=r[8],
-        duration_s=float(r[9]),
-        calls=int(r[10]),
-        chains=int(r[11]),
-        policy_versions=list(json.loads(r[12])),
-        payload=bytes(r[13]) if r[13] is not None else b"",
-        result_index=int(r[14]),
-        recorded_at=float(r[15]),
-    )
-
-
-def _gateway_row(g: GatewayRecord) -> tuple[Any, ...]:
-    return (
-        g.gateway_id,
-        g.address,
-        g.capacity,
-        int(g.draining),
-        float(g.lease_expires_at),
-        g.active_sessions,
-        json.dumps(g.labels, sort_keys=True),
-        g.version,
-        json.dumps(g.stage_metrics, sort_keys=True),
-    )
-
-
-def _gateway_from(r: Row) -> GatewayRecord:
-    return GatewayRecord(
-        gateway_id=r[0],
-        address=r[1],
-        capacity=int(r[2]),
-        draining=bool(r[3]),
-        lease_expires_at=float(r[4]),
-        active_sessions=int(r[5]),
-        labels=dict(json.loads(r[6])),
-        version=r[7],
-        stage_metrics=dict(json.loads(r[8])),
-    )
-
-
-def _delivery_from(r: Row) -> DeliveryRecord:
-    return DeliveryRecord(
-        idempotency_key=r[0],
-        task_id=r[1],
-        session_id=r[2],
-        target=CallbackTarget(r[3], r[4], int(r[5])),
-        state=DeliveryState(r[6]),
-        attempts=int(r[7]),
-        next_attempt_at=float(r[8]),
-        last_error=r[9],
-    )
-
-
 _SESSION_CAS = (
     "UPDATE sessions SET state = ?, attempt = ?, infra_failures = ?, gateway_id = ?, not_before = ?, "
     "dispatched_at = ?, deadline = ? WHERE session_id = ? AND state = ? AND attempt = ?"
@@ -350,8 +199,8 @@ def _cas_args(change: SessionChange) -> tuple[Any, ...]:
         new.infra_failures,
         new.gateway_id,
         float(new.not_before),
-        _opt_float(new.dispatched_at),
-        _opt_float(new.deadline),
+        opt_float(new.dispatched_at),
+        opt_float(new.deadline),
         new.session_id,
         expected_state.value,
         expected_attempt,
@@ -386,19 +235,19 @@ class SqlStore:
         """Insert a task and its sessions unless the id exists."""
         async with self._db.transaction() as conn:
             rows = await conn.fetch(
-                f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * 16)}) "
+                f"INSERT INTO tasks ({TASK_COLS}) VALUES ({', '.join('?' * 16)}) "
                 "ON CONFLICT (task_id) DO NOTHING RETURNING seq",
-                _task_row(task),
+                task_row(task),
             )
             if not rows:
-                existing = await conn.fetch(f"{_TASK_SELECT} WHERE task_id = ?", (task.task_id,))
-                return _task_from(existing[0]), False
+                existing = await conn.fetch(f"{TASK_SELECT} WHERE task_id = ?", (task.task_id,))
+                return task_from(existing[0]), False
             seq = int(rows[0][0])
             for s in sessions:
                 s.task_seq = seq
             await conn.executemany(
-                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES ({', '.join('?' * 12)})",
-                [_session_row(s) for s in sessions],
+                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 12)})",
+                [session_row(s) for s in sessions],
             )
         task.seq = seq
         return task, True
@@ -406,8 +255,8 @@ class SqlStore:
     async def get_task(self, task_id: str) -> TaskRecord | None:
         """Return a task, or ``None``."""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"{_TASK_SELECT} WHERE task_id = ?", (task_id,))
-        return _task_from(rows[0]) if rows else None
+            rows = await conn.fetch(f"{TASK_SELECT} WHERE task_id = ?", (task_id,))
+        return task_from(rows[0]) if rows else None
 
     async def list_tasks(self, limit: int, before_seq: int | None, state: TaskState | None) -> list[TaskRecord]:
         """Return tasks newest first."""
@@ -421,14 +270,14 @@ class SqlStore:
             args.append(state.value)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"{_TASK_SELECT}{clause} ORDER BY seq DESC LIMIT ?", (*args, limit))
-        return [_task_from(r) for r in rows]
+            rows = await conn.fetch(f"{TASK_SELECT}{clause} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [task_from(r) for r in rows]
 
     async def active_tasks(self) -> list[TaskRecord]:
         """Return pending and running tasks, oldest first."""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"{_TASK_SELECT} WHERE state IN ('pending', 'running') ORDER BY seq")
-        return [_task_from(r) for r in rows]
+            rows = await conn.fetch(f"{TASK_SELECT} WHERE state IN ('pending', 'running') ORDER BY seq")
+        return [task_from(r) for r in rows]
 
     async def set_task_state(
         self, task_id: str, expected: TaskState, new: TaskState, *, finished_at: float | None, error_message: str
@@ -438,7 +287,7 @@ class SqlStore:
         async with self._db.transaction() as conn:
             changed = await conn.execute(
                 "UPDATE tasks SET state = ?, finished_at = ?, error_message = ? WHERE task_id = ? AND state = ?",
-                (new.value, _opt_float(finished_at), error_message, task_id, expected.value),
+                (new.value, opt_float(finished_at), error_message, task_id, expected.value),
             )
         return changed == 1
 
@@ -446,34 +295,34 @@ class SqlStore:
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """Return a session, or ``None``."""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"SELECT {_SESSION_COLS} FROM sessions WHERE session_id = ?", (session_id,))
-        return _session_from(rows[0]) if rows else None
+            rows = await conn.fetch(f"SELECT {SESSION_COLS} FROM sessions WHERE session_id = ?", (session_id,))
+        return session_from(rows[0]) if rows else None
 
     async def task_sessions(self, task_id: str) -> list[SessionRecord]:
         """Return a task's sessions by sample index."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
+                f"SELECT {SESSION_COLS} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
             )
-        return [_session_from(r) for r in rows]
+        return [session_from(r) for r in rows]
 
     async def dispatchable_sessions(self, now: float, limit: int) -> list[SessionRecord]:
         """Return due pending sessions in dispatch order."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE state = 'pending' AND not_before <= ? "
+                f"SELECT {SESSION_COLS} FROM sessions WHERE state = 'pending' AND not_before <= ? "
                 "ORDER BY priority DESC, task_seq, sample_index LIMIT ?",
                 (float(now), limit),
             )
-        return [_session_from(r) for r in rows]
+        return [session_from(r) for r in rows]
 
     async def in_flight_sessions(self) -> list[SessionRecord]:
         """Return starting and running sessions."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE state IN ('starting', 'running') ORDER BY task_seq"
+                f"SELECT {SESSION_COLS} FROM sessions WHERE state IN ('starting', 'running') ORDER BY task_seq"
             )
-        return [_session_from(r) for r in rows]
+        return [session_from(r) for r in rows]
 
     async def update_sessions(self, changes: Sequence[SessionChange]) -> list[bool]:
         """Apply compare-and-set session updates in one transaction."""
@@ -494,18 +343,8 @@ class SqlStore:
 
     async def _insert_report(self, conn: SqlConnection, result: ResultRecord, *, final: bool) -> None:
         await conn.execute(
-            "INSERT INTO reports (idempotency_key, session_id, attempt, status, gateway_id, error_message, final, "
-            "recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                result.idempotency_key,
-                result.session_id,
-                result.attempt,
-                result.status.value,
-                result.gateway_id,
-                result.error_message,
-                int(final),
-                float(result.recorded_at),
-            ),
+            f"INSERT INTO reports ({REPORT_COLS}) VALUES ({', '.join('?' * 8)})",
+            report_row(result, final=final),
         )
 
     async def record_attempt(self, result: ResultRecord, change: SessionChange) -> bool:
@@ -530,25 +369,8 @@ class SqlStore:
             result.result_index = int(rows[0][0]) - 1
             await self._insert_report(conn, result, final=True)
             await conn.execute(
-                f"INSERT INTO results ({_RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 16)})",
-                (
-                    result.session_id,
-                    result.task_id,
-                    result.sample_index,
-                    result.status.value,
-                    float(result.reward),
-                    result.attempt,
-                    result.gateway_id,
-                    result.idempotency_key,
-                    result.error_message,
-                    float(result.duration_s),
-                    result.calls,
-                    result.chains,
-                    json.dumps(result.policy_versions),
-                    result.payload,
-                    result.result_index,
-                    float(result.recorded_at),
-                ),
+                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 16)})",
+                result_row(result),
             )
             if result.policy_versions:
                 await conn.executemany(
@@ -556,41 +378,29 @@ class SqlStore:
                     [(v,) for v in result.policy_versions],
                 )
             if delivery is not None:
-                d = delivery
                 await conn.execute(
-                    f"INSERT INTO deliveries ({_DELIVERY_COLS}) VALUES ({', '.join('?' * 10)})",
-                    (
-                        d.idempotency_key,
-                        d.task_id,
-                        d.session_id,
-                        d.target.kind,
-                        d.target.target,
-                        d.target.max_attempts,
-                        d.state.value,
-                        d.attempts,
-                        float(d.next_attempt_at),
-                        d.last_error,
-                    ),
+                    f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join('?' * 10)})",
+                    delivery_row(delivery),
                 )
         return result
 
     async def task_results(self, task_id: str, from_index: int = 0, *, payload: bool = True) -> list[ResultRecord]:
         """Return a task's results in completion order."""
-        cols = _RESULT_COLS.format(payload="payload" if payload else "NULL")
+        cols = RESULT_COLS.format(payload="payload" if payload else "NULL")
         async with self._db.connection() as conn:
             rows = await conn.fetch(
                 f"SELECT {cols} FROM results WHERE task_id = ? AND result_index >= ? ORDER BY result_index",
                 (task_id, from_index),
             )
-        return [_result_from(r) for r in rows]
+        return [result_from(r) for r in rows]
 
     async def get_result(self, session_id: str) -> ResultRecord | None:
         """Return a session's final result, or ``None``."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_RESULT_COLS.format(payload='payload')} FROM results WHERE session_id = ?", (session_id,)
+                f"SELECT {RESULT_COLS.format(payload='payload')} FROM results WHERE session_id = ?", (session_id,)
             )
-        return _result_from(rows[0]) if rows else None
+        return result_from(rows[0]) if rows else None
 
     async def policy_versions(self) -> list[str]:
         """Return every policy version seen."""
@@ -601,36 +411,36 @@ class SqlStore:
     # Gateways --------------------------------------------------------------------------------------------
     async def upsert_gateway(self, gateway: GatewayRecord) -> None:
         """Insert or replace a gateway."""
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _GATEWAY_COLS.split(", ")[1:])
+        updates = ", ".join(f"{c} = excluded.{c}" for c in GATEWAY_COLS.split(", ")[1:])
         async with self._db.transaction() as conn:
             await conn.execute(
-                f"INSERT INTO gateways ({_GATEWAY_COLS}) VALUES ({', '.join('?' * 9)}) "
+                f"INSERT INTO gateways ({GATEWAY_COLS}) VALUES ({', '.join('?' * 9)}) "
                 f"ON CONFLICT (gateway_id) DO UPDATE SET {updates}",
-                _gateway_row(gateway),
+                gateway_row(gateway),
             )
 
     async def get_gateway(self, gateway_id: str) -> GatewayRecord | None:
         """Return a gateway, or ``None``."""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"SELECT {_GATEWAY_COLS} FROM gateways WHERE gateway_id = ?", (gateway_id,))
-        return _gateway_from(rows[0]) if rows else None
+            rows = await conn.fetch(f"SELECT {GATEWAY_COLS} FROM gateways WHERE gateway_id = ?", (gateway_id,))
+        return gateway_from(rows[0]) if rows else None
 
     async def list_gateways(self) -> list[GatewayRecord]:
         """Return every gateway by id."""
         async with self._db.connection() as conn:
-            rows = await conn.fetch(f"SELECT {_GATEWAY_COLS} FROM gateways ORDER BY gateway_id")
-        return [_gateway_from(r) for r in rows]
+            rows = await conn.fetch(f"SELECT {GATEWAY_COLS} FROM gateways ORDER BY gateway_id")
+        return [gateway_from(r) for r in rows]
 
     # Deliveries ------------------------------------------------------------------------------------------
     async def due_deliveries(self, now: float, limit: int) -> list[DeliveryRecord]:
         """Return pending deliveries due at ``now``."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE state = 'pending' AND next_attempt_at <= ? "
+                f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'pending' AND next_attempt_at <= ? "
                 "ORDER BY next_attempt_at LIMIT ?",
                 (float(now), limit),
             )
-        return [_delivery_from(r) for r in rows]
+        return [delivery_from(r) for r in rows]
 
     async def update_delivery(self, delivery: DeliveryRecord, expected_attempts: int) -> bool:
         """Compare-and-set a delivery on its attempt count."""
@@ -661,6 +471,6 @@ class SqlStore:
         """Return a task's dead-lettered deliveries."""
         async with self._db.connection() as conn:
             rows = await conn.fetch(
-                f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE task_id = ? AND state = 'dead'", (task_id,)
+                f"SELECT {DELIVERY_COLS} FROM deliveries WHERE task_id = ? AND state = 'dead'", (task_id,)
             )
-        return [_delivery_from(r) for r in rows]
+        return [delivery_from(r) for r in rows]

@@ -14,7 +14,8 @@ from typing import Any
 
 import aiosqlite
 
-from rollout_server.store.sql import Row, SqlStore
+from rollout_server.store.rows import Row
+from rollout_server.store.sql import SqlStore
 
 # The dialect's column types for :func:`~rollout_server.store.sql.schema`.
 TYPES = {

@@ -1,1 +1,4 @@
-"""Fakes for tests and benchmarks: an in-memory gateway client, a real gRPC fake gateway, a private PostgreSQL."""
+"""In-memory fakes for the rollout server's tests and benchmarks: a gateway client and a real gRPC fake gateway.
+
+The private PostgreSQL server the integration tests launch lives in ``integration_tests/support/postgres.py``.
+"""

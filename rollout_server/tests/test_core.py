@@ -16,20 +16,24 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.errors import AlreadyExists, Internal, InvalidArgument, NotFound, PermissionDenied
 from polar_core.records import TerminalStatus
-from rollout_server.core import CoreConfig, NewTask, RolloutCore
-from rollout_server.delivery import Deliverer, DeliveryConfig
+from rollout_server.core import RolloutCore
+from rollout_server.delivery import Deliverer
 from rollout_server.errors import StaleAttempt
 from rollout_server.models import (
     CallbackTarget,
+    CoreConfig,
+    DeliveryConfig,
     DeliveryState,
     GatewayRecord,
+    NewTask,
+    SchedulerConfig,
     SessionState,
     TaskState,
     check_session_transition,
     check_task_transition,
 )
 from rollout_server.ports import SessionDispatch
-from rollout_server.scheduler import Scheduler, SchedulerConfig
+from rollout_server.scheduler import Scheduler
 from rollout_server.store.sql import SqlStore, schema
 from rollout_server.store.sqlite import TYPES as SQLITE_TYPES
 from rollout_server.store.sqlite import open_sqlite_store

@@ -119,7 +119,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> Any:
-    from rollout_server.run_config import RunOverrides, find_harness_root, parse_backend_options
+    from polar_run.run_config import RunOverrides, find_harness_root, parse_backend_options
 
     roots = [Path(args.harness_dir)] if args.harness_dir else [Path.cwd() / ".harnesses", _REPO / ".harnesses"]
     return RunOverrides(
@@ -138,7 +138,7 @@ def _live(args: argparse.Namespace) -> bool:
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
-    from rollout_server.run import RunOptions, default_out_dir, run_command
+    from polar_run.run import RunOptions, default_out_dir, run_command
 
     task_file = Path(args.task)
     options = RunOptions(
@@ -154,7 +154,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 
 def _generate_cmd(args: argparse.Namespace) -> int:
-    from rollout_server.run_generate import GenerateOptions, generate_command
+    from polar_run.run_generate import GenerateOptions, generate_command
 
     options = GenerateOptions(
         dataset=Path(args.dataset),

@@ -24,8 +24,8 @@ from rich.table import Table
 from polar_client import task_from_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
-from rollout_server.embedded import EmbeddedStack, StackOptions
-from rollout_server.generate import (
+from polar_run.embedded import EmbeddedStack, StackOptions
+from polar_run.generate import (
     DatasetTask,
     Ledger,
     SampleOutcome,
@@ -35,8 +35,8 @@ from rollout_server.generate import (
     sft_record,
     split_repositories,
 )
-from rollout_server.progress import ProgressDisplay, ProgressState
-from rollout_server.run import (
+from polar_run.progress import ProgressDisplay, ProgressState
+from polar_run.run import (
     EmbeddedSession,
     adopt_library_loggers,
     default_workers,
@@ -45,8 +45,8 @@ from rollout_server.run import (
     quiet_model_loading,
     start_logging,
 )
-from rollout_server.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
-from rollout_server.run_output import session_row, trace_rows
+from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
+from polar_run.run_output import session_row, trace_rows
 
 __all__ = ["GenerateOptions", "generate", "generate_command", "write_parquet"]
 
@@ -58,13 +58,13 @@ class GenerateOptions:
     """Everything ``polar generate`` was asked to do.
 
     Attributes:
-        dataset: A JSONL file of tasks or a directory (see :func:`rollout_server.generate.load_dataset`).
+        dataset: A JSONL file of tasks or a directory (see :func:`polar_run.generate.load_dataset`).
         out: Output directory.
         overrides: Command-line overrides applied to every task.
         model: Policy model.
         overwrite: Replace an existing output directory.
         live: Draw a live table instead of plain lines.
-        workers: Harnesses run at once (see :func:`rollout_server.run.default_workers`).
+        workers: Harnesses run at once (see :func:`polar_run.run.default_workers`).
         empty_retries: Re-runs of a session whose generation was empty.
         validation_fraction: Share of repositories in the validation split.
     """

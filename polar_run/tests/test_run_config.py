@@ -9,8 +9,8 @@ import yaml
 
 from polar_client import task_from_mapping
 from polar_core.errors import FailedPrecondition, InvalidArgument
-from rollout_server.run import default_out_dir, prepare_out_dir
-from rollout_server.run_config import (
+from polar_run.run import default_out_dir, prepare_out_dir
+from polar_run.run_config import (
     DEFAULT_HARNESS,
     IN_PROCESS_MAX_TOKENS,
     RunOverrides,
@@ -168,7 +168,7 @@ class _Tokenizer:
 
 
 def test_end_of_turn_ids_for_the_reconstructor() -> None:
-    from rollout_server.embedded import end_of_turn_ids
+    from polar_run.embedded import end_of_turn_ids
 
     chatml = _Tokenizer({"<|im_end|>": 2, "<|endoftext|>": 0, "<|eot_id|>": 9}, "...<|im_end|>...", 0)
     assert end_of_turn_ids(chatml) == (2,)

@@ -30,10 +30,10 @@ from polar_client import RolloutClient, task_from_mapping
 from polar_core.auth import bearer_metadata
 from polar_core.channels import open_channel
 from polar_core.errors import FailedPrecondition, InvalidArgument
-from rollout_server.embedded import EmbeddedStack, StackOptions
-from rollout_server.progress import ProgressDisplay, ProgressState
-from rollout_server.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
-from rollout_server.run_output import print_summary, session_row, summarize, write_run_directory
+from polar_run.embedded import EmbeddedStack, StackOptions
+from polar_run.progress import ProgressDisplay, ProgressState
+from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
+from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
 
 __all__ = [
     "EmbeddedSession",

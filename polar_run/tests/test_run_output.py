@@ -9,8 +9,8 @@ from polar.common.v1 import session_pb2, trace_pb2
 from polar.rollout.v1 import rollout_service_pb2
 from rich.console import Console
 
-from rollout_server.progress import STAGES, ProgressDisplay, ProgressState
-from rollout_server.run_output import print_summary, session_row, summarize, write_run_directory
+from polar_run.progress import STAGES, ProgressDisplay, ProgressState
+from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
 
 
 def _result(

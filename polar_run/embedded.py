@@ -26,6 +26,7 @@ from typing import Any, Self
 import grpc
 
 from polar_core.errors import Unavailable
+from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["EmbeddedStack", "StackOptions", "end_of_turn_ids"]
@@ -88,12 +89,22 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     return (eos,) if isinstance(eos, int) else ()
 
 
-async def _start_proxy(settings: Any) -> tuple[grpc.aio.Server, int, Any]:
+class _ProxyApp:
+    """The model proxy's app as a :class:`~polar_core.server.ServiceApp` (``close`` stops it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def close(self) -> None:
+        await self.app.stop()
+
+
+async def _start_proxy(settings: Any) -> tuple[RunningService[_ProxyApp], Any]:
     """Start the model proxy as ``model_proxy.server.create_server`` does, keeping the policy's tokenizer."""
     from model_proxy.app import ProxyApp
     from model_proxy.policy import load_policy, make_backend
     from model_proxy.servicer import registration
-    from polar_core.server import ManagedServer, start_grpc_server
+    from polar_core.server import start_grpc_server
 
     tracer_provider = create_tracer_provider("proxy")
     policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
@@ -111,7 +122,7 @@ async def _start_proxy(settings: Any) -> tuple[grpc.aio.Server, int, Any]:
     except BaseException:
         await app.stop()
         raise
-    return ManagedServer(server, app.stop).as_server(), port, policy.tokenizer
+    return RunningService(server, port, _ProxyApp(app)), policy.tokenizer
 
 
 class _LateSink:
@@ -124,6 +135,58 @@ class _LateSink:
         if self.target is None:
             raise Unavailable("the embedded rollout server has not started yet")
         await self.target.report(result)
+
+
+def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
+    from model_proxy.settings import ProxySettings
+
+    return ProxySettings(
+        host=_HOST,
+        http_host=_HOST,
+        state_dir=state / "proxy",
+        auth_token=token,
+        model=options.model,
+        backend=options.backend,
+        backend_options=dict(options.backend_options),
+        default_max_tokens=options.default_max_tokens,
+        context_length=options.context_length,
+        fsync=options.fsync,
+    )
+
+
+def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Mapping[str, int]) -> Any:
+    from gateway.settings import GatewaySettings
+
+    return GatewaySettings(
+        host=_HOST,
+        state_dir=state / "gateway",
+        auth_token=token,
+        gateway_id="embedded",
+        proxy_address=f"{_HOST}:{ports['proxy']}",
+        reconstructor_address=f"{_HOST}:{ports['reconstructor']}",
+        evaluator_address=f"{_HOST}:{ports['evaluator']}",
+        running_workers=options.running_workers,
+        init_workers=options.init_workers,
+        ready_capacity=max(1, options.init_workers),
+        postrun_workers=options.postrun_workers,
+        harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
+        metrics_port=-1,
+    )
+
+
+def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int) -> Any:
+    from rollout_server.settings import RolloutSettings
+
+    return RolloutSettings(
+        host=_HOST,
+        state_dir=state / "rollout",
+        auth_token=token,
+        gateway_addresses=[f"{_HOST}:{gateway_port}"],
+        max_attempts=options.max_attempts,
+        session_grace_s=options.session_grace_s,
+        dispatch_interval_s=0.2,
+        heartbeat_interval_s=2.0,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,36 +210,22 @@ class EmbeddedStack:
         from gateway.clients import GrpcResultSink
         from gateway.server import GatewaySeams
         from gateway.server import create_server as create_gateway
-        from gateway.settings import GatewaySettings
-        from model_proxy.settings import ProxySettings
-        from polar_core.services import service_spec
+        from polar_run.serve import service_spec
         from reconstructor.settings import ReconstructorSettings
-        from rollout_server.server import start_rollout_server
-        from rollout_server.settings import RolloutSettings
+        from rollout_server.server import start_server as start_rollout
 
         token = secrets.token_urlsafe(24)
         state = options.state_dir.absolute()
+        ports: dict[str, int] = {}
         async with contextlib.AsyncExitStack() as stack:
 
             def stopping(server: grpc.aio.Server) -> None:
                 stack.push_async_callback(server.stop, _STOP_GRACE_S)
 
-            proxy_settings = ProxySettings(
-                host=_HOST,
-                http_host=_HOST,
-                state_dir=state / "proxy",
-                auth_token=token,
-                model=options.model,
-                backend=options.backend,
-                backend_options=dict(options.backend_options),
-                default_max_tokens=options.default_max_tokens,
-                context_length=options.context_length,
-                fsync=options.fsync,
-            )
-            proxy, proxy_port, tokenizer = await _start_proxy(proxy_settings)
-            stopping(proxy)
-            reconstructor = service_spec("reconstructor")
-            recon, recon_port = await reconstructor.start(
+            proxy, tokenizer = await _start_proxy(_proxy_settings(options, state, token))
+            stack.push_async_callback(proxy.stop, _STOP_GRACE_S)
+            ports["proxy"] = proxy.port
+            recon, ports["reconstructor"] = await service_spec("reconstructor").start(
                 ReconstructorSettings(
                     host=_HOST,
                     state_dir=state / "reconstructor",
@@ -186,43 +235,22 @@ class EmbeddedStack:
                 create_tracer_provider("reconstructor"),
             )
             stopping(recon)
-            evaluator = service_spec("evaluator")
-            evaluator_server, eval_port = await evaluator.start(
+            evaluator, ports["evaluator"] = await service_spec("evaluator").start(
                 EvaluatorSettings(host=_HOST, state_dir=state / "evaluator", auth_token=token),
                 create_tracer_provider("evaluator"),
             )
-            stopping(evaluator_server)
+            stopping(evaluator)
             sink = _LateSink()
-            gateway_settings = GatewaySettings(
-                host=_HOST,
-                state_dir=state / "gateway",
-                auth_token=token,
-                gateway_id="embedded",
-                proxy_address=f"{_HOST}:{proxy_port}",
-                reconstructor_address=f"{_HOST}:{recon_port}",
-                evaluator_address=f"{_HOST}:{eval_port}",
-                running_workers=options.running_workers,
-                init_workers=options.init_workers,
-                ready_capacity=max(1, options.init_workers),
-                postrun_workers=options.postrun_workers,
-                harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
-                metrics_port=-1,
-            )
-            gateway, gateway_port = await create_gateway(
-                gateway_settings, tracer_provider=create_tracer_provider("gateway"), seams=GatewaySeams(sink=sink)
+            gateway, ports["gateway"] = await create_gateway(
+                _gateway_settings(options, state, token, ports),
+                tracer_provider=create_tracer_provider("gateway"),
+                seams=GatewaySeams(sink=sink),
             )
             stopping(gateway)
-            rollout_settings = RolloutSettings(
-                host=_HOST,
-                state_dir=state / "rollout",
-                auth_token=token,
-                gateway_addresses=[f"{_HOST}:{gateway_port}"],
-                max_attempts=options.max_attempts,
-                session_grace_s=options.session_grace_s,
-                dispatch_interval_s=0.2,
-                heartbeat_interval_s=2.0,
+            rollout = await start_rollout(
+                _rollout_settings(options, state, token, ports["gateway"]),
+                tracer_provider=create_tracer_provider("rollout"),
             )
-            rollout = await start_rollout_server(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
             stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
@@ -230,9 +258,9 @@ class EmbeddedStack:
             yield cls(
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
-                gateway_address=f"{_HOST}:{gateway_port}",
-                proxy_address=f"{_HOST}:{proxy_port}",
-                reconstructor_address=f"{_HOST}:{recon_port}",
-                evaluator_address=f"{_HOST}:{eval_port}",
+                gateway_address=f"{_HOST}:{ports['gateway']}",
+                proxy_address=f"{_HOST}:{ports['proxy']}",
+                reconstructor_address=f"{_HOST}:{ports['reconstructor']}",
+                evaluator_address=f"{_HOST}:{ports['evaluator']}",
                 options=options,
             )

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_core.errors import InvalidArgument
-from rollout_server.generate import (
+from polar_run.generate import (
     LedgerRow,
     SampleOutcome,
     build_ledger,
@@ -22,7 +22,7 @@ from rollout_server.generate import (
     split_of,
     split_repositories,
 )
-from rollout_server.run_generate import write_parquet
+from polar_run.run_generate import write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 _STATUSES = ("resolved", "unresolved", "agent_timeout", "eval_timeout", "invalid_patch", "infra_error", "cancelled")

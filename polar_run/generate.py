@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
-from rollout_server.run_config import load_task_mapping
+from polar_run.run_config import load_task_mapping
 
 __all__ = [
     "DatasetTask",

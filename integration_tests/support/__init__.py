@@ -1,0 +1,1 @@
+"""Test machinery that launches real processes (PostgreSQL, dockerd, harness CLIs) for the integration tests."""

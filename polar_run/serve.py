@@ -1,0 +1,186 @@
+"""``polar serve``: the five services by name, loaded lazily, started in one process and wired to each other.
+
+Services are imported when they start, so ``polar serve proxy`` imports only the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import secrets
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+from polar_core.errors import InvalidArgument
+from polar_core.settings import ServiceSettings
+from polar_core.tracing import create_tracer_provider
+
+__all__ = ["SERVICE_NAMES", "ServeOptions", "ServiceSpec", "serve", "service_spec"]
+
+SERVICE_NAMES = ("rollout", "gateway", "proxy", "reconstructor", "evaluator")
+
+_MODULES = {
+    "rollout": ("rollout_server", "RolloutSettings", "polar.rollout.v1.RolloutService"),
+    "gateway": ("gateway", "GatewaySettings", "polar.gateway.v1.GatewayService"),
+    "proxy": ("model_proxy", "ProxySettings", "polar.proxy.v1.ModelProxyService"),
+    "reconstructor": ("reconstructor", "ReconstructorSettings", "polar.reconstructor.v1.ReconstructorService"),
+    "evaluator": ("evaluator", "EvaluatorSettings", "polar.evaluator.v1.EvaluatorService"),
+}
+
+# Start order for several services in one process: the gateway is wired to the services started before it.
+_START_ORDER = ("proxy", "reconstructor", "evaluator", "rollout", "gateway")
+
+CreateServer = Callable[..., Awaitable[tuple[grpc.aio.Server, int]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """How to configure and start one service."""
+
+    name: str
+    grpc_service: str
+    settings_cls: type[ServiceSettings]
+    create_server: CreateServer
+
+    async def start(
+        self, settings: ServiceSettings, tracer_provider: TracerProvider | None = None
+    ) -> tuple[grpc.aio.Server, int]:
+        """Start the service with ``settings``."""
+        return await self.create_server(settings, tracer_provider=tracer_provider)
+
+
+def service_spec(name: str) -> ServiceSpec:
+    """Return the spec of service ``name`` (one of :data:`SERVICE_NAMES`)."""
+    try:
+        package, settings_name, grpc_service = _MODULES[name]
+    except KeyError:
+        raise InvalidArgument(f"unknown service {name!r}; choose from {', '.join(SERVICE_NAMES)}") from None
+    settings_mod: Any = importlib.import_module(f"{package}.settings")
+    server_mod: Any = importlib.import_module(f"{package}.server")
+    return ServiceSpec(name, grpc_service, getattr(settings_mod, settings_name), server_mod.create_server)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """What ``polar serve`` was asked for.
+
+    Attributes:
+        services: Services to run in this process (empty: all five).
+        config: TOML settings file, if any.
+        state_dir: Directory for durable state; several services each get a folder under it.
+        host: Interface to bind (``None``: each service's setting).
+        port: Port of a single service (``None``: its setting; ignored for several).
+        check: Start, check every service's health, and return instead of serving.
+    """
+
+    services: Sequence[str] = ()
+    config: Path | None = None
+    state_dir: Path | None = None
+    host: str | None = None
+    port: int | None = None
+    check: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Started:
+    name: str
+    server: grpc.aio.Server
+    host: str
+    port: int
+    grpc_service: str
+
+
+async def serve(options: ServeOptions) -> int:
+    """Start the requested services, print their addresses, and serve until SIGTERM/SIGINT (or check health).
+
+    Returns:
+        The exit status: 0, or 1 when ``check`` found an unhealthy service.
+    """
+    requested = list(dict.fromkeys(options.services)) or list(SERVICE_NAMES)
+    for name in requested:
+        service_spec(name)  # unknown names fail before anything starts
+    names = sorted(requested, key=_START_ORDER.index)
+    # Services sharing a process share a control-plane token; the embedded default makes its own.
+    token = secrets.token_urlsafe(24) if len(names) > 1 else ""
+    addresses: dict[str, str] = {}
+    started: list[_Started] = []
+    try:
+        for name in names:
+            service = await _start_one(name, options, several=len(names) > 1, addresses=addresses, token=token)
+            started.append(service)
+            local = "127.0.0.1" if service.host in ("0.0.0.0", "::") else service.host
+            addresses[name] = f"{local}:{service.port}"
+            print(f"{name:<14} {service.host}:{service.port}  ({service.grpc_service})", flush=True)
+        if token:
+            print(f"control-plane token: {token}", flush=True)
+        if options.check:
+            return await _check_all(started)
+        await _wait_for_signal()
+        return 0
+    finally:
+        await asyncio.gather(*(service.server.stop(5) for service in started))
+
+
+async def _start_one(
+    name: str, options: ServeOptions, *, several: bool, addresses: dict[str, str], token: str
+) -> _Started:
+    spec = service_spec(name)
+    overrides: dict[str, object] = {"host": options.host}
+    if options.state_dir is not None:
+        # Several services in one process each get their own folder under the given one.
+        overrides["state_dir"] = options.state_dir / name if several else options.state_dir
+    if options.port is not None and not several:
+        overrides["port"] = options.port
+    settings = spec.settings_cls.load(options.config, **overrides)
+    wiring = _wiring(name, settings, addresses, token)
+    if wiring:
+        settings = spec.settings_cls.load(options.config, **overrides, **wiring)
+    server, port = await spec.start(settings, create_tracer_provider(name))
+    return _Started(name, server, settings.host, port, spec.grpc_service)
+
+
+def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
+    """Settings that connect ``name`` to the services already started in this process (unset ones only)."""
+    wiring: dict[str, object] = {}
+    if token and not settings.auth_token:
+        wiring["auth_token"] = token
+    if name == "gateway":
+        for peer in ("proxy", "reconstructor", "evaluator", "rollout"):
+            if peer in addresses and not getattr(settings, f"{peer}_address", "x"):
+                wiring[f"{peer}_address"] = addresses[peer]
+    return wiring
+
+
+async def _check_all(started: Sequence[_Started]) -> int:
+    ok = True
+    for service in started:
+        healthy = await _check_health(service.host, service.port, service.grpc_service)
+        ok &= healthy
+        print(f"health {service.name:<14} {'SERVING' if healthy else 'NOT SERVING'}", flush=True)
+    print("all services healthy" if ok else "some services are unhealthy", flush=True)
+    return 0 if ok else 1
+
+
+async def _check_health(host: str, port: int, service: str) -> bool:
+    target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    async with grpc.aio.insecure_channel(f"{target}:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
