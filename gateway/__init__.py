@@ -1,13 +1,12 @@
 """The gateway: runs sessions through staged pools (INIT, READY, RUNNING, POSTRUN) behind GatewayService.
 
 See ``docs/gateway.md``. The engine is :class:`SessionPipeline` (plain asyncio, no grpc); its seams are in
-:mod:`gateway.seams`, their gRPC implementations in :mod:`gateway.clients`, fakes in :mod:`gateway.testing`.
+:mod:`gateway.ports`, their gRPC implementations in :mod:`gateway.clients`, fakes in :mod:`gateway.testing`.
 """
 
 from __future__ import annotations
 
-from gateway.model import (
-    AgentOutcome,
+from gateway.models import (
     AgentRun,
     Artifacts,
     Evaluation,
@@ -20,7 +19,7 @@ from gateway.model import (
     Stage,
 )
 from gateway.pipeline import Capacity, SessionPipeline
-from gateway.seams import (
+from gateway.ports import (
     AgentRunner,
     EvaluatorClient,
     ProxyClient,
@@ -31,7 +30,6 @@ from gateway.seams import (
 from gateway.settings import GatewaySettings
 
 __all__ = [
-    "AgentOutcome",
     "AgentRun",
     "AgentRunner",
     "Artifacts",

@@ -28,8 +28,7 @@ from gateway.convert import (
     status_to_proto,
     trace_from_proto,
 )
-from gateway.model import (
-    AgentOutcome,
+from gateway.models import (
     AgentRun,
     Artifacts,
     BuilderConfig,
@@ -43,7 +42,13 @@ from gateway.pipeline import Capacity
 from gateway.registration import HeartbeatReply, Lease
 from polar_core import errors
 from polar_core.channels import open_channel
-from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus
+from polar_core.records import (
+    AgentStatus,
+    CompletionRecord,
+    ReconstructionStats,
+    ReconstructionStrategy,
+    TerminalStatus,
+)
 from polar_core.tls import TlsFiles
 
 __all__ = [
@@ -72,10 +77,10 @@ _STRATEGIES = {
     ReconstructionStrategy.EXACT: 3,
 }
 _AGENT_STATUS = {
-    AgentOutcome.COMPLETED: evaluator_service_pb2.AGENT_STATUS_COMPLETED,
-    AgentOutcome.TIMEOUT: evaluator_service_pb2.AGENT_STATUS_TIMEOUT,
-    AgentOutcome.ERROR: evaluator_service_pb2.AGENT_STATUS_ERROR,
-    AgentOutcome.CANCELLED: evaluator_service_pb2.AGENT_STATUS_CANCELLED,
+    AgentStatus.COMPLETED: evaluator_service_pb2.AGENT_STATUS_COMPLETED,
+    AgentStatus.TIMEOUT: evaluator_service_pb2.AGENT_STATUS_TIMEOUT,
+    AgentStatus.ERROR: evaluator_service_pb2.AGENT_STATUS_ERROR,
+    AgentStatus.CANCELLED: evaluator_service_pb2.AGENT_STATUS_CANCELLED,
 }
 # Extra seconds a call's gRPC deadline gets over the work's own time limit, so the server answers first.
 _RPC_MARGIN_S = 5.0
@@ -135,7 +140,7 @@ class _Client:
 
 
 class GrpcProxyClient(_Client):
-    """A :class:`gateway.seams.ProxyClient` over ``ModelProxyService``."""
+    """A :class:`gateway.ports.ProxyClient` over ``ModelProxyService``."""
 
     def __init__(
         self,
@@ -194,7 +199,7 @@ class GrpcProxyClient(_Client):
 
 
 class GrpcReconstructorClient(_Client):
-    """A :class:`gateway.seams.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
+    """A :class:`gateway.ports.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
 
     def __init__(
         self,
@@ -248,7 +253,7 @@ class GrpcReconstructorClient(_Client):
 
 
 class GrpcEvaluatorClient(_Client):
-    """A :class:`gateway.seams.EvaluatorClient` over ``EvaluatorService``."""
+    """A :class:`gateway.ports.EvaluatorClient` over ``EvaluatorService``."""
 
     def __init__(
         self,
@@ -328,7 +333,7 @@ class _RolloutClient(_Client):
 
 
 class GrpcResultSink(_RolloutClient):
-    """A :class:`gateway.seams.ResultSink` that calls the rollout server's ReportSessionResult."""
+    """A :class:`gateway.ports.ResultSink` that calls the rollout server's ReportSessionResult."""
 
     default_timeout_s = 30.0
 

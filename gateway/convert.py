@@ -9,7 +9,7 @@ from google.protobuf import timestamp_pb2
 from polar.common.v1 import metrics_pb2, session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2
 
-from gateway.model import (
+from gateway.models import (
     BuilderConfig,
     EvaluatorConfig,
     HarnessConfig,

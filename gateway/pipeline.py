@@ -1,6 +1,6 @@
 """The session pipeline: a plain-async engine that runs sessions through staged pools.
 
-Every session is driven by one coroutine through an explicit state machine (:data:`gateway.model.TRANSITIONS`)::
+Every session is driven by one coroutine through an explicit state machine (:data:`gateway.models.TRANSITIONS`)::
 
     INIT ──► READY ──► RUNNING ──► POSTRUN ──► DONE(terminal status)
       └────────┴──────────────────────►┘   (failure or cancellation before the agent ends)
@@ -39,9 +39,8 @@ from gateway.errors import (
 )
 from gateway.events import EventBus, Subscription
 from gateway.metrics import GatewayMetrics
-from gateway.model import (
+from gateway.models import (
     TRANSITIONS,
-    AgentOutcome,
     AgentRun,
     Evaluation,
     Reconstruction,
@@ -53,7 +52,7 @@ from gateway.model import (
     completion_totals,
 )
 from gateway.pools import Slot, StagePool, StageSnapshot
-from gateway.seams import (
+from gateway.ports import (
     AgentRunner,
     EvaluatorClient,
     PreparedAgent,
@@ -64,7 +63,7 @@ from gateway.seams import (
 )
 from gateway.settings import GatewaySettings
 from polar_core.errors import DeadlineExceeded, Internal, PolarError, Unavailable
-from polar_core.records import CompletionRecord, TerminalStatus
+from polar_core.records import AgentStatus, CompletionRecord, TerminalStatus
 from runtimes.base import Runtime
 
 __all__ = ["Capacity", "SessionPipeline"]
@@ -410,10 +409,10 @@ class SessionPipeline:
             if s.stage is not Stage.RUNNING:
                 raise
             # The session deadline cut the agent short: that is the agent's budget running out.
-            s.agent_run = AgentRun(AgentOutcome.TIMEOUT, duration_s=self._clock() - s.stage_entered_at)
+            s.agent_run = AgentRun(AgentStatus.TIMEOUT, duration_s=self._clock() - s.stage_entered_at)
         except asyncio.CancelledError:
             if s.stage is Stage.RUNNING and s.agent_run is None:
-                s.agent_run = AgentRun(AgentOutcome.CANCELLED, duration_s=self._clock() - s.stage_entered_at)
+                s.agent_run = AgentRun(AgentStatus.CANCELLED, duration_s=self._clock() - s.stage_entered_at)
             raise
         finally:
             for slot in held:
@@ -453,7 +452,7 @@ class SessionPipeline:
             async with asyncio.timeout(max(budget, 0.0) + _KILL_GRACE_S):
                 s.agent_run = await self._agents.run(runtime, prepared, timeout_s=max(budget, 0.0))
         except TimeoutError:
-            s.agent_run = AgentRun(AgentOutcome.TIMEOUT, duration_s=self._clock() - started)
+            s.agent_run = AgentRun(AgentStatus.TIMEOUT, duration_s=self._clock() - started)
 
     async def _prepare_evaluation(self, s: _Session) -> str:
         evaluator = self._evaluator
@@ -475,7 +474,7 @@ class SessionPipeline:
             s.queued = False
             await self._close_proxy(s)
             await self._list_completions(s)
-            run = s.agent_run or AgentRun(AgentOutcome.ERROR)
+            run = s.agent_run or AgentRun(AgentStatus.ERROR)
             evaluation = await self._evaluate(s, run)
             s.reward = evaluation.reward
             self._settle(s, evaluation.status, evaluation.error_message)
@@ -489,7 +488,7 @@ class SessionPipeline:
 
     async def _evaluate(self, s: _Session, run: AgentRun) -> Evaluation:
         spec = s.spec
-        if run.outcome is AgentOutcome.TIMEOUT:
+        if run.outcome is AgentStatus.TIMEOUT:
             # The captured calls stay trainable with reward 0; a timed-out attempt is not scored.
             return Evaluation(0.0, TerminalStatus.AGENT_TIMEOUT, error_message="the agent ran past its budget")
         if not spec.evaluator.enabled:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.model import Stage
+from gateway.models import Stage
 
 __all__ = ["PoolObserver", "Slot", "StagePool", "StageSnapshot"]
 

@@ -24,10 +24,10 @@ from gateway.clients import (
     GrpcRolloutRegistrar,
 )
 from gateway.metrics import GatewayMetrics, MetricsEndpoint
-from gateway.model import ProxyEndpoints, SessionSpec
+from gateway.models import ProxyEndpoints, SessionSpec
 from gateway.pipeline import SessionPipeline
+from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.registration import RegistrationLoop
-from gateway.seams import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.servicer import GatewayServicer
 from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel

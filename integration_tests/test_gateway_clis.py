@@ -33,7 +33,7 @@ from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
 from polar.proxy.v1 import model_proxy_service_pb2 as proxy_pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 
-from gateway.model import AgentRun, Artifacts, Evaluation, SessionSpec
+from gateway.models import AgentRun, Artifacts, Evaluation, SessionSpec
 from gateway.server import GatewaySeams, create_server
 from gateway.settings import GatewaySettings
 from model_proxy.app import ProxyApp

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import time
 
-from gateway.model import EvaluatorConfig, HarnessConfig, SessionSpec
+from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec
 from gateway.pipeline import SessionPipeline
 from gateway.settings import GatewaySettings
 from gateway.testing import (

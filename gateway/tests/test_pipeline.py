@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
-from gateway.model import EvaluatorConfig, HarnessConfig, SessionSpec, Stage
+from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec, Stage
 from gateway.pipeline import SessionPipeline
 from gateway.settings import GatewaySettings
 from gateway.testing import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from gateway.model import HarnessConfig, SessionSpec, Stage
+from gateway.models import HarnessConfig, SessionSpec, Stage
 from gateway.pipeline import Capacity, SessionPipeline
 from gateway.registration import HeartbeatReply, Lease, RegistrationLoop
 from gateway.settings import GatewaySettings

@@ -11,10 +11,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
+from polar_core.records import (
+    AgentStatus,
+    CompletionRecord,
+    ReconstructionStats,
+    ReconstructionStrategy,
+    TerminalStatus,
+    Trace,
+)
 
 __all__ = [
-    "AgentOutcome",
     "AgentRun",
     "Artifacts",
     "BuilderConfig",
@@ -169,20 +175,11 @@ class ProxyEndpoints:
     google_base_url: str = ""
 
 
-class AgentOutcome(enum.StrEnum):
-    """How the agent run ended (mirrors the evaluator's ``AgentStatus``)."""
-
-    COMPLETED = "completed"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    CANCELLED = "cancelled"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentRun:
     """The result of running a harness once."""
 
-    outcome: AgentOutcome
+    outcome: AgentStatus
     exit_code: int = 0
     stdout: str = ""
     stderr: str = ""
