@@ -6,6 +6,7 @@ See ``docs/gateway.md``. The engine is :class:`SessionPipeline` (plain asyncio, 
 
 from __future__ import annotations
 
+from gateway.core import Capacity, SessionPipeline
 from gateway.models import (
     AgentRun,
     Artifacts,
@@ -18,7 +19,6 @@ from gateway.models import (
     SessionState,
     Stage,
 )
-from gateway.pipeline import Capacity, SessionPipeline
 from gateway.ports import (
     AgentRunner,
     EvaluatorClient,

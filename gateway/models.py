@@ -24,6 +24,7 @@ __all__ = [
     "AgentRun",
     "Artifacts",
     "BuilderConfig",
+    "Capacity",
     "Evaluation",
     "EvaluatorConfig",
     "HarnessConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "SessionSpec",
     "SessionState",
     "Stage",
+    "StageSnapshot",
     "completion_totals",
 ]
 
@@ -268,6 +270,48 @@ class SessionEvent:
     time: float
     previous: Stage | None = None
     result: SessionResult | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageSnapshot:
+    """A pool's counters at one moment.
+
+    Attributes:
+        workers: Slots in the pool.
+        queue_length: Sessions waiting for a slot.
+        occupancy: Slots held.
+        entered: Slots granted since start.
+        exited: Slots released since start.
+        mean_residence_s: Mean time a slot was held, over released slots (0 before the first).
+    """
+
+    stage: Stage
+    workers: int
+    queue_length: int
+    occupancy: int
+    entered: int
+    exited: int
+    mean_residence_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capacity:
+    """The gateway's capacity and load.
+
+    Attributes:
+        capacity: Sessions accepted at once.
+        active: Sessions accepted and not done.
+        available: Further sessions StartSession would accept now.
+        stages: Load of each stage's pool.
+        draining: Whether new sessions are refused.
+    """
+
+    gateway_id: str
+    capacity: int
+    active: int
+    available: int
+    stages: list[StageSnapshot]
+    draining: bool
 
 
 def completion_totals(records: list[CompletionRecord]) -> tuple[int, int]:

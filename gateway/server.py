@@ -23,9 +23,9 @@ from gateway.clients import (
     GrpcResultSink,
     GrpcRolloutRegistrar,
 )
+from gateway.core import SessionPipeline
 from gateway.metrics import GatewayMetrics, MetricsEndpoint
 from gateway.models import ProxyEndpoints, SessionSpec
-from gateway.pipeline import SessionPipeline
 from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.registration import RegistrationLoop
 from gateway.servicer import GatewayServicer

@@ -19,7 +19,7 @@ import dataclasses
 import time
 
 from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec
-from gateway.pipeline import SessionPipeline
+from gateway.core import SessionPipeline
 from gateway.settings import GatewaySettings
 from gateway.testing import (
     FakeAgentRunner,

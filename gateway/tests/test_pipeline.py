@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from gateway.core import SessionPipeline
 from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
 from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec, Stage
-from gateway.pipeline import SessionPipeline
 from gateway.settings import GatewaySettings
 from gateway.testing import (
     FakeAgentRunner,
@@ -28,7 +28,7 @@ from polar_core.records import TerminalStatus
 class World:
     """A pipeline over fakes, with handles on each fake."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, *, with_evaluator: bool = True, **settings: Any) -> None:
         defaults: dict[str, Any] = {"metrics_port": -1, "step_retries": 1}
         self.settings = GatewaySettings(**{**defaults, **settings})
         self.runtimes = FakeRuntimeFactory()
@@ -44,7 +44,7 @@ class World:
             agents=self.agents,
             proxy=self.proxy,
             reconstructor=self.reconstructor,
-            evaluator=self.evaluator,
+            evaluator=self.evaluator if with_evaluator else None,
             sink=self.sink,
         )
 
@@ -272,8 +272,7 @@ async def test_no_evaluator_strategy_gives_unresolved_and_missing_client_gives_i
     assert result.status is TerminalStatus.UNRESOLVED
     assert world.evaluator.prepared == {}
 
-    world2 = World()
-    world2.pipeline._evaluator = None
+    world2 = World(with_evaluator=False)
     result2 = await _run(world2, spec())
     assert result2.status is TerminalStatus.INFRA_ERROR
     assert "evaluator" in result2.error_message

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from gateway.core import Capacity, SessionPipeline
 from gateway.models import HarnessConfig, SessionSpec, Stage
-from gateway.pipeline import Capacity, SessionPipeline
 from gateway.registration import HeartbeatReply, Lease, RegistrationLoop
 from gateway.settings import GatewaySettings
 from gateway.testing import FakeAgentRunner, FakeProxy, FakeRuntimeFactory
