@@ -21,7 +21,8 @@ from polar.gateway.v1 import gateway_service_pb2_grpc as gw_grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
-from gateway.server import create_server
+from gateway.app import GatewayApp
+from gateway.server import start_server
 from gateway.settings import GatewaySettings
 from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
@@ -29,7 +30,7 @@ from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
 from polar_core.channels import open_channel
 from polar_core.model_fixtures import build_tiny_tokenizer
-from polar_core.server import start_grpc_server
+from polar_core.server import RunningService, start_grpc_server
 from polar_core.services import service_spec
 from rollout_server.server import RolloutServer, start_rollout_server
 from rollout_server.settings import RolloutSettings
@@ -53,7 +54,7 @@ print(json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][
 
 class Stack:
     rollout: RolloutServer
-    gateway: Any
+    gateway: RunningService[GatewayApp]
     gateway_port: int
     rollout_stub: Any
     gateway_stub: Any
@@ -84,7 +85,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             watchdog_interval_s=0.1,
         )
     )
-    gateway, port = await create_server(
+    gateway = await start_server(
         GatewaySettings(
             state_dir=tmp_path / "gateway",
             gateway_id="gw-1",
@@ -96,9 +97,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         )
     )
     rollout_channel = open_channel(f"127.0.0.1:{rollout.port}")
-    gateway_channel = open_channel(f"127.0.0.1:{port}")
+    gateway_channel = open_channel(f"127.0.0.1:{gateway.port}")
     s = Stack()
-    s.rollout, s.gateway, s.gateway_port = rollout, gateway, port
+    s.rollout, s.gateway, s.gateway_port = rollout, gateway, gateway.port
     s.rollout_stub = rollout_service_pb2_grpc.RolloutServiceStub(rollout_channel)
     s.gateway_stub = gw_grpc.GatewayServiceStub(gateway_channel)
     try:
@@ -114,8 +115,10 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
+    membership = stack.gateway.app.membership
+    assert membership is not None
     async with asyncio.timeout(10):
-        await stack.gateway.membership.registered.wait()
+        await membership.registered.wait()
     task = task_pb2.Task(
         task_id="reg-task",
         instruction="Answer.",
@@ -143,7 +146,7 @@ async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
 
     # Heartbeats carried capacity and the stage load.
     async with asyncio.timeout(5):
-        await stack.gateway.membership.beat.wait()
+        await membership.beat.wait()
     (record,) = await stack.rollout.app.core.store.list_gateways()
     assert record.gateway_id == "gw-1"
     assert record.address == f"127.0.0.1:{stack.gateway_port}"
