@@ -18,8 +18,8 @@ import asyncio
 import dataclasses
 import time
 
-from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec
 from gateway.core import SessionPipeline
+from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec
 from gateway.settings import GatewaySettings
 from gateway.testing import (
     FakeAgentRunner,

@@ -1,0 +1,1 @@
+"""Machinery the integration tests and bench/ share: helpers that launch real processes."""
