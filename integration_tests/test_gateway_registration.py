@@ -115,10 +115,6 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
-    membership = stack.gateway.app.membership
-    assert membership is not None
-    async with asyncio.timeout(10):
-        await membership.registered.wait()
     task = task_pb2.Task(
         task_id="reg-task",
         instruction="Answer.",
@@ -129,6 +125,10 @@ async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
     )
     task.harness.options.update({"argv": ["python3", "-c", AGENT]})
+    membership = stack.gateway.app.membership
+    assert membership is not None
+    async with asyncio.timeout(10):
+        await membership.registered.wait()
     await stack.rollout_stub.SubmitTask(pb.SubmitTaskRequest(task=task))
     async with asyncio.timeout(90):
         while True:
