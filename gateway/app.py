@@ -26,7 +26,7 @@ from gateway.clients import (
 )
 from gateway.core import SessionPipeline
 from gateway.metrics import GatewayMetrics, MetricsEndpoint
-from gateway.models import ProxyEndpoints, SessionSpec
+from gateway.models import PipelineConfig, ProxyEndpoints, SessionSpec
 from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.registration import RegistrationLoop
 from gateway.settings import GatewaySettings
@@ -35,7 +35,7 @@ from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
 from runtimes import DefaultRuntimeFactory
 
-__all__ = ["GatewayApp", "GatewaySeams"]
+__all__ = ["GatewayApp", "GatewaySeams", "pipeline_config"]
 
 
 @dataclasses.dataclass
@@ -124,7 +124,7 @@ class GatewayApp:
         tunnel = _tunnel(settings)
         clients.closers.append(tunnel.close)
         pipeline = SessionPipeline(
-            settings,
+            pipeline_config(settings),
             gateway_id=settings.gateway_id,
             runtimes=seams.runtimes or _runtimes(settings, tunnel),
             agents=seams.agents or _agents(settings, tunnel),
@@ -170,6 +170,11 @@ class GatewayApp:
             await close()
         if self._endpoint is not None:
             self._endpoint.stop()
+
+
+def pipeline_config(settings: GatewaySettings) -> PipelineConfig:
+    """The pipeline's configuration: the settings' fields of the same names."""
+    return PipelineConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PipelineConfig)})
 
 
 def _tunnel(settings: GatewaySettings) -> ProxyTunnel:

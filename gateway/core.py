@@ -36,6 +36,7 @@ from gateway.models import (
     AgentRun,
     Capacity,
     Evaluation,
+    PipelineConfig,
     SessionEvent,
     SessionResult,
     SessionSpec,
@@ -47,7 +48,6 @@ from gateway.observer import StageObserver
 from gateway.pools import Slot, StagePool
 from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
 from gateway.session import Session, settle
-from gateway.settings import GatewaySettings
 from gateway.steps import SessionSteps
 from gateway.wrapup import WrapUp
 from polar_core.errors import DeadlineExceeded, Internal, PolarError
@@ -65,7 +65,7 @@ class SessionPipeline:
     """Runs sessions through the staged pools; the GatewayService's servicer is a thin layer over it.
 
     Args:
-        settings: Worker counts, bounds and time limits.
+        config: Worker counts, bounds and time limits.
         gateway_id: This gateway's id, written on states and results.
         runtimes: Creates each session's runtime.
         agents: Prepares and runs harnesses in runtimes.
@@ -81,7 +81,7 @@ class SessionPipeline:
 
     def __init__(
         self,
-        settings: GatewaySettings,
+        config: PipelineConfig,
         *,
         gateway_id: str,
         runtimes: RuntimeFactory,
@@ -94,7 +94,7 @@ class SessionPipeline:
         clock: Callable[[], float] = time.time,
         tracer: trace.Tracer | None = None,
     ) -> None:
-        self._settings = settings
+        self._config = config
         self._runtimes = runtimes
         self._agents = agents
         self._clock = clock
@@ -102,11 +102,11 @@ class SessionPipeline:
             gateway_id=gateway_id,
             tracer=tracer or trace.get_tracer("gateway"),
             metrics=metrics,
-            watch_buffer=settings.watch_buffer,
+            watch_buffer=config.watch_buffer,
             clock=clock,
         )
         self._steps = SessionSteps(
-            settings,
+            config,
             proxy=proxy,
             reconstructor=reconstructor,
             evaluator=evaluator,
@@ -114,13 +114,13 @@ class SessionPipeline:
             clock=clock,
         )
         self._wrapup = WrapUp(
-            settings, steps=self._steps, observer=self._observer, sink=sink, on_done=self._remember_done, clock=clock
+            config, steps=self._steps, observer=self._observer, sink=sink, on_done=self._remember_done, clock=clock
         )
         workers = {
-            Stage.INIT: settings.init_workers,
-            Stage.READY: settings.ready_capacity,
-            Stage.RUNNING: settings.running_workers,
-            Stage.POSTRUN: settings.postrun_workers,
+            Stage.INIT: config.init_workers,
+            Stage.READY: config.ready_capacity,
+            Stage.RUNNING: config.running_workers,
+            Stage.POSTRUN: config.postrun_workers,
         }
         self._pools = {stage: StagePool(stage, n, observer=metrics) for stage, n in workers.items()}
         if metrics is not None:
@@ -167,7 +167,7 @@ class SessionPipeline:
         self._runtimes.validate(spec)
         self._admit_or_refuse()
         now = self._clock()
-        deadline = spec.deadline if spec.deadline is not None else now + self._settings.session_timeout_s
+        deadline = spec.deadline if spec.deadline is not None else now + self._config.session_timeout_s
         session = Session(spec=spec, deadline=deadline, admitted_at=now, stage_entered_at=now)
         if existing is not None:
             self._forget(spec.session_id)
@@ -219,12 +219,12 @@ class SessionPipeline:
         active = sum(1 for s in self._sessions.values() if s.stage is not Stage.DONE)
         try:
             self._admit_or_refuse()
-            available = self._settings.max_sessions - active
+            available = self._config.max_sessions - active
         except GatewayBusy:
             available = 0
         return Capacity(
             self.gateway_id,
-            self._settings.max_sessions,
+            self._config.max_sessions,
             active,
             0 if self._draining else available,
             self.stage_snapshots(),
@@ -268,22 +268,22 @@ class SessionPipeline:
     def _admit_or_refuse(self) -> None:
         postrun = self._pools[Stage.POSTRUN]
         backlog = postrun.queue_length
-        if backlog > self._settings.postrun_backlog_limit:
+        if backlog > self._config.postrun_backlog_limit:
             mean = postrun.snapshot().mean_residence_s or 1.0
-            excess = backlog - self._settings.postrun_backlog_limit
+            excess = backlog - self._config.postrun_backlog_limit
             retry = min(max(excess * mean / postrun.workers, 0.5), 300.0)
             raise GatewayBusy(
-                f"POSTRUN is backed up ({backlog} sessions waiting, limit {self._settings.postrun_backlog_limit})",
+                f"POSTRUN is backed up ({backlog} sessions waiting, limit {self._config.postrun_backlog_limit})",
                 retry_after_s=retry,
                 details={"stage": Stage.POSTRUN.value, "queue_length": str(backlog)},
             )
         active = sum(1 for s in self._sessions.values() if s.stage is not Stage.DONE)
-        if active >= self._settings.max_sessions:
-            retry = min(max((self._wrapup.mean_session_s or 1.0) / self._settings.max_sessions, 0.5), 60.0)
+        if active >= self._config.max_sessions:
+            retry = min(max((self._wrapup.mean_session_s or 1.0) / self._config.max_sessions, 0.5), 60.0)
             raise GatewayBusy(
                 f"the gateway runs {active} sessions, its capacity",
                 retry_after_s=retry,
-                details={"capacity": str(self._settings.max_sessions)},
+                details={"capacity": str(self._config.max_sessions)},
             )
 
     # ----------------------------------------------------------------------------------------- the driver
@@ -370,20 +370,20 @@ class SessionPipeline:
         spec = s.spec
         s.runtime = self._runtimes.create(spec)
         runtime = s.runtime
-        await self._steps.run(s, "runtime.start", runtime.start, self._settings.runtime_start_timeout_s)
-        model = spec.model or self._settings.default_model
+        await self._steps.run(s, "runtime.start", runtime.start, self._config.runtime_start_timeout_s)
+        model = spec.model or self._config.default_model
         endpoints = await self._steps.run(
             s,
             "proxy.open_session",
-            lambda: self._steps.proxy.open_session(spec, model, timeout_s=self._settings.step_timeout_s),
-            self._settings.step_timeout_s,
+            lambda: self._steps.proxy.open_session(spec, model, timeout_s=self._config.step_timeout_s),
+            self._config.step_timeout_s,
         )
         s.proxy_open = s.proxy_used = True
         s.prepared = await self._steps.run(
             s,
             "harness.prepare",
             lambda: self._agents.prepare(runtime, spec, endpoints),
-            self._settings.runtime_start_timeout_s,
+            self._config.runtime_start_timeout_s,
         )
 
     async def _run_agent(self, s: Session) -> None:
@@ -391,7 +391,7 @@ class SessionPipeline:
         if self._steps.evaluator is not None and spec.evaluator.enabled and spec.evaluator.clean_runtime:
             # Prewarm: build the clean evaluation runtime while the agent runs, so POSTRUN does not wait for it.
             s.prewarm = asyncio.create_task(self._steps.prepare_evaluation(s), name=f"prewarm-{spec.session_id}")
-        budget = min(spec.agent_timeout_s or self._settings.agent_timeout_s, s.deadline - self._clock())
+        budget = min(spec.agent_timeout_s or self._config.agent_timeout_s, s.deadline - self._clock())
         if s.runtime is None or s.prepared is None:
             raise Internal("RUNNING without a prepared runtime")
         runtime, prepared = s.runtime, s.prepared
@@ -439,7 +439,7 @@ class SessionPipeline:
         if runtime is None:
             raise Internal("POSTRUN without a runtime")
         artifacts = await self._steps.run(
-            s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._settings.step_timeout_s
+            s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._config.step_timeout_s
         )
         await self._steps.stop_runtime(s)  # the evaluator works on the artifacts; free the sandbox now
         if s.prewarm is not None:
@@ -448,13 +448,13 @@ class SessionPipeline:
         else:
             s.eval_handle = await self._steps.prepare_evaluation(s)
         handle = s.eval_handle
-        limit = spec.evaluator.timeout_s or self._settings.eval_timeout_s
+        limit = spec.evaluator.timeout_s or self._config.eval_timeout_s
         try:
             return await self._steps.run(
                 s,
                 "evaluator.evaluate",
                 lambda: evaluator.evaluate(handle, artifacts, run, timeout_s=limit),
-                limit + self._settings.step_timeout_s,
+                limit + self._config.step_timeout_s,
             )
         except DeadlineExceeded as exc:
             return Evaluation(0.0, TerminalStatus.EVAL_TIMEOUT, error_message=exc.message)
@@ -469,7 +469,7 @@ class SessionPipeline:
 
     def _remember_done(self, s: Session) -> None:
         self._done_order.append(s.spec.session_id)
-        while len(self._done_order) > self._settings.retained_results:
+        while len(self._done_order) > self._config.retained_results:
             self._forget(self._done_order.popleft())
 
     def _forget(self, session_id: str) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "Evaluation",
     "EvaluatorConfig",
     "HarnessConfig",
+    "PipelineConfig",
     "ProxyEndpoints",
     "Reconstruction",
     "RuntimeConfig",
@@ -60,6 +61,31 @@ TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
     Stage.POSTRUN: frozenset({Stage.DONE}),
     Stage.DONE: frozenset(),
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """What the session pipeline is configured by (``gateway.app`` builds it from :class:`GatewaySettings`).
+
+    The fields mean what the settings of the same names mean (see ``gateway.settings.GatewaySettings``).
+    """
+
+    max_sessions: int = 64
+    init_workers: int = 4
+    ready_capacity: int = 4
+    running_workers: int = 8
+    postrun_workers: int = 4
+    postrun_backlog_limit: int = 16
+    session_timeout_s: float = 1800.0
+    agent_timeout_s: float = 600.0
+    eval_timeout_s: float = 600.0
+    step_timeout_s: float = 60.0
+    runtime_start_timeout_s: float = 300.0
+    teardown_timeout_s: float = 60.0
+    step_retries: int = 2
+    retained_results: int = 10_000
+    watch_buffer: int = 1024
+    default_model: str = "policy"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

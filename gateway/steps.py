@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from gateway.errors import SessionDeadlinePassed, StepTimedOut
+from gateway.models import PipelineConfig
 from gateway.observer import StageObserver
 from gateway.ports import EvaluatorClient, ProxyClient, ReconstructorClient
 from gateway.session import Session
-from gateway.settings import GatewaySettings
 from polar_core.errors import Internal, Unavailable
 from polar_core.records import TerminalStatus
 
@@ -32,7 +32,7 @@ class SessionSteps:
     """Runs a session's side effects with time limits and retries.
 
     Args:
-        settings: Time limits and retry count.
+        config: Time limits and retry count.
         proxy: The model proxy's session management.
         reconstructor: Builds traces; ``None`` skips reconstruction.
         evaluator: Scores work; ``None`` means no evaluation environment is ever prepared.
@@ -42,7 +42,7 @@ class SessionSteps:
 
     def __init__(
         self,
-        settings: GatewaySettings,
+        config: PipelineConfig,
         *,
         proxy: ProxyClient,
         reconstructor: ReconstructorClient | None,
@@ -50,7 +50,7 @@ class SessionSteps:
         observer: StageObserver,
         clock: Callable[[], float],
     ) -> None:
-        self._settings = settings
+        self._config = config
         self.proxy = proxy
         self._reconstructor = reconstructor
         self.evaluator = evaluator
@@ -72,7 +72,7 @@ class SessionSteps:
             StepTimedOut: The step ran past ``timeout_s``.
             SessionDeadlinePassed: The session deadline (when ``deadline``) ended the step first.
         """
-        attempts = 1 + self._settings.step_retries
+        attempts = 1 + self._config.step_retries
         for attempt in range(attempts):
             budget, bounded = timeout_s, False
             if deadline:
@@ -105,8 +105,8 @@ class SessionSteps:
         await self.run(
             s,
             "proxy.close_session",
-            lambda: self.proxy.close_session(s.spec.proxy_session_id, timeout_s=self._settings.step_timeout_s),
-            self._settings.step_timeout_s,
+            lambda: self.proxy.close_session(s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s),
+            self._config.step_timeout_s,
             deadline=False,
         )
         s.proxy_open = False
@@ -116,8 +116,8 @@ class SessionSteps:
         records = await self.run(
             s,
             "proxy.list_completions",
-            lambda: self.proxy.list_completions(s.spec.proxy_session_id, timeout_s=self._settings.step_timeout_s),
-            self._settings.step_timeout_s,
+            lambda: self.proxy.list_completions(s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s),
+            self._config.step_timeout_s,
             deadline=False,
         )
         for record in records:  # a retried attempt's proxy session still belongs to the logical session
@@ -132,8 +132,8 @@ class SessionSteps:
             return
         s.runtime_stopped = True
         if s.status is TerminalStatus.CANCELLED:
-            await self.run(s, "runtime.cancel", runtime.cancel, self._settings.teardown_timeout_s, deadline=False)
-        await self.run(s, "runtime.stop", runtime.stop, self._settings.teardown_timeout_s, deadline=False)
+            await self.run(s, "runtime.cancel", runtime.cancel, self._config.teardown_timeout_s, deadline=False)
+        await self.run(s, "runtime.stop", runtime.stop, self._config.teardown_timeout_s, deadline=False)
 
     async def prepare_evaluation(self, s: Session) -> str:
         """Build the session's evaluation environment and return its handle."""
@@ -144,8 +144,8 @@ class SessionSteps:
         return await self.run(
             s,
             "evaluator.prepare",
-            lambda: evaluator.prepare(s.spec, request_id=request_id, timeout_s=self._settings.runtime_start_timeout_s),
-            self._settings.runtime_start_timeout_s,
+            lambda: evaluator.prepare(s.spec, request_id=request_id, timeout_s=self._config.runtime_start_timeout_s),
+            self._config.runtime_start_timeout_s,
             deadline=False,
         )
 
@@ -153,7 +153,7 @@ class SessionSteps:
         """Release the session's evaluation environment, including one a prewarm in flight is building."""
         if s.prewarm is not None:
             # Let a prewarm in flight finish (briefly) so its environment can be released rather than leaked.
-            await asyncio.wait({s.prewarm}, timeout=self._settings.step_timeout_s)
+            await asyncio.wait({s.prewarm}, timeout=self._config.step_timeout_s)
             if not s.prewarm.done():
                 s.prewarm.cancel()
                 await asyncio.wait({s.prewarm})
@@ -165,8 +165,8 @@ class SessionSteps:
             await self.run(
                 s,
                 "evaluator.release",
-                lambda: evaluator.release(handle, timeout_s=self._settings.step_timeout_s),
-                self._settings.step_timeout_s,
+                lambda: evaluator.release(handle, timeout_s=self._config.step_timeout_s),
+                self._config.step_timeout_s,
                 deadline=False,
             )
             s.eval_handle = ""
@@ -185,8 +185,8 @@ class SessionSteps:
                 reward=s.reward,
                 status=status,
                 builder=s.spec.builder,
-                timeout_s=self._settings.step_timeout_s,
+                timeout_s=self._config.step_timeout_s,
             ),
-            self._settings.step_timeout_s,
+            self._config.step_timeout_s,
             deadline=False,
         )

@@ -13,11 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from gateway.models import SessionResult, Stage, completion_totals
+from gateway.models import PipelineConfig, SessionResult, Stage, completion_totals
 from gateway.observer import StageObserver
 from gateway.ports import ResultSink
 from gateway.session import Session, settle
-from gateway.settings import GatewaySettings
 from gateway.steps import SessionSteps
 from polar_core.errors import PolarError
 from polar_core.records import TerminalStatus
@@ -33,7 +32,7 @@ class WrapUp:
     """Salvages, tears down and reports sessions.
 
     Args:
-        settings: The report's time limit.
+        config: The report's time limit.
         steps: Runs the teardown's side effects.
         observer: Moves sessions to DONE.
         sink: Receives every result; ``None`` keeps results only for GetSession and watchers.
@@ -43,7 +42,7 @@ class WrapUp:
 
     def __init__(
         self,
-        settings: GatewaySettings,
+        config: PipelineConfig,
         *,
         steps: SessionSteps,
         observer: StageObserver,
@@ -51,7 +50,7 @@ class WrapUp:
         on_done: Callable[[Session], None],
         clock: Callable[[], float],
     ) -> None:
-        self._settings = settings
+        self._config = config
         self._steps = steps
         self._observer = observer
         self._sink = sink
@@ -128,7 +127,7 @@ class WrapUp:
             return
         try:
             await self._steps.run(
-                s, "sink.report", lambda: sink.report(result), self._settings.step_timeout_s, deadline=False
+                s, "sink.report", lambda: sink.report(result), self._config.step_timeout_s, deadline=False
             )
         except (PolarError, TimeoutError, OSError) as exc:
             # The result stays readable through GetSession and WatchSessions; delivery is the sink's retry.

@@ -11,8 +11,7 @@ import pytest
 
 from gateway.core import SessionPipeline
 from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
-from gateway.models import EvaluatorConfig, HarnessConfig, SessionSpec, Stage
-from gateway.settings import GatewaySettings
+from gateway.models import EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec, Stage
 from gateway.testing import (
     FakeAgentRunner,
     FakeEvaluator,
@@ -28,9 +27,8 @@ from polar_core.records import TerminalStatus
 class World:
     """A pipeline over fakes, with handles on each fake."""
 
-    def __init__(self, *, with_evaluator: bool = True, **settings: Any) -> None:
-        defaults: dict[str, Any] = {"metrics_port": -1, "step_retries": 1}
-        self.settings = GatewaySettings(**{**defaults, **settings})
+    def __init__(self, *, with_evaluator: bool = True, **config: Any) -> None:
+        self.config = PipelineConfig(**{"step_retries": 1, **config})
         self.runtimes = FakeRuntimeFactory()
         self.proxy = FakeProxy()
         self.agents = FakeAgentRunner(self.proxy)
@@ -38,7 +36,7 @@ class World:
         self.reconstructor = FakeReconstructor()
         self.sink = RecordingSink()
         self.pipeline = SessionPipeline(
-            self.settings,
+            self.config,
             gateway_id="gw-test",
             runtimes=self.runtimes,
             agents=self.agents,
