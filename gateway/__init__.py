@@ -1,15 +1,27 @@
 """The gateway: runs sessions through staged pools (INIT, READY, RUNNING, POSTRUN) behind GatewayService.
 
-See ``docs/gateway.md``. The engine is :class:`SessionPipeline` (plain asyncio, no grpc); its seams are in
-:mod:`gateway.seams`, their gRPC implementations in :mod:`gateway.clients`, fakes in :mod:`gateway.testing`.
+See ``docs/gateway.md``. The modules, in the order a session meets them:
+
+* :mod:`gateway.server` serves a :class:`GatewayApp` (:mod:`gateway.app`), which builds everything from
+  :class:`GatewaySettings`; :mod:`gateway.servicer` is the thin gRPC layer, converting with :mod:`gateway.convert`.
+* :mod:`gateway.core` holds the engine, :class:`SessionPipeline` (plain asyncio, no grpc): admission, the
+  stage pools (:mod:`gateway.pools`) and each session's driver. Its side effects are steps with time limits and
+  retries (:mod:`gateway.steps`); stage changes, spans, metrics and events are recorded by
+  :mod:`gateway.observer`; teardown and reporting are :mod:`gateway.wrapup`.
+* The pipeline's ports are in :mod:`gateway.ports`; their gRPC implementations in :mod:`gateway.clients`, the
+  harness adapters behind :mod:`gateway.agent` (:mod:`gateway.harnesses`), fakes in :mod:`gateway.testing`.
+* :mod:`gateway.registration` keeps the gateway in a rollout server's pool; :mod:`gateway.models` holds the
+  records.
 """
 
 from __future__ import annotations
 
-from gateway.model import (
-    AgentOutcome,
+from gateway.app import GatewayApp, GatewaySeams
+from gateway.core import SessionPipeline
+from gateway.models import (
     AgentRun,
     Artifacts,
+    Capacity,
     Evaluation,
     ProxyEndpoints,
     Reconstruction,
@@ -18,9 +30,9 @@ from gateway.model import (
     SessionSpec,
     SessionState,
     Stage,
+    StageSnapshot,
 )
-from gateway.pipeline import Capacity, SessionPipeline
-from gateway.seams import (
+from gateway.ports import (
     AgentRunner,
     EvaluatorClient,
     ProxyClient,
@@ -31,13 +43,14 @@ from gateway.seams import (
 from gateway.settings import GatewaySettings
 
 __all__ = [
-    "AgentOutcome",
     "AgentRun",
     "AgentRunner",
     "Artifacts",
     "Capacity",
     "Evaluation",
     "EvaluatorClient",
+    "GatewayApp",
+    "GatewaySeams",
     "GatewaySettings",
     "ProxyClient",
     "ProxyEndpoints",
@@ -51,4 +64,5 @@ __all__ = [
     "SessionSpec",
     "SessionState",
     "Stage",
+    "StageSnapshot",
 ]

@@ -1,10 +1,10 @@
 """The real agent runner and runtime factory: harness adapters launched inside :mod:`runtimes` sandboxes.
 
-:class:`HarnessAgentRunner` implements :class:`gateway.seams.AgentRunner`: it lays out the workspace (a copy of
+:class:`HarnessAgentRunner` implements :class:`gateway.ports.AgentRunner`: it lays out the workspace (a copy of
 the task's repository, committed as the initial state), asks the harness adapter for its launch, writes the
 adapter's files below ``HOME``, runs the command under the agent budget, and afterwards collects the workspace
 patch and any named files for the evaluator. :class:`SpecRuntimeFactory` implements
-:class:`gateway.seams.RuntimeFactory` over :func:`runtimes.create_runtime`.
+:class:`gateway.ports.RuntimeFactory` over :func:`runtimes.create_runtime`.
 
 Task keys read here (free-form ``metadata``, so neither the harness nor the evaluator options need them):
 ``metadata.repo`` (or ``evaluator.options.repo``): host directory copied in as the workspace;
@@ -27,10 +27,11 @@ from gateway.harnesses import (
     rebase_endpoints,
 )
 from gateway.harnesses.patch import PATCH_SCRIPT, init_workspace_argv
-from gateway.model import AgentOutcome, AgentRun, Artifacts, ProxyEndpoints, SessionSpec
-from gateway.seams import PreparedAgent
+from gateway.models import AgentRun, Artifacts, ProxyEndpoints, SessionSpec
+from gateway.ports import PreparedAgent
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from polar_core.records import AgentStatus
 from runtimes import NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
@@ -129,7 +130,7 @@ class HarnessAgentRunner:
         return rebase_endpoints(endpoints, f"http://127.0.0.1:{runtime_spec.proxy_port}")
 
     async def prepare(self, runtime: Runtime, spec: SessionSpec, endpoints: ProxyEndpoints) -> PreparedHarness:
-        """Lay out the workspace and the harness's files; see :class:`gateway.seams.AgentRunner`."""
+        """Lay out the workspace and the harness's files; see :class:`gateway.ports.AgentRunner`."""
         endpoints = await self._sandbox_endpoints(runtime, endpoints)
         workspace = runtime.root / self._workspace_dir
         repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
@@ -162,11 +163,11 @@ class HarnessAgentRunner:
         launch = prepared.launch
         result = await runtime.exec(list(launch.argv), cwd=launch.cwd, env=dict(launch.env), timeout=timeout_s)
         if result.timed_out:
-            outcome = AgentOutcome.TIMEOUT
+            outcome = AgentStatus.TIMEOUT
         elif result.exit_code == 0:
-            outcome = AgentOutcome.COMPLETED
+            outcome = AgentStatus.COMPLETED
         else:
-            outcome = AgentOutcome.ERROR
+            outcome = AgentStatus.ERROR
         return AgentRun(outcome, result.exit_code, result.stdout, result.stderr, result.duration_s)
 
     async def collect(self, runtime: Runtime, spec: SessionSpec, run: AgentRun) -> Artifacts:

@@ -1,26 +1,39 @@
-"""Conversions between ``polar.*.v1`` messages and the gateway's plain records.
+"""Every conversion between ``polar.*.v1`` messages and the gateway's plain records.
 
-Only the servicer and the gRPC clients use this module; the pipeline sees dataclasses.
+Only the servicer (:mod:`gateway.servicer`) and the gRPC clients (:mod:`gateway.clients`) use this module; the
+pipeline sees dataclasses. Enum values come from the generated modules, never as literal ints.
 """
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
-from polar.common.v1 import metrics_pb2, session_pb2, status_pb2, task_pb2
-from polar.gateway.v1 import gateway_service_pb2
+from collections.abc import Sequence
 
-from gateway.model import (
+from polar.common.v1 import metrics_pb2, reconstruction_pb2, session_pb2, status_pb2, task_pb2
+from polar.evaluator.v1 import evaluator_service_pb2
+from polar.gateway.v1 import gateway_service_pb2
+from polar.proxy.v1 import model_proxy_service_pb2
+from polar.reconstructor.v1 import reconstructor_service_pb2
+from polar.rollout.v1 import rollout_service_pb2
+
+from gateway.models import (
+    AgentRun,
+    Artifacts,
     BuilderConfig,
+    Capacity,
+    Evaluation,
     EvaluatorConfig,
     HarnessConfig,
+    ProxyEndpoints,
+    Reconstruction,
     RuntimeConfig,
     SessionEvent,
     SessionResult,
     SessionSpec,
     SessionState,
     Stage,
+    StageSnapshot,
 )
-from gateway.pools import StageSnapshot
+from gateway.registration import HeartbeatReply, Lease
 from polar_core.convert import (
     completion_from_proto,
     completion_to_proto,
@@ -30,20 +43,42 @@ from polar_core.convert import (
     trace_to_proto,
 )
 from polar_core.convert import status_to_proto as _status_to_proto
+from polar_core.durations import duration, seconds, timestamp, timestamp_seconds
 from polar_core.errors import InvalidArgument
-from polar_core.records import ReconstructionStrategy, TerminalStatus
+from polar_core.records import (
+    AgentStatus,
+    CompletionRecord,
+    ReconstructionStats,
+    ReconstructionStrategy,
+    TerminalStatus,
+)
 from reconstructor.convert import stats_to_proto, strategy_from_proto
 
 __all__ = [
+    "agent_status_to_proto",
+    "capacity_to_proto",
     "completion_from_proto",
     "completion_to_proto",
+    "endpoints_from_proto",
+    "evaluate_request",
+    "evaluation_from_proto",
     "event_to_proto",
+    "heartbeat_reply_from_proto",
+    "heartbeat_request",
+    "lease_from_proto",
+    "open_session_request",
+    "prepare_request",
+    "reconstruct_request",
+    "reconstruction_from_proto",
     "result_to_proto",
+    "snapshot_to_proto",
     "spec_from_proto",
     "stage_to_proto",
     "state_to_proto",
+    "stats_from_proto",
     "status_from_proto",
     "status_to_proto",
+    "strategy_to_proto",
     "struct_to_dict",
     "trace_from_proto",
     "trace_to_proto",
@@ -62,12 +97,17 @@ _STAGES = {
     Stage.POSTRUN: status_pb2.SESSION_STAGE_POSTRUN,
     Stage.DONE: status_pb2.SESSION_STAGE_DONE,
 }
-
-
-def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromNanoseconds(int(seconds * 1e9))
-    return stamp
+_STRATEGIES = {
+    ReconstructionStrategy.PER_REQUEST: reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST,
+    ReconstructionStrategy.PREFIX_MERGE: reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE,
+    ReconstructionStrategy.EXACT: reconstruction_pb2.RECONSTRUCTION_STRATEGY_EXACT,
+}
+_AGENT_STATUS = {
+    AgentStatus.COMPLETED: evaluator_service_pb2.AGENT_STATUS_COMPLETED,
+    AgentStatus.TIMEOUT: evaluator_service_pb2.AGENT_STATUS_TIMEOUT,
+    AgentStatus.ERROR: evaluator_service_pb2.AGENT_STATUS_ERROR,
+    AgentStatus.CANCELLED: evaluator_service_pb2.AGENT_STATUS_CANCELLED,
+}
 
 
 def status_to_proto(status: TerminalStatus | None) -> status_pb2.TerminalStatus:
@@ -102,7 +142,7 @@ def spec_from_proto(message: session_pb2.SessionSpec) -> SessionSpec:
         attempt=message.attempt or 1,
         instruction=task.instruction,
         agent_timeout_s=task.timeout_seconds,
-        deadline=message.deadline.ToNanoseconds() / 1e9 if message.HasField("deadline") else None,
+        deadline=timestamp_seconds(message.deadline) if message.HasField("deadline") else None,
         priority=task.priority,
         model=str(backend_options.get("model_name", "")),
         harness=HarnessConfig(task.harness.name, struct_to_dict(task.harness.options)),
@@ -123,8 +163,8 @@ def state_to_proto(state: SessionState) -> session_pb2.SessionState:
         stage=stage_to_proto(state.stage),
         terminal_status=status_to_proto(state.status),
         gateway_id=state.gateway_id,
-        stage_entered_at=_timestamp(state.stage_entered_at),
-        deadline=_timestamp(state.deadline),
+        stage_entered_at=timestamp(state.stage_entered_at),
+        deadline=timestamp(state.deadline),
         error_message=state.error_message,
     )
 
@@ -157,9 +197,7 @@ def result_to_proto(result: SessionResult) -> session_pb2.SessionResult:
 
 def event_to_proto(event: SessionEvent) -> gateway_service_pb2.WatchSessionsResponse:
     """Return the ``WatchSessionsResponse`` of an event."""
-    out = gateway_service_pb2.WatchSessionsResponse(
-        state=state_to_proto(event.state), event_time=_timestamp(event.time)
-    )
+    out = gateway_service_pb2.WatchSessionsResponse(state=state_to_proto(event.state), event_time=timestamp(event.time))
     if event.previous is not None:
         out.previous_stage = stage_to_proto(event.previous)
     if event.result is not None:
@@ -175,3 +213,154 @@ def snapshot_to_proto(snapshot: StageSnapshot) -> metrics_pb2.StageMetrics:
         occupancy=snapshot.occupancy,
         workers=snapshot.workers,
     )
+
+
+def capacity_to_proto(capacity: Capacity) -> gateway_service_pb2.GetCapacityResponse:
+    """Return the ``GetCapacityResponse`` of a capacity."""
+    return gateway_service_pb2.GetCapacityResponse(
+        gateway_id=capacity.gateway_id,
+        capacity=capacity.capacity,
+        active_sessions=capacity.active,
+        available=capacity.available,
+        stage_metrics=[snapshot_to_proto(s) for s in capacity.stages],
+        draining=capacity.draining,
+    )
+
+
+def strategy_to_proto(strategy: ReconstructionStrategy | None) -> reconstruction_pb2.ReconstructionStrategy:
+    """Return the enum value of ``strategy`` (UNSPECIFIED, the reconstructor's default, for ``None``)."""
+    if strategy is None:
+        return reconstruction_pb2.RECONSTRUCTION_STRATEGY_UNSPECIFIED
+    return _STRATEGIES[strategy]
+
+
+def agent_status_to_proto(status: AgentStatus) -> evaluator_service_pb2.AgentStatus:
+    """Return the evaluator's enum value of how the agent run ended."""
+    return _AGENT_STATUS[status]
+
+
+# ----------------------------------------------------------------------------------------- model proxy
+
+
+def open_session_request(spec: SessionSpec, model: str) -> model_proxy_service_pb2.OpenSessionRequest:
+    """Return the ``OpenSessionRequest`` of a session's attempt."""
+    request = model_proxy_service_pb2.OpenSessionRequest(session_id=spec.proxy_session_id, model=model)
+    request.metadata.update({"task_id": spec.task_id, "sample_index": spec.sample_index, "attempt": spec.attempt})
+    return request
+
+
+def endpoints_from_proto(reply: model_proxy_service_pb2.OpenSessionResponse) -> ProxyEndpoints:
+    """Return the endpoints an ``OpenSessionResponse`` gives the harness."""
+    return ProxyEndpoints(
+        token=reply.session_token,
+        anthropic_base_url=reply.anthropic_base_url,
+        openai_base_url=reply.openai_base_url,
+        google_base_url=reply.google_base_url,
+    )
+
+
+# ----------------------------------------------------------------------------------------- reconstructor
+
+
+def reconstruct_request(
+    completions: Sequence[CompletionRecord],
+    *,
+    task_id: str,
+    reward: float,
+    status: TerminalStatus,
+    builder: BuilderConfig,
+) -> reconstructor_service_pb2.ReconstructRequest:
+    """Return the ``ReconstructRequest`` carrying ``completions`` inline."""
+    return reconstructor_service_pb2.ReconstructRequest(
+        completions=reconstructor_service_pb2.CompletionList(completions=[completion_to_proto(c) for c in completions]),
+        strategy=strategy_to_proto(builder.strategy),
+        end_of_turn_token_ids=builder.end_of_turn_ids,
+        task_id=task_id,
+        reward=reward,
+        terminal_status=status_to_proto(status),
+    )
+
+
+def stats_from_proto(message: reconstruction_pb2.ReconstructionStats) -> ReconstructionStats:
+    """Return the statistics of a ``ReconstructionStats`` message."""
+    return ReconstructionStats(
+        calls=message.calls,
+        chains=message.chains,
+        merges=message.merges,
+        splits_by_reason=dict(message.splits_by_reason),
+        mismatched_context_calls=message.mismatched_context_calls,
+        mismatched_context_tokens=message.mismatched_context_tokens,
+        trainable_tokens=message.trainable_tokens,
+        total_tokens=message.total_tokens,
+    )
+
+
+def reconstruction_from_proto(reply: reconstructor_service_pb2.ReconstructResponse) -> Reconstruction:
+    """Return the traces and statistics of a ``ReconstructResponse``."""
+    return Reconstruction([trace_from_proto(t) for t in reply.traces], stats_from_proto(reply.stats))
+
+
+# ----------------------------------------------------------------------------------------- evaluator
+
+
+def prepare_request(spec: SessionSpec, request_id: str) -> evaluator_service_pb2.PrepareRequest:
+    """Return the ``PrepareRequest`` of a session's evaluation environment."""
+    evaluator = task_pb2.EvaluatorSpec(strategy=spec.evaluator.strategy)
+    if spec.evaluator.options:
+        evaluator.options.update(dict(spec.evaluator.options))
+    request = evaluator_service_pb2.PrepareRequest(
+        evaluator=evaluator,
+        task_id=spec.task_id,
+        session_id=spec.session_id,
+        image=spec.runtime.image if spec.runtime.kind in ("docker", "apptainer") else "",
+        request_id=request_id,
+    )
+    if spec.metadata:
+        request.metadata.update(dict(spec.metadata))
+    return request
+
+
+def evaluate_request(
+    handle: str, artifacts: Artifacts, run: AgentRun, *, timeout_s: float
+) -> evaluator_service_pb2.EvaluateRequest:
+    """Return the ``EvaluateRequest`` scoring ``artifacts`` within ``timeout_s``."""
+    message = evaluator_service_pb2.EvaluationArtifacts(
+        files=[evaluator_service_pb2.ArtifactFile(path=p, content=c) for p, c in artifacts.files.items()],
+        agent_status=agent_status_to_proto(run.outcome),
+    )
+    if artifacts.patch is not None:
+        message.patch_bytes = artifacts.patch
+    return evaluator_service_pb2.EvaluateRequest(handle=handle, artifacts=message, timeout=duration(timeout_s))
+
+
+def evaluation_from_proto(reply: evaluator_service_pb2.EvaluateResponse) -> Evaluation:
+    """Return the verdict of an ``EvaluateResponse``; an unknown terminal status counts as ``infra_error``."""
+    try:
+        status = status_from_proto(reply.terminal_status)
+    except InvalidArgument:
+        status = TerminalStatus.INFRA_ERROR
+    return Evaluation(reply.reward, status, tuple(reply.trace_rewards), reply.error_message)
+
+
+# ----------------------------------------------------------------------------------------- rollout server
+
+
+def lease_from_proto(reply: rollout_service_pb2.RegisterGatewayResponse) -> Lease:
+    """Return the lease a ``RegisterGatewayResponse`` grants."""
+    return Lease(heartbeat_interval_s=seconds(reply.heartbeat_interval), lease_ttl_s=seconds(reply.lease_ttl))
+
+
+def heartbeat_request(capacity: Capacity) -> rollout_service_pb2.HeartbeatRequest:
+    """Return the ``HeartbeatRequest`` reporting ``capacity``."""
+    return rollout_service_pb2.HeartbeatRequest(
+        gateway_id=capacity.gateway_id,
+        capacity=capacity.active + capacity.available,
+        active_sessions=capacity.active,
+        stage_metrics=[snapshot_to_proto(s) for s in capacity.stages],
+        draining=capacity.draining,
+    )
+
+
+def heartbeat_reply_from_proto(reply: rollout_service_pb2.HeartbeatResponse) -> HeartbeatReply:
+    """Return what a ``HeartbeatResponse`` asks of the gateway."""
+    return HeartbeatReply(reply.drain_requested, tuple(reply.cancelled_session_ids))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Collection
 
-from gateway.model import SessionEvent
+from gateway.models import SessionEvent
 from polar_core.errors import Unavailable
 
 __all__ = ["EventBus", "Subscription"]

@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gateway.model import Stage
+from gateway.models import Stage
 from gateway.pools import StageSnapshot
 from polar_core.records import TerminalStatus
 

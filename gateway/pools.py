@@ -8,14 +8,13 @@ observer, so the numbers can be exported as metrics and checked from outside.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import heapq
 import itertools
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.model import Stage
+from gateway.models import Stage, StageSnapshot
 
 __all__ = ["PoolObserver", "Slot", "StagePool", "StageSnapshot"]
 
@@ -30,28 +29,6 @@ class PoolObserver(Protocol):
     def slot_released(self, stage: Stage, residence_s: float) -> None:
         """A session left ``stage`` after holding its slot ``residence_s`` seconds."""
         ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StageSnapshot:
-    """A pool's counters at one moment.
-
-    Attributes:
-        workers: Slots in the pool.
-        queue_length: Sessions waiting for a slot.
-        occupancy: Slots held.
-        entered: Slots granted since start.
-        exited: Slots released since start.
-        mean_residence_s: Mean time a slot was held, over released slots (0 before the first).
-    """
-
-    stage: Stage
-    workers: int
-    queue_length: int
-    occupancy: int
-    entered: int
-    exited: int
-    mean_residence_s: float
 
 
 class Slot:

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.errors import SessionNotFound
+from gateway.models import Capacity
 from polar_core.errors import NotFound, PolarError
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Capacity, SessionPipeline
+    from gateway.core import SessionPipeline
 
 __all__ = ["HeartbeatReply", "Lease", "Registrar", "RegistrationLoop"]
 

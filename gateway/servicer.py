@@ -9,8 +9,8 @@ import grpc
 from polar.gateway.v1 import gateway_service_pb2 as pb
 from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
 
-from gateway.convert import event_to_proto, result_to_proto, snapshot_to_proto, spec_from_proto, state_to_proto
-from gateway.pipeline import SessionPipeline
+from gateway.convert import capacity_to_proto, event_to_proto, result_to_proto, spec_from_proto, state_to_proto
+from gateway.core import SessionPipeline
 from polar_core.errors import InvalidArgument
 
 __all__ = ["GatewayServicer"]
@@ -63,12 +63,4 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
 
     async def GetCapacity(self, request: pb.GetCapacityRequest, context: Context) -> pb.GetCapacityResponse:
         """Return capacity and per-stage load."""
-        cap = self._pipeline.capacity()
-        return pb.GetCapacityResponse(
-            gateway_id=cap.gateway_id,
-            capacity=cap.capacity,
-            active_sessions=cap.active,
-            available=cap.available,
-            stage_metrics=[snapshot_to_proto(s) for s in cap.stages],
-            draining=cap.draining,
-        )
+        return capacity_to_proto(self._pipeline.capacity())

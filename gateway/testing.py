@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from gateway.model import (
-    AgentOutcome,
+from gateway.models import (
     AgentRun,
     Artifacts,
     BuilderConfig,
@@ -23,9 +22,9 @@ from gateway.model import (
     SessionResult,
     SessionSpec,
 )
-from gateway.seams import PreparedAgent
+from gateway.ports import PreparedAgent
 from polar_core.errors import DeadlineExceeded, InvalidArgument, NotFound
-from polar_core.records import CompletionRecord, ReconstructionStats, TerminalStatus, Trace
+from polar_core.records import AgentStatus, CompletionRecord, ReconstructionStats, TerminalStatus, Trace
 from runtimes.base import ExecResult, Runtime
 
 __all__ = [
@@ -207,8 +206,8 @@ class FakeAgentRunner:
             async with asyncio.timeout(timeout_s):
                 await self._work(prepared.session_id if isinstance(prepared, _Prepared) else runtime.session_id)
         except TimeoutError:
-            return AgentRun(AgentOutcome.TIMEOUT, exit_code=-9, duration_s=time.monotonic() - started)
-        outcome = AgentOutcome.COMPLETED if self.exit_code == 0 else AgentOutcome.ERROR
+            return AgentRun(AgentStatus.TIMEOUT, exit_code=-9, duration_s=time.monotonic() - started)
+        outcome = AgentStatus.COMPLETED if self.exit_code == 0 else AgentStatus.ERROR
         return AgentRun(outcome, exit_code=self.exit_code, stdout="done", duration_s=time.monotonic() - started)
 
     async def _work(self, session_id: str) -> None:

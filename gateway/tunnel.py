@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.harnesses import rebase_endpoints
-from gateway.model import ProxyEndpoints
+from gateway.models import ProxyEndpoints
 from polar_core.errors import FailedPrecondition
 from runtimes.tunnel import UnixSocketBridge
 

@@ -17,6 +17,7 @@ Skipped when the CLIs are not installed (``scripts/setup_harnesses.sh``) or bubb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
@@ -25,31 +26,28 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from polar.common.v1 import reconstruction_pb2, session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
-from polar.proxy.v1 import model_proxy_service_pb2 as proxy_pb
-from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 
-from gateway.model import AgentRun, Artifacts, Evaluation, SessionSpec
-from gateway.server import GatewaySeams, create_server
+from gateway.app import GatewaySeams
+from gateway.models import AgentRun, Artifacts, Evaluation, SessionSpec
+from gateway.server import start_server
 from gateway.settings import GatewaySettings
-from model_proxy.app import ProxyApp
-from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
-from model_proxy.servicer import registration
-from model_proxy.settings import ProxySettings
+from integration_tests.support.harnesses import (
+    BIN_DIR,
+    MODEL,
+    ScriptedProxy,
+    assert_tool_loop_mask,
+    clis_installed,
+    tool_call_turn,
+)
 from polar_core.channels import open_channel
-from polar_core.convert import completion_from_proto
 from polar_core.model_fixtures import build_tiny_tokenizer
-from polar_core.records import TerminalStatus
-from polar_core.server import start_grpc_server
+from polar_core.records import CompletionRecord, TerminalStatus
 from polar_run.serve import service_spec
 
-REPO = Path(__file__).resolve().parents[1]
-BIN_DIR = REPO / ".harnesses" / "node_modules" / ".bin"
-MODEL = "polar-test-model"
 # The tool's output appears only in the next prompt (never in a sampled span), so it must be masked.
 # (No ``$(...)``: Gemini CLI refuses command substitution.)
 COMMAND = "echo polar-was-here > out.txt; printf 'tool-output-%s' 42"
@@ -58,19 +56,9 @@ ANSWER = "Done: wrote out.txt."
 # What a CLI prints when it tries to reach a host it cannot (DNS or connection failures).
 NETWORK_ERRORS = re.compile(r"ENOTFOUND|EAI_AGAIN|getaddrinfo|ECONNREFUSED|ENETUNREACH|EHOSTUNREACH|dns error", re.I)
 
-pytestmark = [
-    pytest.mark.skipif(not (BIN_DIR / "claude").exists(), reason="harness CLIs not installed (setup_harnesses.sh)"),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
-]
-
-# The tool each harness offers for shell commands, and the argument holding the command line.
-SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
-    "claude-code": ("Bash", "command"),
-    "codex": ("exec_command", "cmd"),
-    "qwen-code": ("run_shell_command", "command"),
-    "pi": ("bash", "command"),
-    "gemini-cli": ("run_shell_command", "command"),
-}
+pytestmark = pytest.mark.skipif(
+    not clis_installed(), reason="harness CLIs (setup_harnesses.sh) or bubblewrap not installed"
+)
 
 
 @dataclasses.dataclass
@@ -101,7 +89,7 @@ def tokenizer() -> Any:
 @dataclasses.dataclass
 class Outcome:
     result: Any
-    completions: list[Any]
+    completions: list[CompletionRecord]
     evaluator: RecordingEvaluator
 
     def describe(self) -> str:
@@ -121,66 +109,57 @@ async def run_session(
     timeout_s: float = 60.0,
 ) -> Outcome:
     """Start proxy, reconstructor and gateway, run one tool-loop session of ``harness``, stop everything."""
-    tool, arg = SHELL_TOOLS[harness]
-    call = json.dumps({"name": tool, "arguments": {arg: COMMAND}})
-    turns = [
-        ScriptTurn.from_dict({"text": f"<tool_call>\n{call}\n</tool_call>"}),
-        ScriptTurn.from_dict({"text": ANSWER}),
-    ]
-    eot: Any = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    app = ProxyApp(
-        ProxySettings(state_dir=tmp / "proxy", fsync=False, context_length=200_000),
-        ScriptedBackend(turns, tokenizer, end_of_turn_id=eot),
-        tokenizer,
-    )
-    await app.start()
-    proxy_server, proxy_port = await start_grpc_server([registration(app)], host="127.0.0.1", port=0)
-    recon = service_spec("reconstructor")
-    recon_server, recon_port = await recon.start(recon.settings_cls.load(state_dir=tmp / "reconstructor"))
+    turns = [tool_call_turn(harness, COMMAND), {"text": ANSWER}]
     evaluator = RecordingEvaluator()
-    settings = GatewaySettings(
-        state_dir=tmp / "gateway",
-        proxy_address=f"127.0.0.1:{proxy_port}",
-        reconstructor_address=f"127.0.0.1:{recon_port}",
-        harness_bin_dir=str(BIN_DIR),
-        metrics_port=-1,
-        step_timeout_s=60,
-    )
-    gateway, port = await create_server(settings, seams=GatewaySeams(evaluator=evaluator))
-    channel = open_channel(f"127.0.0.1:{port}")
-    try:
-        task = task_pb2.Task(
-            task_id=f"cli-{harness}",
-            instruction="Write the file, then say you are done.",
-            timeout_seconds=timeout_s,
-            harness=task_pb2.HarnessSpec(name=harness),
-            runtime=runtime or task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
-            evaluator=task_pb2.EvaluatorSpec(strategy="recording"),
-            builder=task_pb2.BuilderSpec(strategy=reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE),
+    async with contextlib.AsyncExitStack() as stack:
+        proxy = await stack.enter_async_context(ScriptedProxy(turns, tokenizer, tmp / "proxy"))
+        recon = service_spec("reconstructor")
+        recon_server, recon_port = await recon.start(recon.settings_cls.load(state_dir=tmp / "reconstructor"))
+        stack.push_async_callback(recon_server.stop, None)
+        settings = GatewaySettings(
+            state_dir=tmp / "gateway",
+            proxy_address=f"127.0.0.1:{proxy.grpc_port}",
+            reconstructor_address=f"127.0.0.1:{recon_port}",
+            harness_bin_dir=str(BIN_DIR),
+            metrics_port=-1,
+            step_timeout_s=60,
         )
-        task.backend.options.update({"model_name": MODEL})
-        if options:
-            task.harness.options.update(dict(options))
-        spec = session_pb2.SessionSpec(session_id=f"s-{harness}", task_id=task.task_id, task=task, attempt=1)
-        stub = pb_grpc.GatewayServiceStub(channel)
-        await stub.StartSession(pb.StartSessionRequest(spec=spec))
-        async with asyncio.timeout(timeout_s + 30):
-            while True:
-                reply = await stub.GetSession(pb.GetSessionRequest(session_id=spec.session_id))
-                if reply.state.stage == status_pb2.SESSION_STAGE_DONE:
-                    break
-                await asyncio.sleep(0.2)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{proxy_port}") as proxy_channel:
-            page = await proxy_grpc.ModelProxyServiceStub(proxy_channel).ListCompletions(
-                proxy_pb.ListCompletionsRequest(session_id=spec.session_id, page_size=100)
-            )
-        return Outcome(reply.result, [completion_from_proto(c) for c in page.completions], evaluator)
-    finally:
-        await channel.close(None)
-        await gateway.stop(None)
-        await recon_server.stop(None)
-        await proxy_server.stop(None)
-        await app.stop()
+        gateway = await start_server(settings, seams=GatewaySeams(evaluator=evaluator))
+        stack.push_async_callback(gateway.stop, None)
+        channel = open_channel(f"127.0.0.1:{gateway.port}")
+        stack.push_async_callback(channel.close, None)
+        spec = _session(harness, options=options, runtime=runtime, timeout_s=timeout_s)
+        reply = await _run_to_done(pb_grpc.GatewayServiceStub(channel), spec, timeout_s + 30)
+        return Outcome(reply.result, await proxy.list_completions(spec.session_id), evaluator)
+    raise AssertionError("unreachable")
+
+
+def _session(
+    harness: str, *, options: Mapping[str, Any] | None, runtime: task_pb2.RuntimeSpec | None, timeout_s: float
+) -> session_pb2.SessionSpec:
+    task = task_pb2.Task(
+        task_id=f"cli-{harness}",
+        instruction="Write the file, then say you are done.",
+        timeout_seconds=timeout_s,
+        harness=task_pb2.HarnessSpec(name=harness),
+        runtime=runtime or task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
+        evaluator=task_pb2.EvaluatorSpec(strategy="recording"),
+        builder=task_pb2.BuilderSpec(strategy=reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE),
+    )
+    task.backend.options.update({"model_name": MODEL})
+    if options:
+        task.harness.options.update(dict(options))
+    return session_pb2.SessionSpec(session_id=f"s-{harness}", task_id=task.task_id, task=task, attempt=1)
+
+
+async def _run_to_done(stub: Any, spec: session_pb2.SessionSpec, timeout_s: float) -> Any:
+    await stub.StartSession(pb.StartSessionRequest(spec=spec))
+    async with asyncio.timeout(timeout_s):
+        while True:
+            reply = await stub.GetSession(pb.GetSessionRequest(session_id=spec.session_id))
+            if reply.state.stage == status_pb2.SESSION_STAGE_DONE:
+                return reply
+            await asyncio.sleep(0.2)
 
 
 def check_tool_loop(outcome: Outcome, tokenizer: Any) -> None:
@@ -199,12 +178,9 @@ def check_tool_loop(outcome: Outcome, tokenizer: Any) -> None:
     assert len(result.traces) == 1, outcome.describe()
     trace = result.traces[0]
     first, second = outcome.completions
-    sampled_1 = len(first.response_token_ids)
-    interstitial = len(second.prompt_token_ids) - len(first.prompt_token_ids) - sampled_1
-    assert interstitial > 0
-    assert list(trace.loss_mask) == [1] * sampled_1 + [0] * interstitial + [1] * len(second.response_token_ids)
-    masked = list(trace.response_token_ids[sampled_1 : sampled_1 + interstitial])
+    masked = assert_tool_loop_mask(trace, first, second)
     assert TOOL_OUTPUT in tokenizer.decode(masked), "the tool output must sit in the masked span"
+    sampled_1, interstitial = len(first.response_token_ids), len(masked)
     for sampled in (trace.response_token_ids[:sampled_1], trace.response_token_ids[sampled_1 + interstitial :]):
         assert TOOL_OUTPUT not in tokenizer.decode(list(sampled))
 

@@ -21,7 +21,8 @@ from polar.gateway.v1 import gateway_service_pb2_grpc as gw_grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
-from gateway.server import create_server
+from gateway.app import GatewayApp
+from gateway.server import start_server
 from gateway.settings import GatewaySettings
 from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
@@ -54,7 +55,7 @@ print(json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][
 
 class Stack:
     rollout: RunningService[RolloutApp]
-    gateway: Any
+    gateway: RunningService[GatewayApp]
     gateway_port: int
     rollout_stub: Any
     gateway_stub: Any
@@ -85,7 +86,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             watchdog_interval_s=0.1,
         )
     )
-    gateway, port = await create_server(
+    gateway = await start_server(
         GatewaySettings(
             state_dir=tmp_path / "gateway",
             gateway_id="gw-1",
@@ -97,9 +98,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         )
     )
     rollout_channel = open_channel(f"127.0.0.1:{rollout.port}")
-    gateway_channel = open_channel(f"127.0.0.1:{port}")
+    gateway_channel = open_channel(f"127.0.0.1:{gateway.port}")
     s = Stack()
-    s.rollout, s.gateway, s.gateway_port = rollout, gateway, port
+    s.rollout, s.gateway, s.gateway_port = rollout, gateway, gateway.port
     s.rollout_stub = rollout_service_pb2_grpc.RolloutServiceStub(rollout_channel)
     s.gateway_stub = gw_grpc.GatewayServiceStub(gateway_channel)
     try:
@@ -115,8 +116,6 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
-    async with asyncio.timeout(10):
-        await stack.gateway.membership.registered.wait()
     task = task_pb2.Task(
         task_id="reg-task",
         instruction="Answer.",
@@ -127,6 +126,10 @@ async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
     )
     task.harness.options.update({"argv": ["python3", "-c", AGENT]})
+    membership = stack.gateway.app.membership
+    assert membership is not None
+    async with asyncio.timeout(10):
+        await membership.registered.wait()
     await stack.rollout_stub.SubmitTask(pb.SubmitTaskRequest(task=task))
     async with asyncio.timeout(90):
         while True:
@@ -144,7 +147,7 @@ async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:
 
     # Heartbeats carried capacity and the stage load.
     async with asyncio.timeout(5):
-        await stack.gateway.membership.beat.wait()
+        await membership.beat.wait()
     (record,) = await stack.rollout.app.core.store.list_gateways()
     assert record.gateway_id == "gw-1"
     assert record.address == f"127.0.0.1:{stack.gateway_port}"

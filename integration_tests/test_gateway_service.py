@@ -17,7 +17,8 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
 
-from gateway.server import GatewaySeams, create_server
+from gateway.app import GatewayApp, GatewaySeams
+from gateway.server import start_server
 from gateway.settings import GatewaySettings
 from gateway.testing import (
     FakeAgentRunner,
@@ -28,19 +29,20 @@ from gateway.testing import (
     RecordingSink,
 )
 from polar_core.channels import open_channel
+from polar_core.server import RunningService
 
 
 class Gateway:
-    def __init__(self, server: grpc.aio.Server, port: int, seams: GatewaySeams) -> None:
-        self.server = server
-        self.port = port
+    def __init__(self, running: RunningService[GatewayApp], seams: GatewaySeams) -> None:
+        self.server = running
+        self.port = running.port
         self.seams = seams
-        self.channel = open_channel(f"127.0.0.1:{port}")
+        self.channel = open_channel(f"127.0.0.1:{running.port}")
         self.stub = pb_grpc.GatewayServiceStub(self.channel)
 
     @property
     def metrics_port(self) -> int:
-        return int(self.server.metrics_port)  # type: ignore[attr-defined]
+        return self.server.app.metrics_port
 
     @property
     def agents(self) -> FakeAgentRunner:
@@ -63,8 +65,8 @@ async def start_gateway(**settings: Any) -> Gateway:
         evaluator=FakeEvaluator(),
         sink=RecordingSink(),
     )
-    server, port = await create_server(GatewaySettings(**settings), seams=seams)
-    return Gateway(server, port, seams)
+    running = await start_server(GatewaySettings(**settings), seams=seams)
+    return Gateway(running, seams)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from polar.common.v1 import status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
-from gateway.server import create_server as create_gateway
+from gateway.server import start_server as start_gateway
 from gateway.settings import GatewaySettings
 from integration_tests.otlp import OtlpReceiver, ReceivedSpan
 from model_proxy.app import ProxyApp
@@ -121,8 +121,7 @@ async def test_one_trace_per_session_from_submit_to_evaluation(otlp_receiver: Ot
         RolloutSettings(state_dir=tmp_path / "rollout", heartbeat_interval_s=0.5, dispatch_interval_s=0.05),
         tracer_provider=rollout_tp,
     )
-    gateway: Any
-    gateway, _ = await create_gateway(
+    gateway = await start_gateway(
         GatewaySettings(
             state_dir=tmp_path / "gateway",
             gateway_id="gw-traced",
@@ -135,8 +134,10 @@ async def test_one_trace_per_session_from_submit_to_evaluation(otlp_receiver: Ot
         tracer_provider=gateway_tp,
     )
     try:
+        membership = gateway.app.membership
+        assert membership is not None
         async with asyncio.timeout(10):
-            await gateway.membership.registered.wait()
+            await membership.registered.wait()
         task = task_pb2.Task(
             task_id="traced",
             instruction="Answer.",

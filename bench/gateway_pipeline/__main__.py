@@ -18,9 +18,8 @@ import asyncio
 import dataclasses
 import time
 
-from gateway.model import EvaluatorConfig, HarnessConfig, SessionSpec
-from gateway.pipeline import SessionPipeline
-from gateway.settings import GatewaySettings
+from gateway.core import SessionPipeline
+from gateway.models import EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec
 from gateway.testing import (
     FakeAgentRunner,
     FakeEvaluator,
@@ -85,14 +84,13 @@ class Measurement:
 
 async def measure(workload: Workload, sessions: int, *, serial_admission: bool = False) -> Measurement:
     """Run ``sessions`` through a pipeline configured by ``workload`` and time it."""
-    settings = GatewaySettings(
+    config = PipelineConfig(
         max_sessions=1 if serial_admission else sessions + 1,
         init_workers=workload.init_workers,
         ready_capacity=workload.ready_capacity,
         running_workers=workload.running_workers,
         postrun_workers=workload.postrun_workers,
         postrun_backlog_limit=sessions + 1,
-        metrics_port=-1,
     )
     proxy = FakeProxy()
     gpu = asyncio.Semaphore(workload.gpu_slots) if workload.gpu_slots else None
@@ -105,7 +103,7 @@ async def measure(workload: Workload, sessions: int, *, serial_admission: bool =
         call_s=workload.call_s,
     )
     pipeline = SessionPipeline(
-        settings,
+        config,
         gateway_id="bench",
         runtimes=FakeRuntimeFactory(start_s=workload.init_s / 2),
         agents=agents,

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.model import ProxyEndpoints
+from gateway.models import ProxyEndpoints
 from polar_core.errors import InvalidArgument
 
 __all__ = [

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory, _repository
-from gateway.model import EvaluatorConfig, HarnessConfig, RuntimeConfig, SessionSpec
+from gateway.models import EvaluatorConfig, HarnessConfig, RuntimeConfig, SessionSpec
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from runtimes import DefaultRuntimeFactory, NetworkMode

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
+from gateway.core import SessionPipeline
 from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
-from gateway.model import EvaluatorConfig, HarnessConfig, SessionSpec, Stage
-from gateway.pipeline import SessionPipeline
-from gateway.settings import GatewaySettings
+from gateway.models import EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec, Stage
 from gateway.testing import (
     FakeAgentRunner,
     FakeEvaluator,
@@ -28,9 +27,8 @@ from polar_core.records import TerminalStatus
 class World:
     """A pipeline over fakes, with handles on each fake."""
 
-    def __init__(self, **settings: Any) -> None:
-        defaults: dict[str, Any] = {"metrics_port": -1, "step_retries": 1}
-        self.settings = GatewaySettings(**{**defaults, **settings})
+    def __init__(self, *, with_evaluator: bool = True, **config: Any) -> None:
+        self.config = PipelineConfig(**{"step_retries": 1, **config})
         self.runtimes = FakeRuntimeFactory()
         self.proxy = FakeProxy()
         self.agents = FakeAgentRunner(self.proxy)
@@ -38,13 +36,13 @@ class World:
         self.reconstructor = FakeReconstructor()
         self.sink = RecordingSink()
         self.pipeline = SessionPipeline(
-            self.settings,
+            self.config,
             gateway_id="gw-test",
             runtimes=self.runtimes,
             agents=self.agents,
             proxy=self.proxy,
             reconstructor=self.reconstructor,
-            evaluator=self.evaluator,
+            evaluator=self.evaluator if with_evaluator else None,
             sink=self.sink,
         )
 
@@ -272,8 +270,7 @@ async def test_no_evaluator_strategy_gives_unresolved_and_missing_client_gives_i
     assert result.status is TerminalStatus.UNRESOLVED
     assert world.evaluator.prepared == {}
 
-    world2 = World()
-    world2.pipeline._evaluator = None
+    world2 = World(with_evaluator=False)
     result2 = await _run(world2, spec())
     assert result2.status is TerminalStatus.INFRA_ERROR
     assert "evaluator" in result2.error_message

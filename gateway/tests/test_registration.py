@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from gateway.model import HarnessConfig, SessionSpec, Stage
-from gateway.pipeline import Capacity, SessionPipeline
+from gateway.core import Capacity, SessionPipeline
+from gateway.models import HarnessConfig, PipelineConfig, SessionSpec, Stage
 from gateway.registration import HeartbeatReply, Lease, RegistrationLoop
-from gateway.settings import GatewaySettings
 from gateway.testing import FakeAgentRunner, FakeProxy, FakeRuntimeFactory
 from polar_core.errors import NotFound, Unavailable
 
@@ -38,10 +37,10 @@ class FakeRollout:
 
 
 async def test_register_heartbeat_reregister_drain_and_cancel() -> None:
-    settings = GatewaySettings(metrics_port=-1, max_sessions=3)
+    config = PipelineConfig(max_sessions=3)
     proxy = FakeProxy()
     agents = FakeAgentRunner(proxy, run_s=30.0)
-    pipeline = SessionPipeline(settings, gateway_id="gw", runtimes=FakeRuntimeFactory(), agents=agents, proxy=proxy)
+    pipeline = SessionPipeline(config, gateway_id="gw", runtimes=FakeRuntimeFactory(), agents=agents, proxy=proxy)
     await pipeline.start_session(SessionSpec(session_id="s1", task_id="t", harness=HarnessConfig("fake")))
     rollout = FakeRollout(
         register_failures=1,

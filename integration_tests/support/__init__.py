@@ -1,1 +1,2 @@
-"""Test machinery that launches real processes (PostgreSQL, dockerd, harness CLIs) for the integration tests."""
+"""Test machinery the integration tests and bench/ share: helpers that launch real processes (PostgreSQL, dockerd,
+harness CLIs, backends)."""

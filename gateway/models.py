@@ -11,16 +11,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
+from polar_core.records import (
+    AgentStatus,
+    CompletionRecord,
+    ReconstructionStats,
+    ReconstructionStrategy,
+    TerminalStatus,
+    Trace,
+)
 
 __all__ = [
-    "AgentOutcome",
     "AgentRun",
     "Artifacts",
     "BuilderConfig",
+    "Capacity",
     "Evaluation",
     "EvaluatorConfig",
     "HarnessConfig",
+    "PipelineConfig",
     "ProxyEndpoints",
     "Reconstruction",
     "RuntimeConfig",
@@ -29,6 +37,7 @@ __all__ = [
     "SessionSpec",
     "SessionState",
     "Stage",
+    "StageSnapshot",
     "completion_totals",
 ]
 
@@ -52,6 +61,31 @@ TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
     Stage.POSTRUN: frozenset({Stage.DONE}),
     Stage.DONE: frozenset(),
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """What the session pipeline is configured by (``gateway.app`` builds it from :class:`GatewaySettings`).
+
+    The fields mean what the settings of the same names mean (see ``gateway.settings.GatewaySettings``).
+    """
+
+    max_sessions: int = 64
+    init_workers: int = 4
+    ready_capacity: int = 4
+    running_workers: int = 8
+    postrun_workers: int = 4
+    postrun_backlog_limit: int = 16
+    session_timeout_s: float = 1800.0
+    agent_timeout_s: float = 600.0
+    eval_timeout_s: float = 600.0
+    step_timeout_s: float = 60.0
+    runtime_start_timeout_s: float = 300.0
+    teardown_timeout_s: float = 60.0
+    step_retries: int = 2
+    retained_results: int = 10_000
+    watch_buffer: int = 1024
+    default_model: str = "policy"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,20 +203,11 @@ class ProxyEndpoints:
     google_base_url: str = ""
 
 
-class AgentOutcome(enum.StrEnum):
-    """How the agent run ended (mirrors the evaluator's ``AgentStatus``)."""
-
-    COMPLETED = "completed"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    CANCELLED = "cancelled"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentRun:
     """The result of running a harness once."""
 
-    outcome: AgentOutcome
+    outcome: AgentStatus
     exit_code: int = 0
     stdout: str = ""
     stderr: str = ""
@@ -271,6 +296,48 @@ class SessionEvent:
     time: float
     previous: Stage | None = None
     result: SessionResult | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageSnapshot:
+    """A pool's counters at one moment.
+
+    Attributes:
+        workers: Slots in the pool.
+        queue_length: Sessions waiting for a slot.
+        occupancy: Slots held.
+        entered: Slots granted since start.
+        exited: Slots released since start.
+        mean_residence_s: Mean time a slot was held, over released slots (0 before the first).
+    """
+
+    stage: Stage
+    workers: int
+    queue_length: int
+    occupancy: int
+    entered: int
+    exited: int
+    mean_residence_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capacity:
+    """The gateway's capacity and load.
+
+    Attributes:
+        capacity: Sessions accepted at once.
+        active: Sessions accepted and not done.
+        available: Further sessions StartSession would accept now.
+        stages: Load of each stage's pool.
+        draining: Whether new sessions are refused.
+    """
+
+    gateway_id: str
+    capacity: int
+    active: int
+    available: int
+    stages: list[StageSnapshot]
+    draining: bool
 
 
 def completion_totals(records: list[CompletionRecord]) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gateway.model import (
+from gateway.models import (
     AgentRun,
     Artifacts,
     BuilderConfig,

@@ -1,0 +1,226 @@
+"""The gateway application: builds the session pipeline and everything it owns from :class:`GatewaySettings`.
+
+:meth:`GatewayApp.open` makes the gRPC clients (proxy, reconstructor, evaluator, rollout server), the proxy
+tunnel, the runtime factory and harness runner, the pipeline, the Prometheus endpoint and, with a rollout
+server, the registration loop; :meth:`GatewayApp.close` releases them. :mod:`gateway.server` serves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePosixPath
+from typing import Any, Self
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
+from gateway.clients import (
+    GrpcEvaluatorClient,
+    GrpcProxyClient,
+    GrpcReconstructorClient,
+    GrpcResultSink,
+    GrpcRolloutRegistrar,
+)
+from gateway.core import SessionPipeline
+from gateway.metrics import GatewayMetrics, MetricsEndpoint
+from gateway.models import PipelineConfig, ProxyEndpoints, SessionSpec
+from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
+from gateway.registration import RegistrationLoop
+from gateway.settings import GatewaySettings
+from gateway.tunnel import ProxyTunnel
+from polar_core.errors import FailedPrecondition
+from polar_core.records import CompletionRecord
+from runtimes import DefaultRuntimeFactory
+
+__all__ = ["GatewayApp", "GatewaySeams", "pipeline_config"]
+
+
+@dataclasses.dataclass
+class GatewaySeams:
+    """Ports to use instead of the ones built from settings (embedded wiring and tests); ``None`` builds it."""
+
+    runtimes: RuntimeFactory | None = None
+    agents: AgentRunner | None = None
+    proxy: ProxyClient | None = None
+    reconstructor: ReconstructorClient | None = None
+    evaluator: EvaluatorClient | None = None
+    sink: ResultSink | None = None
+
+
+class _NoProxy:
+    """Stands in when no proxy address is configured: every session fails at INIT, visibly."""
+
+    async def open_session(self, spec: SessionSpec, model: str, *, timeout_s: float) -> ProxyEndpoints:
+        raise FailedPrecondition("the gateway has no model proxy configured (set POLAR_GATEWAY_PROXY_ADDRESS)")
+
+    async def close_session(self, session_id: str, *, timeout_s: float) -> int:
+        return 0
+
+    async def list_completions(self, session_id: str, *, timeout_s: float) -> list[CompletionRecord]:
+        return []
+
+
+class _Clients:
+    """Makes the gRPC clients of the settings' addresses and remembers what to close."""
+
+    def __init__(self, settings: GatewaySettings, tracer_provider: TracerProvider | None) -> None:
+        self._settings = settings
+        self._tracer_provider = tracer_provider
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+
+    def make(self, address: str, cls: Callable[..., Any]) -> Any:
+        """Return a ``cls`` client of ``address``, or ``None`` for an empty address."""
+        if not address:
+            return None
+        s = self._settings
+        made = cls(address, auth_token=s.auth_token, tracer_provider=self._tracer_provider, tls=s.tls())
+        self.closers.append(made.close)
+        return made
+
+
+class GatewayApp:
+    """The session pipeline and what it owns.
+
+    Attributes:
+        pipeline: The domain entry the servicer delegates to.
+        membership: The registration loop with the rollout server (``None`` without ``rollout_address``);
+            started by :meth:`start_membership` once the gRPC port is known.
+        metrics_port: Port of the Prometheus endpoint (-1 when disabled).
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        pipeline: SessionPipeline,
+        clients: _Clients,
+        endpoint: MetricsEndpoint | None,
+    ) -> None:
+        self._settings = settings
+        self.pipeline = pipeline
+        self._clients = clients
+        self._endpoint = endpoint
+        self.membership: RegistrationLoop | None = None
+        self.metrics_port = -1
+
+    @classmethod
+    async def open(
+        cls,
+        settings: GatewaySettings,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        seams: GatewaySeams | None = None,
+    ) -> Self:
+        """Build the pipeline and its ports from ``settings``; ``seams`` replaces any of the ports."""
+        seams = seams or GatewaySeams()
+        clients = _Clients(settings, tracer_provider)
+        endpoint: MetricsEndpoint | None = None
+        metrics: GatewayMetrics | None = None
+        if settings.metrics_port >= 0:
+            endpoint = MetricsEndpoint()
+            metrics = GatewayMetrics(endpoint.meter_provider)
+        tunnel = _tunnel(settings)
+        clients.closers.append(tunnel.close)
+        pipeline = SessionPipeline(
+            pipeline_config(settings),
+            gateway_id=settings.gateway_id,
+            runtimes=seams.runtimes or _runtimes(settings, tunnel),
+            agents=seams.agents or _agents(settings, tunnel),
+            proxy=seams.proxy or clients.make(settings.proxy_address, GrpcProxyClient) or _NoProxy(),
+            reconstructor=seams.reconstructor or clients.make(settings.reconstructor_address, GrpcReconstructorClient),
+            evaluator=seams.evaluator or clients.make(settings.evaluator_address, GrpcEvaluatorClient),
+            sink=seams.sink or clients.make(settings.rollout_address, GrpcResultSink),
+            metrics=metrics,
+            tracer=tracer_provider.get_tracer("gateway") if tracer_provider is not None else None,
+        )
+        app = cls(settings, pipeline, clients, endpoint)
+        if endpoint is not None:
+            app.metrics_port = endpoint.start(settings.metrics_host, settings.metrics_port)
+        return app
+
+    def serving(self, port: int) -> None:
+        """The gRPC server listens on ``port``: name the gateway after it and join the rollout server's pool."""
+        settings = self._settings
+        self.pipeline.gateway_id = settings.gateway_id or f"gateway-{port}"
+        if not settings.rollout_address:
+            return
+        self.membership = RegistrationLoop(
+            self.pipeline,
+            self._clients.make(settings.rollout_address, GrpcRolloutRegistrar),
+            address=_advertised(settings, port),
+            labels={"runtime": settings.default_runtime, "network": settings.runtime_network},
+            version=_version(),
+        )
+        self.membership.start()
+
+    async def shut_down(self, grace_s: float) -> None:
+        """Leave the rollout server's pool, cancel running sessions and wait up to ``grace_s`` for their
+        teardown (the gRPC server still answers meanwhile, so watchers see them end). Idempotent."""
+        if self.membership is not None:
+            await self.membership.stop()
+        await self.pipeline.close(grace_s=grace_s)
+
+    async def close(self) -> None:
+        """Shut down (without grace, unless :meth:`shut_down` ran first), then close the clients, the tunnel
+        and the metrics endpoint."""
+        await self.shut_down(0.0)
+        for close in self._clients.closers:
+            await close()
+        if self._endpoint is not None:
+            self._endpoint.stop()
+
+
+def pipeline_config(settings: GatewaySettings) -> PipelineConfig:
+    """The pipeline's configuration: the settings' fields of the same names."""
+    return PipelineConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PipelineConfig)})
+
+
+def _tunnel(settings: GatewaySettings) -> ProxyTunnel:
+    if settings.tunnel_dir:
+        return ProxyTunnel(Path(settings.tunnel_dir), sandbox_port=settings.sandbox_proxy_port)
+    return ProxyTunnel.under(settings.state_dir, sandbox_port=settings.sandbox_proxy_port)
+
+
+def _runtimes(settings: GatewaySettings, tunnel: ProxyTunnel) -> RuntimeFactory:
+    return SpecRuntimeFactory(
+        DefaultRuntimeFactory(base_dir=settings.state_dir / "runtimes"),
+        default_kind=settings.default_runtime,
+        defaults=_runtime_defaults(settings),
+        tunnel=tunnel,
+    )
+
+
+def _agents(settings: GatewaySettings, tunnel: ProxyTunnel) -> AgentRunner:
+    bin_dir = PurePosixPath(settings.harness_bin_dir) if settings.harness_bin_dir else None
+    return HarnessAgentRunner(
+        workspace_dir=settings.workspace_dir, bin_dir=bin_dir, tunnel=tunnel, default_model=settings.default_model
+    )
+
+
+def _runtime_defaults(settings: GatewaySettings) -> dict[str, Any]:
+    """Runtime options every task gets unless its runtime table says otherwise."""
+    defaults: dict[str, Any] = {"network": settings.runtime_network}
+    if settings.harness_bin_dir:
+        # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree.
+        bin_dir = Path(settings.harness_bin_dir)
+        defaults["read_only_paths"] = [str(bin_dir.parent if bin_dir.name == ".bin" else bin_dir)]
+    return defaults
+
+
+def _advertised(settings: GatewaySettings, port: int) -> str:
+    """The address the rollout server should dial for this gateway."""
+    if settings.advertise_address:
+        return settings.advertise_address
+    host = settings.host
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("polar-rollout")
+    except importlib.metadata.PackageNotFoundError:
+        return ""

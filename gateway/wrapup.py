@@ -1,0 +1,134 @@
+"""The end of every session: salvage what a failed one captured, tear down, record the result, report it.
+
+:meth:`WrapUp.wrap_up` runs once per session however it ended (the pipeline shields it from cancellation):
+it releases the evaluation environment, closes the proxy session and stops the runtime (each failure only
+logged), settles a missing status as ``infra_error``, moves the session to DONE with its
+:class:`~gateway.models.SessionResult` and delivers that to the result sink.
+
+Domain code only: no grpc, no protobuf.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.models import PipelineConfig, SessionResult, Stage, completion_totals
+from gateway.observer import StageObserver
+from gateway.ports import ResultSink
+from gateway.session import Session, settle
+from gateway.steps import SessionSteps
+from polar_core.errors import PolarError
+from polar_core.records import TerminalStatus
+
+__all__ = ["WrapUp"]
+
+_log = logging.getLogger(__name__)
+# Results that carry no reward whatever the evaluator said.
+_UNREWARDED = (TerminalStatus.INFRA_ERROR, TerminalStatus.CANCELLED)
+
+
+class WrapUp:
+    """Salvages, tears down and reports sessions.
+
+    Args:
+        config: The report's time limit.
+        steps: Runs the teardown's side effects.
+        observer: Moves sessions to DONE.
+        sink: Receives every result; ``None`` keeps results only for GetSession and watchers.
+        on_done: Called with each session once it is DONE (the pipeline's retention of finished sessions).
+        clock: Unix time.
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        steps: SessionSteps,
+        observer: StageObserver,
+        sink: ResultSink | None,
+        on_done: Callable[[Session], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._steps = steps
+        self._observer = observer
+        self._sink = sink
+        self._on_done = on_done
+        self._clock = clock
+        self.mean_session_s = 0.0
+        """Moving average of session durations (for the retry delay of a full gateway)."""
+
+    async def salvage(self, s: Session) -> None:
+        """Keep what a failed or cancelled session captured; best effort, and it needs no POSTRUN slot."""
+        if not s.proxy_used:
+            return
+        try:
+            await self._steps.close_proxy(s)
+            if not s.listed:
+                await self._steps.list_completions(s)
+            if s.status is not TerminalStatus.CANCELLED and s.reconstruction is None:
+                await self._steps.reconstruct(s)
+        except (PolarError, TimeoutError) as exc:
+            _log.warning("session %s: could not salvage its completions: %s", s.spec.session_id, exc)
+
+    async def wrap_up(self, s: Session) -> None:
+        """Tear everything down, record the result, move to DONE and report; never interrupted by a cancel."""
+        await self._teardown(s)
+        if s.status is None:
+            settle(s, TerminalStatus.INFRA_ERROR, "the session ended without a status")
+        if s.stage is not Stage.POSTRUN:
+            self._observer.transition(s, Stage.POSTRUN)
+        now = self._clock()
+        self._observer.add_timing(s, now)
+        total = s.timings["total"] = now - s.admitted_at
+        s.result = self._result(s)
+        self.mean_session_s = total if not self.mean_session_s else 0.9 * self.mean_session_s + 0.1 * total
+        self._observer.transition(s, Stage.DONE, result=s.result)
+        self._observer.finished(s.result.status)
+        self._on_done(s)
+        await self._report(s, s.result)
+
+    def _result(self, s: Session) -> SessionResult:
+        status = s.status or TerminalStatus.INFRA_ERROR
+        prompt_tokens, response_tokens = completion_totals(s.completions)
+        return SessionResult(
+            session_id=s.spec.session_id,
+            task_id=s.spec.task_id,
+            sample_index=s.spec.sample_index,
+            attempt=s.spec.attempt,
+            gateway_id=self._observer.gateway_id,
+            status=status,
+            reward=s.reward if status not in _UNREWARDED else 0.0,
+            traces=s.reconstruction.traces if s.reconstruction is not None else [],
+            timings=dict(s.timings),
+            completions=len(s.completions),
+            prompt_tokens=prompt_tokens,
+            response_tokens=response_tokens,
+            reconstruction=s.reconstruction.stats if s.reconstruction is not None else None,
+            error_message=s.error,
+        )
+
+    async def _teardown(self, s: Session) -> None:
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("evaluator.release", lambda: self._steps.release_evaluation(s)),
+            ("proxy.close_session", lambda: self._steps.close_proxy(s)),
+            ("runtime.stop", lambda: self._steps.stop_runtime(s)),
+        ]
+        for name, call in steps:
+            try:
+                await call()
+            except (PolarError, TimeoutError, OSError) as exc:
+                _log.warning("session %s: teardown step %s failed: %s", s.spec.session_id, name, exc)
+
+    async def _report(self, s: Session, result: SessionResult) -> None:
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            await self._steps.run(
+                s, "sink.report", lambda: sink.report(result), self._config.step_timeout_s, deadline=False
+            )
+        except (PolarError, TimeoutError, OSError) as exc:
+            # The result stays readable through GetSession and WatchSessions; delivery is the sink's retry.
+            _log.warning("session %s: reporting the result failed: %s", s.spec.session_id, exc)
