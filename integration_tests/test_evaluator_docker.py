@@ -7,12 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import Artifacts, EvaluatorService, EvaluatorSettings, EvaluatorSpec, PrepareParams, TestStatus
-from evaluator.testing import example_spec, make_patch
+from evaluator import (
+    Artifacts,
+    EvaluatorService,
+    EvaluatorSettings,
+    EvaluatorSpec,
+    PrepareParams,
+    TestStatus,
+    evaluator_config,
+)
+from integration_tests.support.docker import ensure_python_image, start_private_dockerd
+from integration_tests.support.evaluator import example_spec, make_patch
 from polar_core.records import TerminalStatus
 from runtimes import DefaultRuntimeFactory
 from runtimes.docker import LABEL_MANAGED
-from runtimes.docker_testing import ensure_python_image, start_private_dockerd
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +44,7 @@ def docker_env():
 async def service(tmp_path: Path, docker_env):
     client, _ = docker_env
     factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=client)
-    svc = EvaluatorService(EvaluatorSettings(state_dir=tmp_path / "state"), runtime_factory=factory)
+    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state")), runtime_factory=factory)
     yield svc
     await svc.close()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}) == []

@@ -17,8 +17,9 @@ from evaluator import (
     EvaluatorSpec,
     PrepareParams,
     TestStatus,
+    evaluator_config,
 )
-from evaluator.testing import example_names, example_spec, make_patch
+from integration_tests.support.evaluator import example_names, example_spec, make_patch
 from polar_core.records import TerminalStatus
 from runtimes import DefaultRuntimeFactory, Runtime, RuntimeSpec
 from runtimes.local import LocalRuntime
@@ -44,7 +45,7 @@ def factory(tmp_path: Path) -> RecordingFactory:
 
 @pytest.fixture
 async def service(tmp_path: Path, factory: RecordingFactory):
-    svc = EvaluatorService(EvaluatorSettings(state_dir=tmp_path / "state"), runtime_factory=factory)
+    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state")), runtime_factory=factory)
     yield svc
     await svc.close()
 

@@ -222,7 +222,7 @@ async def test_cli_tool_loop_through_the_gateway(tmp_path: Path, tokenizer: Any,
 
 @pytest.fixture(scope="module")
 def docker_env() -> Iterator[tuple[Any, Any, str]]:
-    from runtimes.docker_testing import ensure_python_image, start_private_dockerd
+    from integration_tests.support.docker import ensure_python_image, start_private_dockerd
 
     daemon = start_private_dockerd()
     if daemon is None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from integration_tests.support.docker import ensure_python_image, start_private_dockerd
 from runtimes import NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeKind, RuntimeSpec
 from runtimes.docker import LABEL_MANAGED, DockerRuntime, reap_orphaned_containers
-from runtimes.docker_testing import ensure_python_image, start_private_dockerd
 
 
 @pytest.fixture(scope="module")

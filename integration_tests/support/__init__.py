@@ -1,0 +1,1 @@
+"""Test machinery that launches real processes (dockerd, git-made patches) for the integration tests."""
