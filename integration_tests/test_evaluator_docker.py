@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -105,7 +104,8 @@ async def test_hanging_test_is_eval_timeout(service, docker_env, tmp_path: Path)
     (repo / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
     (repo / "tests" / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(1000)\n")
     spec = EvaluatorSpec("swe", {"repo": str(repo), "fail_to_pass": ["tests/test_hang.py::test_hang"]})
-    started = time.monotonic()
+    # The test sleeps 1000 s: the evaluation returning at all (within the per-test timeout) shows the deadline
+    # ended it.
     _, result = await _evaluate(service, image, spec, Artifacts(), timeout_s=5.0)
     assert result.status is TerminalStatus.EVAL_TIMEOUT
-    assert time.monotonic() - started < 40
+    assert result.reward == 0.0
