@@ -15,7 +15,7 @@ from evaluator import (
     TestStatus,
     evaluator_config,
 )
-from integration_tests.support.docker import ensure_python_image, start_private_dockerd
+from integration_tests.support.docker import private_docker
 from integration_tests.support.evaluator import example_spec, make_patch
 from polar_core.records import TerminalStatus
 from runtimes import DefaultRuntimeFactory
@@ -26,17 +26,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def docker_env():
-    daemon = start_private_dockerd()
-    if daemon is None:
-        pytest.skip("no dockerd here")
-    client = daemon.client()
-    image = ensure_python_image(client, Path.home() / ".cache" / "polar" / "images")
-    if image is None:
-        daemon.stop()
-        pytest.skip("cannot build the test image here")
-    yield client, image
-    client.close()
-    daemon.stop()
+    with private_docker() as (_, client, image):
+        yield client, image
 
 
 @pytest.fixture
