@@ -1,25 +1,30 @@
 """The evaluator: scores what an agent produced in a clean runtime it could not tamper with.
 
-See docs/evaluator.md. The gRPC servicer is :mod:`evaluator.servicer`; the domain service is
-:class:`evaluator.service.EvaluatorService`.
+See docs/evaluator.md. The domain entry is :class:`evaluator.core.EvaluatorService` (no gRPC);
+:mod:`evaluator.servicer` serves it over gRPC, converting with :mod:`evaluator.convert`;
+:class:`evaluator.app.EvaluatorApp` builds it from :class:`EvaluatorSettings`, and
+:func:`evaluator.server.start_server` starts the whole service.
 """
 
 from __future__ import annotations
 
+from evaluator.app import EvaluatorApp, evaluator_config
+from evaluator.core import EvaluatorService
 from evaluator.errors import HandleNotFound, InvalidOptions, UnknownStrategy
 from evaluator.models import (
-    AgentStatus,
     Artifacts,
     EvaluationResult,
+    EvaluatorConfig,
     EvaluatorSpec,
     PrepareParams,
     TestOutcome,
     TestStatus,
 )
-from evaluator.service import EvaluatorService
+from evaluator.ports import Strategy
 from evaluator.settings import EvaluatorSettings
 from evaluator.strategies import CustomEvaluation, CustomResult
 from evaluator.task_files import evaluator_spec_from_task, load_task_file
+from polar_core.records import AgentStatus
 
 __all__ = [
     "AgentStatus",
@@ -27,15 +32,19 @@ __all__ = [
     "CustomEvaluation",
     "CustomResult",
     "EvaluationResult",
+    "EvaluatorApp",
+    "EvaluatorConfig",
     "EvaluatorService",
     "EvaluatorSettings",
     "EvaluatorSpec",
     "HandleNotFound",
     "InvalidOptions",
     "PrepareParams",
+    "Strategy",
     "TestOutcome",
     "TestStatus",
     "UnknownStrategy",
+    "evaluator_config",
     "evaluator_spec_from_task",
     "load_task_file",
 ]

@@ -1,18 +1,20 @@
-"""Plain dataclasses of the evaluator domain (the servicer converts them to and from protobuf)."""
+"""Plain dataclasses of the evaluator domain: its records and its typed config (``convert.py`` maps the records
+to and from protobuf; ``app.py`` builds the config from the settings)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Self
 
 from polar_core.records import AgentStatus, TerminalStatus, Trace
 
 __all__ = [
-    "AgentStatus",
     "Artifacts",
     "EvaluationResult",
+    "EvaluatorConfig",
     "EvaluatorSpec",
     "PrepareParams",
     "TestOutcome",
@@ -30,6 +32,35 @@ class TestStatus(enum.StrEnum):
     ERROR = "error"
     SKIPPED = "skipped"
     MISSING = "missing"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvaluatorConfig:
+    """What the evaluation service takes (built from :class:`evaluator.settings.EvaluatorSettings`).
+
+    Attributes:
+        evaluations_dir: Where results and logs of evaluations are kept.
+        runtimes_dir: Parent of local session directories.
+        default_timeout_s: Evaluation time limit when neither the request nor the task sets one.
+        prepare_timeout_s: Time limit of Prepare (runtime start and repository snapshot).
+        local_isolation: Local runtime isolation: ``auto``, ``bwrap``, ``unshare`` or ``none``.
+        local_python: The Python that runs tests in the local runtime.
+        container_python: The Python command inside container images.
+        docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
+        docker_memory_limit: Memory limit of evaluation containers.
+        docker_pids_limit: Process limit of evaluation containers.
+    """
+
+    evaluations_dir: Path
+    runtimes_dir: Path
+    default_timeout_s: float = 1800.0
+    prepare_timeout_s: float = 600.0
+    local_isolation: str = "auto"
+    local_python: str = "python3"
+    container_python: str = "python3"
+    docker_host: str = ""
+    docker_memory_limit: str = "4g"
+    docker_pids_limit: int = 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

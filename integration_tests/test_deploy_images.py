@@ -36,7 +36,8 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 from polar.reconstructor.v1 import reconstructor_service_pb2 as rec_pb
 from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as rec_grpc
 
-from evaluator.testing import example_spec
+from integration_tests.support.docker import PrivateDockerd, ensure_python_image, start_private_dockerd
+from integration_tests.support.evaluator import example_spec
 from model_proxy.backends.testing.launch import free_ports
 from polar_client import RolloutClient, load_task
 from polar_core.channels import open_channel
@@ -44,7 +45,6 @@ from polar_core.convert import completion_to_proto
 from polar_core.records import TerminalStatus
 from reconstructor import ReconstructionOptions, SessionOutcome, reconstruct_session
 from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
-from runtimes.docker_testing import PrivateDockerd, ensure_python_image, start_private_dockerd
 
 # The first test includes the module's image builds (a few minutes on two cores; the base layer is shared).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -14,7 +14,7 @@ from polar.evaluator.v1 import evaluator_service_pb2_grpc as pb_grpc
 
 from evaluator.server import create_server
 from evaluator.settings import EvaluatorSettings
-from evaluator.testing import example_spec
+from integration_tests.support.evaluator import example_spec
 from polar_core.channels import open_channel
 
 

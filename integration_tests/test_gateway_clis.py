@@ -198,22 +198,10 @@ async def test_cli_tool_loop_through_the_gateway(tmp_path: Path, tokenizer: Any,
 
 @pytest.fixture(scope="module")
 def docker_env() -> Iterator[tuple[Any, Any, str]]:
-    from runtimes.docker_testing import ensure_python_image, start_private_dockerd
+    from integration_tests.support.docker import private_docker
 
-    daemon = start_private_dockerd()
-    if daemon is None:
-        pytest.skip("no dockerd here")
-    client = daemon.client()
-    image = ensure_python_image(client, Path.home() / ".cache" / "polar" / "images")
-    if image is None:
-        client.close()
-        daemon.stop()
-        pytest.skip("cannot build the test image here")
-    try:
-        yield daemon, client, image
-    finally:
-        client.close()
-        daemon.stop()
+    with private_docker() as env:
+        yield env
 
 
 def _managed_containers(client: Any) -> list[Any]:

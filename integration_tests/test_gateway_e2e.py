@@ -79,11 +79,12 @@ async def _start_evaluator(tmp: Path) -> tuple[grpc.aio.Server, int]:
     if importlib.util.find_spec("evaluator.server") is not None:
         spec = service_spec("evaluator")
         return await spec.start(spec.settings_cls.load(state_dir=tmp / "evaluator"))
-    from evaluator.service import EvaluatorService
+    from evaluator.app import EvaluatorApp
     from evaluator.servicer import EvaluatorServicer
     from evaluator.settings import EvaluatorSettings
 
-    servicer = EvaluatorServicer(EvaluatorService(EvaluatorSettings(state_dir=tmp / "evaluator")))
+    app = await EvaluatorApp.open(EvaluatorSettings(state_dir=tmp / "evaluator"))
+    servicer = EvaluatorServicer(app.service)
     registration = ServiceRegistration(
         "polar.evaluator.v1.EvaluatorService",
         lambda s: evaluator_service_pb2_grpc.add_EvaluatorServiceServicer_to_server(servicer, s),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 import urllib.request
@@ -208,20 +209,25 @@ async def test_littles_law_holds_on_the_prometheus_endpoint() -> None:
         gw.agents.prepare_s = 0.03
         gw.evaluator.evaluate_s = 0.04
         samples: list[dict[tuple[str, str], float]] = []
-        start = time.monotonic()
+        times = [time.monotonic()]  # the stages are empty at the start: the first sample is all zeros
+        samples.append({})
         for i in range(60):
             await gw.stub.StartSession(pb.StartSessionRequest(spec=session(f"l{i}")))
         async with asyncio.timeout(60):
             while True:
                 samples.append(await asyncio.to_thread(_scrape, gw.metrics_port))
+                times.append(time.monotonic())
                 if samples[-1].get(("polar_gateway_stage_exited_total", "postrun"), 0) >= 60:
                     break
                 await asyncio.sleep(0.02)
-        elapsed = time.monotonic() - start
+        elapsed = times[-1] - times[0]
         final = samples[-1]
         for stage in ("init", "running", "postrun"):
             occupancy = [s.get(("polar_gateway_stage_occupancy", stage), 0.0) for s in samples]
-            mean_l = sum(occupancy) / len(occupancy)
+            # Time-weighted (trapezoid) mean, so uneven scrape intervals on a loaded machine bias nothing.
+            points = itertools.pairwise(zip(occupancy, times, strict=True))
+            area = sum((a + b) / 2 * (t1 - t0) for (a, t0), (b, t1) in points)
+            mean_l = area / elapsed
             exits = final[("polar_gateway_stage_exited_total", stage)]
             residence = final[("polar_gateway_stage_residence_seconds_sum", stage)]
             count = final[("polar_gateway_stage_residence_seconds_count", stage)]

@@ -9,24 +9,15 @@ from typing import Any
 
 import pytest
 
+from integration_tests.support.docker import private_docker
 from runtimes import NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeKind, RuntimeSpec
 from runtimes.docker import LABEL_MANAGED, DockerRuntime, reap_orphaned_containers
-from runtimes.docker_testing import ensure_python_image, start_private_dockerd
 
 
 @pytest.fixture(scope="module")
 def docker_env():
-    daemon = start_private_dockerd()
-    if daemon is None:
-        pytest.skip("no dockerd here")
-    client = daemon.client()
-    image = ensure_python_image(client, Path.home() / ".cache" / "polar" / "images")
-    if image is None:
-        daemon.stop()
-        pytest.skip("cannot build the test image here")
-    yield daemon, client, image
-    client.close()
-    daemon.stop()
+    with private_docker() as env:
+        yield env
 
 
 def _managed(client: Any) -> list[Any]:

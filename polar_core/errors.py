@@ -128,7 +128,7 @@ class Cancelled(PolarError):
 
 
 class Unimplemented(PolarError):
-    """The operation is not implemented yet (the message names the issue that adds it)."""
+    """The operation is not implemented (the message says which operation and what to use instead, if anything)."""
 
     code_name = "UNIMPLEMENTED"
 

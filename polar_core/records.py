@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self, cast
 
 from polar_core.errors import InvalidArgument
 
@@ -62,9 +62,35 @@ def _pop_known(cls: type[Any], data: Mapping[str, Any]) -> tuple[dict[str, Any],
     return known, extra
 
 
+class _ContractRecord:
+    """The JSON form shared by the contract's records: exactly the contract's fields, unknown ones in ``extra``."""
+
+    __slots__ = ()
+    _KIND: ClassVar[str]
+    extra: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the contract's JSON object (``extra`` fields are merged back in)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast("Any", self)) if f.name != "extra"}
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build a record from its JSON object; raises :class:`InvalidArgument` when fields are missing."""
+        known, extra = _pop_known(cls, data)
+        build: Any = cls  # a dataclass: its generated __init__ takes the fields
+        try:
+            return cast("Self", build(**known, extra=extra))
+        except TypeError as exc:
+            raise InvalidArgument(f"malformed {cls._KIND}: {exc}") from None
+
+
 @dataclasses.dataclass(slots=True)
-class CompletionRecord:
+class CompletionRecord(_ContractRecord):
     """One model call as captured by the proxy (a line of ``completions.jsonl``)."""
+
+    _KIND: ClassVar[str] = "completion record"
 
     session_id: str
     call_id: str
@@ -91,25 +117,12 @@ class CompletionRecord:
                 details={"call_id": self.call_id},
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the contract's JSON object (``extra`` fields are merged back in)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        out.update(self.extra)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build a record from its JSON object; raises :class:`InvalidArgument` when fields are missing."""
-        known, extra = _pop_known(cls, data)
-        try:
-            return cls(**known, extra=extra)
-        except TypeError as exc:
-            raise InvalidArgument(f"malformed completion record: {exc}") from None
-
 
 @dataclasses.dataclass(slots=True)
-class Trace:
+class Trace(_ContractRecord):
     """One trainer-facing sample (a line of ``traces.jsonl``)."""
+
+    _KIND: ClassVar[str] = "trace"
 
     session_id: str
     task_id: str
@@ -133,21 +146,6 @@ class Trace:
                 f"trace {self.session_id}/{self.trace_index}: response, loss_mask and response_logprobs "
                 f"lengths differ ({n}, {len(self.loss_mask)}, {len(self.response_logprobs)})"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the contract's JSON object."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        out.update(self.extra)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build a trace from its JSON object; raises :class:`InvalidArgument` when fields are missing."""
-        known, extra = _pop_known(cls, data)
-        try:
-            return cls(**known, extra=extra)
-        except TypeError as exc:
-            raise InvalidArgument(f"malformed trace: {exc}") from None
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

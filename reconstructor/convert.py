@@ -1,21 +1,37 @@
-"""Conversions between ``polar.common.v1`` messages and the plain records of :mod:`polar_core.records`.
+"""Every protobuf ↔ domain conversion of the reconstructor (``polar.reconstructor.v1``, the shared
+``polar.common.v1`` reconstruction messages ↔ :mod:`reconstructor.models` and :mod:`polar_core.records`).
 
-Only the servicer and the proxy client use this module; domain code sees dataclasses.
+The servicer and the gateway's reconstructor client use this module; domain code sees dataclasses.
 """
 
 from __future__ import annotations
 
 from polar.common.v1 import reconstruction_pb2
+from polar.reconstructor.v1 import reconstructor_service_pb2
 
+from polar_core.convert import status_from_proto, trace_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.records import ReconstructionStats, ReconstructionStrategy
+from reconstructor.models import ReconstructionOptions, ReconstructionResult, ServiceDefaults, SessionOutcome
+from reconstructor.weights import WeightingMode
 
-__all__ = ["stats_to_proto", "strategy_from_proto"]
+__all__ = [
+    "options_from_proto",
+    "outcome_from_proto",
+    "response_to_proto",
+    "stats_to_proto",
+    "strategy_from_proto",
+    "weighting_from_proto",
+]
 
 _STRATEGIES: dict[int, ReconstructionStrategy] = {
     reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST: ReconstructionStrategy.PER_REQUEST,
     reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE: ReconstructionStrategy.PREFIX_MERGE,
     reconstruction_pb2.RECONSTRUCTION_STRATEGY_EXACT: ReconstructionStrategy.EXACT,
+}
+_WEIGHTING: dict[int, WeightingMode] = {
+    reconstructor_service_pb2.WEIGHTING_MODE_SESSION: WeightingMode.SESSION,
+    reconstructor_service_pb2.WEIGHTING_MODE_TRACE: WeightingMode.TRACE,
 }
 
 
@@ -27,6 +43,38 @@ def strategy_from_proto(value: int, default: ReconstructionStrategy) -> Reconstr
         return _STRATEGIES[value]
     except KeyError:
         raise InvalidArgument(f"unknown reconstruction strategy {value}") from None
+
+
+def weighting_from_proto(value: int, default: WeightingMode) -> WeightingMode:
+    """Return the weighting mode for an enum value; UNSPECIFIED (or unknown) gives ``default``."""
+    return _WEIGHTING.get(value, default)
+
+
+def options_from_proto(
+    request: reconstructor_service_pb2.ReconstructRequest, defaults: ServiceDefaults
+) -> ReconstructionOptions:
+    """The reconstruction options of a request, ``defaults`` filling what it leaves unspecified."""
+    return ReconstructionOptions(
+        strategy=strategy_from_proto(request.strategy, defaults.strategy),
+        end_of_turn_ids=tuple(request.end_of_turn_token_ids) or defaults.end_of_turn_ids,
+        weighting=weighting_from_proto(request.weighting, defaults.weighting),
+        split_on_policy_version=defaults.split_on_policy_version,
+        prefer_exact_context=defaults.prefer_exact_context,
+    )
+
+
+def outcome_from_proto(request: reconstructor_service_pb2.ReconstructRequest) -> SessionOutcome:
+    """The task id, reward and terminal status a request gives for its session."""
+    return SessionOutcome(
+        task_id=request.task_id, reward=request.reward, status=status_from_proto(request.terminal_status)
+    )
+
+
+def response_to_proto(result: ReconstructionResult) -> reconstructor_service_pb2.ReconstructResponse:
+    """The ``ReconstructResponse`` of a reconstruction."""
+    return reconstructor_service_pb2.ReconstructResponse(
+        traces=[trace_to_proto(t) for t in result.traces], stats=stats_to_proto(result.stats)
+    )
 
 
 def stats_to_proto(stats: ReconstructionStats) -> reconstruction_pb2.ReconstructionStats:

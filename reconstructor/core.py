@@ -2,7 +2,8 @@
 
 The invariant every strategy keeps: each trainable (mask 1) token of a trace is a token the policy sampled,
 carrying the behaviour logprob it was sampled with; everything else has mask 0 and a 0.0 placeholder. No
-text is ever re-encoded. How calls are grouped into traces is described in :mod:`reconstructor.chains`.
+text is ever re-encoded. How calls are grouped into traces is described in :mod:`reconstructor.chains`; the
+records taken and returned live in :mod:`reconstructor.models` (re-exported here).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
+from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, Trace
 from reconstructor.chains import Chain, ChainBuilder, PreparedCall, prepare
 from reconstructor.eot import detect_end_of_turn_ids
 from reconstructor.errors import MalformedCompletions
-from reconstructor.weights import WeightingMode, trace_weights
+from reconstructor.models import ReconstructionOptions, ReconstructionResult, SessionOutcome
+from reconstructor.weights import trace_weights
 
 __all__ = [
     "ReconstructionOptions",
@@ -24,45 +26,6 @@ __all__ = [
     "reconstruct",
     "reconstruct_session",
 ]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReconstructionOptions:
-    """How completions become traces.
-
-    Attributes:
-        strategy: ``per-request``, ``prefix-merge`` or ``exact``.
-        end_of_turn_ids: Token IDs that close an assistant turn. Empty means: detect them from the session's
-            completions (only ``prefix-merge`` needs them).
-        weighting: How trace weights are normalised.
-        split_on_policy_version: Keep calls sampled by different policy versions in different traces.
-        prefer_exact_context: (``prefix-merge``) when several chains qualify, prefer one whose merge keeps
-            the call's context exact before comparing prefix lengths. Off by default: Polar's order is
-            parent, longest prefix, most recent.
-    """
-
-    strategy: ReconstructionStrategy = ReconstructionStrategy.PREFIX_MERGE
-    end_of_turn_ids: tuple[int, ...] = ()
-    weighting: WeightingMode = WeightingMode.SESSION
-    split_on_policy_version: bool = False
-    prefer_exact_context: bool = False
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionOutcome:
-    """What the rest of the system knows about a session: its group, reward and terminal status."""
-
-    task_id: str = ""
-    reward: float = 0.0
-    status: TerminalStatus = TerminalStatus.UNRESOLVED
-
-
-@dataclasses.dataclass(slots=True)
-class ReconstructionResult:
-    """Traces (in session order, then ``trace_index`` order) and their statistics."""
-
-    traces: list[Trace]
-    stats: ReconstructionStats
 
 
 def reconstruct_session(

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 
 from polar_core.channels import open_channel
 from polar_core.convert import completion_from_proto
-from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, PolarError, Unavailable
+from polar_core.errors import Internal, InvalidArgument, PolarError
 from polar_core.records import CompletionRecord
+from polar_core.rpc_client import error_from_rpc
 from polar_core.tls import TlsFiles
+from reconstructor.ports import CompletionSource
 
 __all__ = ["CompletionSource", "ProxyCompletionSource"]
 
-
-class CompletionSource(Protocol):
-    """Where the servicer reads completions named by a ``ProxySource``."""
-
-    async def list_completions(self, proxy_target: str, session_id: str) -> list[CompletionRecord]:
-        """Return every completion of ``session_id`` held by the proxy at ``proxy_target``."""
-        ...
+# The proxy's statuses this service passes on; any other is the proxy's own fault and stays INTERNAL here.
+_PASSED_ON = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class ProxyCompletionSource:
@@ -33,6 +28,7 @@ class ProxyCompletionSource:
         timeout_s: Limit on each page request.
         auth_token: The control-plane token the proxy expects (empty: none).
         tracer_provider: Provider for client spans.
+        tls: Client certificate and CA for mutual TLS; ``None`` for plaintext.
     """
 
     def __init__(
@@ -84,13 +80,7 @@ class ProxyCompletionSource:
 
 def _error_from_rpc(exc: grpc.aio.AioRpcError, target: str, session_id: str) -> PolarError:
     """Map the proxy's status to the error this service reports (its own faults stay ``INTERNAL``)."""
-    code = exc.code()
     details = {"proxy_target": target, "session_id": session_id}
-    message = f"model proxy {target}: {exc.details()}"
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFound(message, details=details)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(message, details=details)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return DeadlineExceeded(message, details=details)
-    return Internal(f"model proxy {target} answered {code.name}", details=details)
+    if exc.code() in _PASSED_ON:
+        return error_from_rpc(exc, f"model proxy {target}", details=details)
+    return Internal(f"model proxy {target} answered {exc.code().name}", details=details)

@@ -1,7 +1,10 @@
 """Runtimes: sandboxes with a session directory, in which harnesses run and evaluators score.
 
-See docs/runtimes.md. Implementations: :class:`runtimes.local.LocalRuntime` (bubblewrap),
-:class:`runtimes.docker.DockerRuntime`, :class:`runtimes.apptainer.ApptainerRuntime` (unverified).
+See docs/runtimes.md. The seam is :class:`Runtime` (:mod:`runtimes.base`), built from a :class:`RuntimeSpec` by a
+:class:`RuntimeFactory`. Implementations: :class:`runtimes.local.LocalRuntime` (bubblewrap),
+:class:`runtimes.docker.DockerRuntime`, :class:`runtimes.apptainer.ApptainerRuntime` (unverified), sharing the
+spec, session id, cancel and command environment code of ``runtimes._session.SessionRuntime``. Test machinery that
+starts a private ``dockerd`` lives in ``integration_tests/support/docker.py``, not here.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from pathlib import Path, PurePosixPath
 
 from runtimes._hostdir import HostSessionDir
 from runtimes._process import run_process
+from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult
-from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.errors import RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 
 __all__ = ["ApptainerRuntime", "build_exec_argv"]
@@ -48,7 +49,7 @@ def build_exec_argv(
     return args
 
 
-class ApptainerRuntime:
+class ApptainerRuntime(SessionRuntime):
     """A host session directory plus ``apptainer exec`` per command (unverified; see the module docstring).
 
     Args:
@@ -58,21 +59,9 @@ class ApptainerRuntime:
     """
 
     def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
-        self._spec = spec
-        self._session_id = session_id
+        super().__init__(spec, session_id=session_id)
         self._dir = HostSessionDir((base_dir / session_id).absolute(), PurePosixPath(spec.container_root))
         self._started = False
-        self._cancelled = False
-
-    @property
-    def session_id(self) -> str:
-        """The id of the session this runtime belongs to."""
-        return self._session_id
-
-    @property
-    def spec(self) -> RuntimeSpec:
-        """The spec this runtime was built from."""
-        return self._spec
 
     @property
     def root(self) -> PurePosixPath:
@@ -81,9 +70,8 @@ class ApptainerRuntime:
 
     async def start(self) -> None:
         """Create the host session directory."""
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
-        for sub in ("home", "tmp", ".polar"):
+        self._raise_if_cancelled()
+        for sub in SESSION_SUBDIRS:
             (self._dir.host_root / sub).mkdir(parents=True, exist_ok=True)
         self._started = True
 
@@ -92,18 +80,14 @@ class ApptainerRuntime:
         self._started = False
         shutil.rmtree(self._dir.host_root, ignore_errors=True)
 
-    async def cancel(self) -> None:
-        """Stop, and refuse later calls."""
-        self._cancelled = True
-        await self.stop()
-
     def _check(self) -> None:
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
-        if not self._started:
-            raise RuntimeNotStarted(f"runtime {self._session_id} is not running")
+        self._raise_unless_started(self._started)
         if not self._dir.host_root.is_dir():
             raise RuntimeDied(f"session directory {self._dir.host_root} has vanished")
+
+    def _own_variables(self) -> dict[str, str]:
+        # Unverified runtime: only what it has always set (no tunnel runs here, so no POLAR_PROXY_URL).
+        return {"HOME": str(self.root / "home"), "TMPDIR": str(self.root / "tmp")}
 
     async def exec(
         self,
@@ -117,9 +101,9 @@ class ApptainerRuntime:
         self._check()
         inner_cwd = self.root if cwd is None else PurePosixPath(self._dir.inner_root / str(cwd))
         self._dir.host_path(inner_cwd)
-        full_env = {"HOME": str(self.root / "home"), "TMPDIR": str(self.root / "tmp"), **self._spec.env}
-        full_env.update(env or {})
-        command = build_exec_argv(self._spec, host_root=self._dir.host_root, argv=argv, cwd=inner_cwd, env=full_env)
+        command = build_exec_argv(
+            self._spec, host_root=self._dir.host_root, argv=argv, cwd=inner_cwd, env=self.environment(env)
+        )
         return await run_process(command, cwd=None, env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, timeout=timeout)
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:

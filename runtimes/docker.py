@@ -25,8 +25,9 @@ import docker
 import docker.errors
 
 from polar_core.errors import NotFound
+from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult, resolve_in_root
-from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.errors import RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -112,7 +113,7 @@ def _tar_of(src: Path | bytes, name: str, exclude: Sequence[str]) -> bytes:
     return buf.getvalue()
 
 
-class DockerRuntime:
+class DockerRuntime(SessionRuntime):
     """A container per session.
 
     Args:
@@ -122,27 +123,15 @@ class DockerRuntime:
     """
 
     def __init__(self, spec: RuntimeSpec, *, session_id: str, client: Any | None = None) -> None:
-        self._spec = spec
-        self._session_id = session_id
+        super().__init__(spec, session_id=session_id)
         self._client = client
         self._container: Any | None = None
-        self._cancelled = False
         self._root = PurePosixPath(spec.container_root)
-
-    @property
-    def session_id(self) -> str:
-        """The id of the session this runtime belongs to."""
-        return self._session_id
 
     @property
     def root(self) -> PurePosixPath:
         """The session directory inside the container."""
         return self._root
-
-    @property
-    def spec(self) -> RuntimeSpec:
-        """The spec this runtime was built from."""
-        return self._spec
 
     @property
     def container_id(self) -> str | None:
@@ -158,12 +147,11 @@ class DockerRuntime:
 
     async def start(self) -> None:
         """Create and start the container, and the session directory in it."""
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
+        self._raise_if_cancelled()
         if self._container is not None:
             return
         self._container = await asyncio.to_thread(self._run_container)
-        dirs = [str(self._root / "home"), str(self._root / "tmp"), str(self._root / ".polar")]
+        dirs = [str(self._root / sub) for sub in SESSION_SUBDIRS]
         result = await self._exec_in(self._live(), ["mkdir", "-p", *dirs], "/", None, 60.0)
         if not result.ok:
             raise RuntimeDied(f"cannot create the session directory in the container: {result.stderr}")
@@ -180,7 +168,7 @@ class DockerRuntime:
         argv = wrap_command("python3", str(self._root / _FORWARDER), port=spec.proxy_port, socket_path=socket_path,
                             argv=())  # fmt: skip
         container = self._live()
-        await asyncio.to_thread(container.exec_run, argv, workdir="/", environment=self._environment(None), detach=True)
+        await asyncio.to_thread(container.exec_run, argv, workdir="/", environment=self.environment(None), detach=True)
         probe = (
             "import socket, sys, time\n"
             "for _ in range(100):\n"
@@ -232,30 +220,9 @@ class DockerRuntime:
         if container is not None:
             await asyncio.to_thread(_remove, container)
 
-    async def cancel(self) -> None:
-        """Remove the container; in-flight and later calls raise RuntimeCancelled."""
-        self._cancelled = True
-        await self.stop()
-
     def _live(self) -> Any:
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
-        if self._container is None:
-            raise RuntimeNotStarted(f"runtime {self._session_id} is not running")
+        self._raise_unless_started(self._container is not None)
         return self._container
-
-    def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = {
-            "HOME": str(self._root / "home"),
-            "TMPDIR": str(self._root / "tmp"),
-            "LANG": "C.UTF-8",
-            "POLAR_SESSION_DIR": str(self._root),
-        }
-        if self._spec.network is NetworkMode.PROXY:
-            merged["POLAR_PROXY_URL"] = f"http://127.0.0.1:{self._spec.proxy_port}"
-        merged.update(self._spec.env)
-        merged.update(env or {})
-        return merged
 
     async def exec(
         self,
@@ -282,17 +249,17 @@ class DockerRuntime:
         started = time.monotonic()
         try:
             exit_code, (out, err) = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self._environment(env)),
+                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self.environment(env)),
                 timeout + _EXEC_GRACE_S,
             )
         except TimeoutError:
             await self.stop()
             raise RuntimeDied(f"docker exec hung past its timeout in {self._session_id}") from None
         except docker.errors.DockerException as exc:
-            self._raise_if_cancelled()
+            self._raise_if_cancelled(" while a command ran")
             raise RuntimeDied(f"docker exec failed in {self._session_id}: {exc}") from None
         duration = time.monotonic() - started
-        self._raise_if_cancelled()
+        self._raise_if_cancelled(" while a command ran")
         if exit_code is None or not await asyncio.to_thread(_running, container):
             raise RuntimeDied(f"container of {self._session_id} died while a command ran")
         timed_out = exit_code in _TIMEOUT_EXIT_CODES and duration >= timeout - 0.5
@@ -311,10 +278,6 @@ class DockerRuntime:
         result = container.exec_run(argv, workdir=workdir, environment=env, demux=True)
         return result.exit_code, result.output
 
-    def _raise_if_cancelled(self) -> None:
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled while a command ran")
-
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
         """Copy a host file/directory or bytes below the session directory (``put_archive``)."""
         container = self._live()
@@ -326,7 +289,7 @@ class DockerRuntime:
         try:
             ok = await asyncio.to_thread(container.put_archive, str(target.parent), data)
         except docker.errors.DockerException as exc:
-            self._raise_if_cancelled()
+            self._raise_if_cancelled(" while a command ran")
             raise RuntimeDied(f"upload to {target} failed: {exc}") from None
         if not ok:
             raise RuntimeDied(f"upload to {target} failed")
@@ -340,7 +303,7 @@ class DockerRuntime:
         except docker.errors.NotFound:
             raise NotFound(f"no file {source} in the container") from None
         except docker.errors.DockerException as exc:
-            self._raise_if_cancelled()
+            self._raise_if_cancelled(" while a command ran")
             raise RuntimeDied(f"download of {source} failed: {exc}") from None
         if data is None:
             raise NotFound(f"{source} is not a regular file")

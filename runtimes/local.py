@@ -10,8 +10,9 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
 * ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
 
-Every command gets a clean environment: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``, a fixed ``PATH``,
-plus the spec's and the caller's variables. Nothing from the host environment leaks in.
+Every command gets a clean environment: a fixed ``PATH`` plus what every runtime sets
+(:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
+``LANG``, ``POLAR_SESSION_DIR``, the spec's and the caller's variables). Nothing from the host leaks in.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pathlib import Path, PurePosixPath
 
 from runtimes._hostdir import HostSessionDir
 from runtimes._process import run_process
+from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult
-from runtimes.errors import RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.errors import RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -68,7 +70,7 @@ async def detect_isolation() -> Isolation:
     return Isolation.NONE
 
 
-class LocalRuntime:
+class LocalRuntime(SessionRuntime):
     """A session directory under ``base_dir`` with commands run in a bubblewrap (or weaker) sandbox.
 
     Args:
@@ -78,30 +80,18 @@ class LocalRuntime:
     """
 
     def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
-        self._spec = spec
-        self._session_id = session_id
+        super().__init__(spec, session_id=session_id)
         host_root = (base_dir / session_id).absolute()
         # Inside bwrap the session directory keeps its host path, so paths in logs mean the same everywhere.
         self._dir = HostSessionDir(host_root, PurePosixPath(host_root))
         self._isolation: Isolation | None = None
         self._started = False
-        self._cancelled = False
         self._live_groups: set[int] = set()
-
-    @property
-    def session_id(self) -> str:
-        """The id of the session this runtime belongs to."""
-        return self._session_id
 
     @property
     def root(self) -> PurePosixPath:
         """The session directory (the same path inside and outside the sandbox)."""
         return self._dir.inner_root
-
-    @property
-    def spec(self) -> RuntimeSpec:
-        """The spec this runtime was built from."""
-        return self._spec
 
     @property
     def host_root(self) -> Path:
@@ -115,12 +105,11 @@ class LocalRuntime:
 
     async def start(self) -> None:
         """Create the session directory and choose the isolation."""
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
+        self._raise_if_cancelled()
         if self._started:
             return
         root = self.host_root
-        for sub in ("home", "tmp", ".polar"):
+        for sub in SESSION_SUBDIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
         isolation = self._spec.isolation
         if isolation is Isolation.AUTO:
@@ -138,38 +127,18 @@ class LocalRuntime:
         self._kill_all()
         await asyncio.to_thread(shutil.rmtree, self.host_root, True)
 
-    async def cancel(self) -> None:
-        """Kill running commands and delete the session directory; later calls raise RuntimeCancelled."""
-        self._cancelled = True
-        await self.stop()
-
     def _kill_all(self) -> None:
         for pgid in list(self._live_groups):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
 
     def _check_running(self) -> None:
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled")
-        if not self._started:
-            raise RuntimeNotStarted(f"runtime {self._session_id} is not running")
+        self._raise_unless_started(self._started)
         if not self.host_root.is_dir():
             raise RuntimeDied(f"session directory {self.host_root} has vanished")
 
-    def environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        """The complete environment a command gets."""
-        merged = {
-            "PATH": _DEFAULT_PATH,
-            "HOME": str(self.root / "home"),
-            "TMPDIR": str(self.root / "tmp"),
-            "LANG": "C.UTF-8",
-            "POLAR_SESSION_DIR": str(self.root),
-        }
-        if self._spec.network is NetworkMode.PROXY:
-            merged["POLAR_PROXY_URL"] = f"http://127.0.0.1:{self._spec.proxy_port}"
-        merged.update(self._spec.env)
-        merged.update(env or {})
-        return merged
+    def _own_variables(self) -> dict[str, str]:
+        return {"PATH": _DEFAULT_PATH, **super()._own_variables()}
 
     def wrap_argv(self, argv: Sequence[str], *, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
         """The host command line that runs ``argv`` under the chosen isolation."""
@@ -245,8 +214,7 @@ class LocalRuntime:
             on_start=self._live_groups.add,
             on_end=self._live_groups.discard,
         )
-        if self._cancelled:
-            raise RuntimeCancelled("runtime was cancelled while a command ran")
+        self._raise_if_cancelled(" while a command ran")
         if not self.host_root.is_dir():
             raise RuntimeDied(f"session directory {self.host_root} vanished while a command ran")
         return result

@@ -5,9 +5,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "protobuf: buf lint, buf format, generated code up to date"
+step "protobuf: buf lint, buf format, buf breaking against the last release, generated code up to date"
 .venv/bin/buf lint
 .venv/bin/buf format --diff --exit-code
+# protos/released/polar-v1.binpb: the last released contracts (regenerate on release; see its README.md).
+.venv/bin/buf breaking --against protos/released/polar-v1.binpb
 .venv/bin/python scripts/gen_protos.py --check
 
 step "ruff"

@@ -1,4 +1,4 @@
-"""What strategies share: the evaluation context, the Strategy protocol, and the repository snapshot."""
+"""What strategies share: the evaluation context and the repository snapshot (the protocol is ``evaluator.ports``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
 from evaluator.errors import InvalidOptions
 from evaluator.evallog import EvalLog
-from evaluator.models import Artifacts, EvaluationResult, PrepareParams
-from runtimes import ExecResult, Runtime, RuntimeDied
+from evaluator.models import PrepareParams
+from evaluator.ports import Runtime, Strategy
+from runtimes import ExecResult, RuntimeDied
 
 __all__ = [
     "EvalContext",
@@ -101,23 +102,6 @@ class EvalContext:
     async def git(self, *args: str, check: bool = True) -> ExecResult:
         """Run git in the repository."""
         return await self.run([*_GIT, *args], cwd=self.repo_dir, check=check, timeout=120.0)
-
-
-class Strategy(Protocol):
-    """An evaluation strategy. Options are validated when it is built (at Prepare)."""
-
-    @property
-    def needs_runtime(self) -> bool:
-        """Whether Prepare must start a runtime for this strategy."""
-        ...
-
-    async def prepare(self, ctx: EvalContext) -> None:
-        """Set up the runtime (copy the repository, build, ...)."""
-        ...
-
-    async def evaluate(self, ctx: EvalContext, artifacts: Artifacts) -> EvaluationResult:
-        """Score the artifacts; statuses, not exceptions, report the agent's failures."""
-        ...
 
 
 async def prepare_repository(ctx: EvalContext, source: Path | None) -> None:

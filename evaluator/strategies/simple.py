@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from evaluator.models import AgentStatus, Artifacts, EvaluationResult
+from evaluator.models import Artifacts, EvaluationResult
 from evaluator.strategies.base import EvalContext
-from polar_core.records import TerminalStatus
+from polar_core.records import AgentStatus, TerminalStatus
 
 __all__ = ["SessionCompletedStrategy"]
 

@@ -21,10 +21,12 @@ from evaluator import (
     TestOutcome,
     TestStatus,
     UnknownStrategy,
+    evaluator_config,
     evaluator_spec_from_task,
     load_task_file,
 )
-from evaluator.servicer import EvaluatorServicer, artifacts_from_proto, result_to_proto
+from evaluator.convert import artifacts_from_proto, result_to_proto
+from evaluator.servicer import EvaluatorServicer
 from evaluator.strategies import build_strategy
 from polar_core.records import TerminalStatus
 
@@ -58,7 +60,7 @@ def test_example_task_files_resolve_their_repository() -> None:
 
 @pytest.fixture
 def service(tmp_path: Path) -> EvaluatorService:
-    return EvaluatorService(EvaluatorSettings(state_dir=tmp_path))
+    return EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path)))
 
 
 @pytest.mark.parametrize(

@@ -168,9 +168,10 @@ async def _run(world: World, s: SessionSpec) -> Any:
 @pytest.mark.parametrize("stage", [Stage.INIT, Stage.READY, Stage.RUNNING, Stage.POSTRUN])
 async def test_cancel_in_any_stage_frees_the_slot_and_tears_down(stage: Stage) -> None:
     world = World(running_workers=1, ready_capacity=1, init_workers=1)
+    # The cancelled stage's work would outlast the test's timeout: wait_done returning shows cancel cut it short.
     world.runtimes.start_s = 0.5 if stage is Stage.INIT else 0.0
-    world.agents.run_s = 5.0 if stage is Stage.RUNNING else 0.0
-    world.evaluator.evaluate_s = 5.0 if stage is Stage.POSTRUN else 0.0
+    world.agents.run_s = 600.0 if stage is Stage.RUNNING else 0.0
+    world.evaluator.evaluate_s = 600.0 if stage is Stage.POSTRUN else 0.0
     if stage is Stage.READY:
         # Hold the only RUNNING slot with a long session so s1 waits in READY.
         world.agents.run_s = 5.0
@@ -181,9 +182,7 @@ async def test_cancel_in_any_stage_frees_the_slot_and_tears_down(stage: Stage) -
     await until(lambda: "s1" in world.runtimes.created)  # INIT: cancel while the runtime boots
     state = world.pipeline.cancel_session("s1", "test")
     assert state.stage is stage
-    t0 = time.monotonic()
     result = await world.pipeline.wait_done("s1")
-    assert time.monotonic() - t0 < 2.0
     assert result.status is TerminalStatus.CANCELLED
     assert result.reward == 0.0
     assert result.traces == []
@@ -236,32 +235,43 @@ async def test_evaluation_timeout_is_eval_timeout() -> None:
     assert len(result.traces) == 2  # the agent's calls are still reconstructed
 
 
+def _stage_at_prepare(world: World, session_id: str) -> list[Stage]:
+    """Record the session's stage each time the evaluator's Prepare is called."""
+    stages: list[Stage] = []
+    prepare = world.evaluator.prepare
+
+    async def recording(spec: SessionSpec, *, request_id: str, timeout_s: float) -> str:
+        stages.append(world.pipeline.get_session(session_id)[0].stage)
+        return await prepare(spec, request_id=request_id, timeout_s=timeout_s)
+
+    world.evaluator.prepare = recording  # type: ignore[method-assign]
+    return stages
+
+
 async def test_clean_runtime_evaluator_is_prewarmed_during_run() -> None:
     world = World()
     world.agents.run_s = 0.6
     world.evaluator.prepare_s = 0.5
-    started = time.monotonic()
+    stages = _stage_at_prepare(world, "s1")
     await world.pipeline.start_session(spec(evaluator_options={"clean_runtime": True}))
-    await wait_stage(world, "s1", Stage.RUNNING)
-    run_started = time.monotonic()
     result = await world.pipeline.wait_done("s1")
     assert result.status is TerminalStatus.RESOLVED
-    prepared_at = world.evaluator.prepared["s1/1"]
-    assert prepared_at - run_started < 0.2  # Prepare began as the agent started
-    # POSTRUN did not wait for the 0.5 s preparation: it overlapped the 0.6 s run.
-    assert result.timings["postrun"] < 0.3
-    assert time.monotonic() - started < 1.2
+    # Prepare began while the agent ran (so POSTRUN does not wait for it), once.
+    assert stages == [Stage.RUNNING]
+    assert list(world.evaluator.prepared) == ["s1/1"]
 
 
 async def test_without_clean_runtime_evaluator_is_prepared_in_postrun() -> None:
     world = World()
     world.agents.run_s = 0.3
     world.evaluator.prepare_s = 0.3
+    stages = _stage_at_prepare(world, "s1")
     await world.pipeline.start_session(spec())
     await wait_stage(world, "s1", Stage.RUNNING)
     assert world.evaluator.prepared == {}
     result = await world.pipeline.wait_done("s1")
-    assert result.timings["postrun"] >= 0.3
+    assert result.status is TerminalStatus.RESOLVED
+    assert stages == [Stage.POSTRUN]
 
 
 async def test_no_evaluator_strategy_gives_unresolved_and_missing_client_gives_infra_error() -> None:

@@ -7,6 +7,7 @@ from polar.reconstructor.v1 import reconstructor_service_pb2 as pb
 from polar_core.convert import completion_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
+from reconstructor.app import service_defaults
 from reconstructor.servicer import ReconstructorServicer
 from reconstructor.settings import ReconstructorSettings
 
@@ -38,7 +39,7 @@ class FakeSource:
 
 async def test_proxy_source_is_read_and_settings_fill_unspecified_fields():
     source = FakeSource()
-    servicer = ReconstructorServicer(ReconstructorSettings(end_of_turn_ids=(9,)), source)
+    servicer = ReconstructorServicer(service_defaults(ReconstructorSettings(end_of_turn_ids=(9,))), source)
     request = pb.ReconstructRequest(
         proxy=pb.ProxySource(proxy_target="proxy:1", session_id="s"),
         terminal_status=status_pb2.TERMINAL_STATUS_AGENT_TIMEOUT,
@@ -54,7 +55,7 @@ async def test_proxy_source_is_read_and_settings_fill_unspecified_fields():
 
 
 async def test_inline_completions_round_trip_through_protobuf():
-    servicer = ReconstructorServicer(ReconstructorSettings(), FakeSource())
+    servicer = ReconstructorServicer(service_defaults(ReconstructorSettings()), FakeSource())
     request = pb.ReconstructRequest(
         completions=pb.CompletionList(completions=[completion_to_proto(r) for r in RECORDS]),
         end_of_turn_token_ids=[9],
@@ -67,7 +68,7 @@ async def test_inline_completions_round_trip_through_protobuf():
 
 
 async def test_unknown_enum_values_are_invalid_arguments():
-    servicer = ReconstructorServicer(ReconstructorSettings(), FakeSource())
+    servicer = ReconstructorServicer(service_defaults(ReconstructorSettings()), FakeSource())
     completions = pb.CompletionList(completions=[completion_to_proto(RECORDS[0])])
     for request in (
         pb.ReconstructRequest(completions=completions, terminal_status=42),  # type: ignore[arg-type]

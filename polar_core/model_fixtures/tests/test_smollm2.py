@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import time
 from typing import cast
 
 import pytest
@@ -47,9 +46,7 @@ def test_missing_distribution_says_how_to_install(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_load_and_generate() -> None:
-    started = time.perf_counter()
     tokenizer, model = load_smollm2()
-    load_s = time.perf_counter() - started
 
     assert len(tokenizer) == 49152
     assert tokenizer.eos_token == "<|im_end|>"
@@ -69,16 +66,11 @@ def test_load_and_generate() -> None:
     assert all(isinstance(token, int) for token in rendered)
     prompt_ids = cast("list[int]", rendered)
     assert tokenizer.convert_ids_to_tokens(prompt_ids[:1]) == ["<|im_start|>"]
-    started = time.perf_counter()
     tokens, logprobs = generate_with_logprobs(
         model, prompt_ids, max_new_tokens=5, temperature=0.0, seed=0, eos_token_id=tokenizer.eos_token_id
     )
-    generate_s = time.perf_counter() - started
     assert 1 <= len(tokens) <= 5
     text = tokenizer.decode(tokens)
     assert "capital" in text or "Paris" in text, text
     forced = teacher_forced_logprobs(model, prompt_ids, tokens, temperature=0.0)
     assert forced == pytest.approx(logprobs, abs=1e-3)
-    # Generous bounds: about 20 s to load and 10 tokens/s on two cores (the first call warms up).
-    assert load_s < 90
-    assert generate_s < 30

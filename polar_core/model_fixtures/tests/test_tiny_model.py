@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -55,12 +53,9 @@ def test_config_shape(tokenizer, model) -> None:
 
 def test_weights_depend_only_on_seed(tokenizer, model) -> None:
     rng_before = torch.get_rng_state()
-    started = time.perf_counter()
     same = build_tiny_model(tokenizer, seed=0)
-    elapsed = time.perf_counter() - started
     other = build_tiny_model(tokenizer, seed=1)
     assert torch.equal(torch.get_rng_state(), rng_before), "building must not disturb the global RNG"
-    assert elapsed < 2.0
     for (name, a), b, c in zip(
         model.state_dict().items(), same.state_dict().values(), other.state_dict().values(), strict=True
     ):

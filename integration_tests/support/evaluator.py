@@ -1,4 +1,4 @@
-"""Helpers for tests of evaluators: example tasks and patches made with the host's git."""
+"""Helpers for evaluator tests: the shipped example tasks and patches made with the host's git."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from evaluator.task_files import evaluator_spec_from_task, load_task_file
 
 __all__ = ["EXAMPLE_TASKS_DIR", "example_names", "example_spec", "make_patch"]
 
-EXAMPLE_TASKS_DIR = Path(__file__).resolve().parent.parent / "examples" / "tasks"
+EXAMPLE_TASKS_DIR = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 def example_names() -> list[str]:

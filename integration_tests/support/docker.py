@@ -17,12 +17,22 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PYTHON_IMAGE_TAG", "PrivateDockerd", "ensure_python_image", "start_private_dockerd"]
+__all__ = [
+    "IMAGE_CACHE",
+    "PYTHON_IMAGE_TAG",
+    "PrivateDockerd",
+    "ensure_python_image",
+    "private_docker",
+    "start_private_dockerd",
+]
 
 PYTHON_IMAGE_TAG = "polar-test-python:bookworm"
+IMAGE_CACHE = Path.home() / ".cache" / "polar" / "images"
+"""Where :func:`ensure_python_image` keeps the root file system it builds (once per machine)."""
 _ROOTFS_NAME = "debian-bookworm-python3-venv-pytest-git-bwrap-certs.tar"
 # Bulky parts of the root file system that no test needs.
 _STRIP = ("usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info", "var/cache/apt",
@@ -164,3 +174,27 @@ def ensure_python_image(client: Any, cache_dir: Path) -> str | None:
     with tarball.open("rb") as fh:
         client.api.import_image_from_data(fh, repository=repo, tag=tag)
     return PYTHON_IMAGE_TAG
+
+
+@contextlib.contextmanager
+def private_docker(cache_dir: Path = IMAGE_CACHE) -> Iterator[tuple[PrivateDockerd, Any, str]]:
+    """A private ``dockerd``, a client of it and the Python test image; skips the test when either is missing.
+
+    Yields:
+        The daemon, a ``docker.DockerClient`` and the image tag; the client is closed and the daemon stopped
+        on exit.
+    """
+    import pytest
+
+    daemon = start_private_dockerd()
+    if daemon is None:
+        pytest.skip("no dockerd here (scripts/setup.sh installs docker.io)")
+    client = daemon.client()
+    try:
+        image = ensure_python_image(client, cache_dir)
+        if image is None:
+            pytest.skip("cannot build the test image here (debootstrap)")
+        yield daemon, client, image
+    finally:
+        client.close()
+        daemon.stop()

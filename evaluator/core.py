@@ -1,4 +1,4 @@
-"""The evaluator's domain service: Prepare, Evaluate, Release (no gRPC here; see ``servicer.py``).
+"""The evaluator's domain entry, the evaluation service: Prepare, Evaluate, Release (no gRPC here).
 
 Every evaluation gets a handle and a directory ``<state_dir>/evaluations/<handle>/`` holding its log
 (``eval.log``, the ``log_ref``), its JUnit report and its result (``result.json``). A stored result is
@@ -26,13 +26,13 @@ from typing import Any
 
 from evaluator.errors import HandleNotFound
 from evaluator.evallog import EvalLog
-from evaluator.models import AgentStatus, Artifacts, EvaluationResult, PrepareParams
-from evaluator.settings import EvaluatorSettings
-from evaluator.strategies import EvalContext, EvalTimeout, Strategy, build_strategy
+from evaluator.models import Artifacts, EvaluationResult, EvaluatorConfig, PrepareParams
+from evaluator.ports import Runtime, RuntimeFactory, Strategy
+from evaluator.strategies import EvalContext, EvalTimeout, build_strategy
 from evaluator.strategies.base import opt_float
 from polar_core.errors import PolarError, Unavailable
-from polar_core.records import TerminalStatus
-from runtimes import DefaultRuntimeFactory, Runtime, RuntimeCancelled, RuntimeFactory, RuntimeKind, RuntimeSpec
+from polar_core.records import AgentStatus, TerminalStatus
+from runtimes import DefaultRuntimeFactory, RuntimeCancelled, RuntimeKind, RuntimeSpec
 
 __all__ = ["EvaluatorService"]
 
@@ -56,13 +56,13 @@ class EvaluatorService:
     """Prepares clean runtimes and scores artifacts in them.
 
     Args:
-        settings: The evaluator's settings.
+        config: The evaluator's config (``app.evaluator_config`` builds it from the settings).
         runtime_factory: Builds runtimes; default: local/docker/apptainer from the spec.
     """
 
-    def __init__(self, settings: EvaluatorSettings, *, runtime_factory: RuntimeFactory | None = None) -> None:
-        self._settings = settings
-        self._factory = runtime_factory or DefaultRuntimeFactory(base_dir=settings.runtimes_dir)
+    def __init__(self, config: EvaluatorConfig, *, runtime_factory: RuntimeFactory | None = None) -> None:
+        self._config = config
+        self._factory = runtime_factory or DefaultRuntimeFactory(base_dir=config.runtimes_dir)
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.evaluations_run = 0
@@ -90,7 +90,7 @@ class EvaluatorService:
             if strategy.needs_runtime:
                 runtime = self._factory.create(self._runtime_spec(params), session_id=f"eval-{handle}")
             ctx = self._context(handle, params, runtime)
-            ctx.deadline = time.monotonic() + self._settings.prepare_timeout_s
+            ctx.deadline = time.monotonic() + self._config.prepare_timeout_s
             ctx.log.write("prepare", f"task={params.task_id} session={params.session_id} "
                           f"strategy={params.spec.strategy}")  # fmt: skip
             try:
@@ -113,19 +113,19 @@ class EvaluatorService:
             table.setdefault("kind", RuntimeKind.DOCKER.value)
             table["image"] = params.image
         defaults: dict[str, Any] = {
-            "isolation": self._settings.local_isolation,
-            "docker_host": self._settings.docker_host or None,
-            "memory_limit": self._settings.docker_memory_limit,
-            "pids_limit": self._settings.docker_pids_limit,
+            "isolation": self._config.local_isolation,
+            "docker_host": self._config.docker_host or None,
+            "memory_limit": self._config.docker_memory_limit,
+            "pids_limit": self._config.docker_pids_limit,
         }
         return RuntimeSpec.from_mapping(table, **defaults)
 
     def _context(self, handle: str, params: PrepareParams, runtime: Runtime | None) -> EvalContext:
-        workdir = self._settings.evaluations_dir / handle
+        workdir = self._config.evaluations_dir / handle
         python = params.spec.options.get("python")
         if not isinstance(python, str) or not python:
             local = runtime is None or self._runtime_spec(params).kind is RuntimeKind.LOCAL
-            python = self._settings.local_python if local else self._settings.container_python
+            python = self._config.local_python if local else self._config.container_python
         return EvalContext(
             handle=handle,
             params=params,
@@ -159,7 +159,7 @@ class EvaluatorService:
         if timeout_s is not None and timeout_s > 0:
             return timeout_s
         from_task = opt_float(entry.ctx.options, "timeout_seconds", None)
-        return from_task if from_task else self._settings.default_timeout_s
+        return from_task if from_task else self._config.default_timeout_s
 
     async def _run(self, handle: str, entry: _Entry, artifacts: Artifacts, timeout_s: float | None) -> EvaluationResult:
         ctx = entry.ctx
@@ -243,7 +243,7 @@ class EvaluatorService:
     # -- Stored results ----------------------------------------------------------------------------------
 
     def _result_path(self, handle: str) -> Path:
-        return self._settings.evaluations_dir / handle / "result.json"
+        return self._config.evaluations_dir / handle / "result.json"
 
     def _load_result(self, handle: str) -> EvaluationResult | None:
         if "/" in handle or handle in ("", ".", ".."):
