@@ -37,7 +37,7 @@ from polar.reconstructor.v1 import reconstructor_service_pb2 as rec_pb
 from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as rec_grpc
 
 from evaluator.testing import example_spec
-from model_proxy.backends.testing.launch import free_ports
+from integration_tests.support.backends import free_ports
 from polar_client import RolloutClient, load_task
 from polar_core.channels import open_channel
 from polar_core.convert import completion_to_proto

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 
 __all__ = ["Backend"]
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from model_proxy.backends.base import Backend
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.errors import BackendUnavailable
 
 __all__ = ["BackendPool"]

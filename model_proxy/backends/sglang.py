@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from model_proxy.backends._http import error_from_response, error_from_transport, sse_events
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.errors import BackendUnavailable, MalformedRequest
 from polar_core.errors import Internal
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from polar_core.errors import Internal
 

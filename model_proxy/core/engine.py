@@ -27,7 +27,7 @@ from model_proxy.core.normalize import NormalizationRule, apply_rules
 from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimmer, TokenDecoder
 from model_proxy.core.render import ChatRenderer, RenderedPrompt
 from model_proxy.core.sessions import Session, SessionRegistry
-from model_proxy.core.types import GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
+from model_proxy.models import GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
 from model_proxy.errors import BackendTimeout, ContextLengthExceeded
 from polar_core.errors import Internal, PolarError
 from polar_core.records import CompletionRecord

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from model_proxy.backends.sglang import SGLangBackend
 from model_proxy.backends.vllm import VLLMBackend
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import (
     BackendOverloaded,
     BackendTimeout,

@@ -19,7 +19,7 @@ from model_proxy.backends import (
     VLLMBackend,
     create_backend,
 )
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendOverloaded, BackendUnavailable
 from polar_core.errors import InvalidArgument
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_proxy.backends.transformers_backend import TransformersBackend, sample_next
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from polar_core.model_fixtures.tiny_model import (
     build_tiny_model,

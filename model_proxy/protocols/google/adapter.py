@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.types import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
+from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.errors import MalformedRequest
 from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse
 from model_proxy.protocols.google.models import Content, GenerateContentRequest

@@ -1,0 +1,1 @@
+"""Helpers for integration tests that launch real processes (servers, inference engines, containers)."""
