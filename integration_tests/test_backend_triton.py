@@ -14,8 +14,8 @@ import pytest
 
 from integration_tests.support.backends import backend_venv_python, free_ports, run_pytriton
 from model_proxy.backends.triton import TritonBackend
-from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.model_fixtures.cache import save_tiny_model
 from polar_core.model_fixtures.tiny_model import generate_with_logprobs, teacher_forced_logprobs
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import create_backend
+from model_proxy.ports import Backend
 from polar_core.errors import InvalidArgument
 
 __all__ = ["PolicyModel", "load_policy", "make_backend"]

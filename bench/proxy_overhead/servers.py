@@ -25,9 +25,9 @@ from typing import Any
 
 from bench.proxy_overhead.stub import CANNED
 from model_proxy.app import ProxyApp
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import create_backend
 from model_proxy.models import GenerationChunk, GenerationRequest
+from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
 from polar_core.model_fixtures import build_tiny_tokenizer
 

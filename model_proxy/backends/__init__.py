@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import BACKEND_NAMES, create_backend
 from model_proxy.backends.pool import BackendPool
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, load_script
 from model_proxy.backends.sglang import SGLangBackend
 from model_proxy.backends.vllm import VLLMBackend
+from model_proxy.ports import Backend
 
 if TYPE_CHECKING:
     from model_proxy.backends.transformers_backend import TransformersBackend

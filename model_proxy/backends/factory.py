@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from model_proxy.backends.base import Backend
 from model_proxy.backends.pool import BackendPool
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, TextEncoder, load_script
+from model_proxy.ports import Backend
 from polar_core.errors import InvalidArgument
 
 __all__ = ["BACKEND_NAMES", "create_backend"]

@@ -20,31 +20,21 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from model_proxy.backends.base import Backend
 from model_proxy.core.events import CallResult, OutputEvent
 from model_proxy.core.gate import GenerationGate
 from model_proxy.core.normalize import NormalizationRule, apply_rules
 from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimmer, TokenDecoder
 from model_proxy.core.render import ChatRenderer, RenderedPrompt
 from model_proxy.core.sessions import Session, SessionRegistry
-from model_proxy.models import GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
 from model_proxy.errors import BackendTimeout, ContextLengthExceeded
+from model_proxy.models import EngineConfig, GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
+from model_proxy.ports import Backend
 from polar_core.errors import Internal, PolarError
 from polar_core.records import CompletionRecord
 
-__all__ = ["Call", "EngineConfig", "ProxyEngine"]
+__all__ = ["Call", "ProxyEngine"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Static limits of the engine."""
-
-    context_length: int
-    default_max_tokens: int
-    backend_timeout_s: float
-    stop_token_ids: tuple[int, ...]
 
 
 class ProxyEngine:

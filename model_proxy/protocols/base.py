@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
-from model_proxy.models import InternalRequest
 from model_proxy.errors import MalformedRequest
+from model_proxy.models import InternalRequest
 
 __all__ = ["ErrorInfo", "ParsedRequest", "ProtocolAdapter", "malformed", "sse", "text_of_parts"]
 

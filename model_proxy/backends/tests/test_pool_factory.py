@@ -19,8 +19,8 @@ from model_proxy.backends import (
     VLLMBackend,
     create_backend,
 )
-from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendOverloaded, BackendUnavailable
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import InvalidArgument
 
 

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.errors import MalformedRequest
+from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
 from model_proxy.protocols.openai_chat.models import ChatMessageIn, ChatRequest
 

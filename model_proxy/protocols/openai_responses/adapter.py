@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.errors import MalformedRequest
+from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
 from model_proxy.protocols.openai_chat.adapter import openai_error_body, parse_arguments
 from model_proxy.protocols.openai_responses.models import ResponsesRequest

@@ -1,4 +1,8 @@
-"""The inference backend seam: token IDs in, token IDs and log-probabilities out."""
+"""The model proxy's seams (``typing.Protocol``): the inference backend, token IDs in, token IDs out.
+
+Real implementations live in :mod:`model_proxy.backends`; in-memory fakes for unit tests in
+:mod:`model_proxy.testing` and ``model_proxy.backends.scripted``.
+"""
 
 from __future__ import annotations
 
