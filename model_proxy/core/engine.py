@@ -278,10 +278,33 @@ class Call:
         stop_sequence: str | None,
     ) -> CallResult:
         self._committed = True
-        req = self.request
         if len(logprobs) != len(ids):
             raise Internal(f"backend returned {len(ids)} token IDs but {len(logprobs)} logprobs")
-        record = CompletionRecord(
+        record = self._record(ids, logprobs, finish, parsed, stop_sequence)
+        alone = self.engine.gate.in_flight <= 1  # this call is the only one between the gate and its answer
+        task = asyncio.ensure_future(
+            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json, alone=alone)
+        )
+        self.engine.keep(task)
+        await asyncio.shield(task)
+        self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
+        self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
+        return CallResult(
+            call_id=self.call_id,
+            model=self.request.model,
+            parsed=parsed,
+            finish_reason=finish,
+            stop_sequence=stop_sequence,
+            prompt_tokens=len(self.rendered.token_ids),
+            completion_tokens=len(ids),
+            record=record,
+        )
+
+    def _record(
+        self, ids: list[int], logprobs: list[float], finish: str, parsed: Any, stop_sequence: str | None
+    ) -> CompletionRecord:
+        req = self.request
+        return CompletionRecord(
             session_id=self.session.session_id,
             call_id=self.call_id,
             seq=-1,
@@ -315,24 +338,6 @@ class Call:
                 "backend": self.engine.backend.name,
                 "replica": "",
             },
-        )
-        alone = self.engine.gate.in_flight <= 1  # this call is the only one between the gate and its answer
-        task = asyncio.ensure_future(
-            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json, alone=alone)
-        )
-        self.engine.keep(task)
-        await asyncio.shield(task)
-        self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
-        self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
-        return CallResult(
-            call_id=self.call_id,
-            model=req.model,
-            parsed=parsed,
-            finish_reason=finish,
-            stop_sequence=stop_sequence,
-            prompt_tokens=len(self.rendered.token_ids),
-            completion_tokens=len(ids),
-            record=record,
         )
 
     def cleanup(self) -> None:
