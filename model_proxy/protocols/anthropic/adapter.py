@@ -11,9 +11,16 @@ from pydantic import ValidationError
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
 from model_proxy.errors import MalformedRequest
-from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
+from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.anthropic.models import Block, MessagesRequest
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
+from model_proxy.protocols.base import (
+    ErrorInfo,
+    ParsedRequest,
+    internal_request,
+    malformed,
+    sse,
+    text_of_parts,
+)
 
 __all__ = ["AnthropicAdapter"]
 
@@ -214,15 +221,15 @@ class AnthropicAdapter:
             max_tokens=req.max_tokens,
             stop=tuple(req.stop_sequences or ()),
         )
-        internal = InternalRequest(
-            protocol=self.protocol,
-            model=req.model,
-            messages=messages,
-            tools=tools,
-            sampling=sampling,
+        internal = internal_request(
+            self.protocol,
+            req.model,
+            messages,
+            tools,
+            sampling,
             stream=req.stream,
+            ignored=ignored,
             tool_choice=tool_choice,
-            normalized={"ignored": ignored} if ignored else {},
         )
         return ParsedRequest(req, internal)
 

@@ -20,9 +20,15 @@ from pydantic import ValidationError
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
 from model_proxy.errors import MalformedRequest
-from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
-from model_proxy.protocols.openai_chat.adapter import openai_error_body, parse_arguments
+from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
+from model_proxy.protocols.base import (
+    ErrorInfo,
+    ParsedRequest,
+    malformed,
+    sse,
+    text_of_parts,
+)
+from model_proxy.protocols.openai_chat.adapter import openai_error_body, openai_internal_request, parse_arguments
 from model_proxy.protocols.openai_responses.items import (
     Context,
     ToolKind,
@@ -179,17 +185,7 @@ class OpenAIResponsesAdapter:
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=req.max_output_tokens,
         )
-        tool_choice = req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None else "function"
-        internal = InternalRequest(
-            protocol=self.protocol,
-            model=req.model,
-            messages=messages,
-            tools=tools,
-            sampling=sampling,
-            stream=bool(req.stream),
-            tool_choice=tool_choice,
-            normalized={"ignored": ignored} if ignored else {},
-        )
+        internal = openai_internal_request(self.protocol, req, messages, tools, sampling, ignored)
         return ParsedRequest(Context(req, kinds), internal)
 
     # ----- answers -----------------------------------------------------------------------------------
