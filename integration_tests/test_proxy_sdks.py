@@ -85,7 +85,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[ProxyStack]:
         yield proxy
     finally:
         await proxy.close_clients()
-        await channel.close()
+        await channel.close(None)
         await running.stop(None)
 
 
