@@ -19,19 +19,6 @@ __all__ = ["GatewaySeams", "create_server", "main", "start_server"]
 _SERVICE = gateway_service_pb2.DESCRIPTOR.services_by_name["GatewayService"]
 
 
-class _RunningGateway(RunningService[GatewayApp]):
-    """A running gateway whose ``stop(grace)`` first lets running sessions tear down within ``grace``.
-
-    The sessions are cancelled while the gRPC server still answers (GetSession, WatchSessions see them end),
-    as before this server was a :class:`~polar_core.server.RunningService`; then serving stops and the app
-    closes.
-    """
-
-    async def stop(self, grace: float | None = None) -> None:
-        await self.app.shut_down(grace if grace is not None else 0.0)
-        await super().stop(grace)
-
-
 async def start_server(
     settings: GatewaySettings,
     *,
@@ -56,7 +43,7 @@ async def start_server(
         await app.close()
         raise
     app.serving(port)
-    return _RunningGateway(server, port, app)
+    return RunningService(server, port, app, drain=app.shut_down)
 
 
 async def create_server(

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from model_proxy.backends.testing.launch import backend_venv_python, free_ports, run_vllm
+from integration_tests.support.backends import backend_venv_python, free_ports, run_vllm
 from model_proxy.backends.vllm import VLLMBackend
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.model_fixtures.cache import save_tiny_model
 from polar_core.model_fixtures.tiny_model import teacher_forced_logprobs
 

@@ -36,9 +36,9 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 from polar.reconstructor.v1 import reconstructor_service_pb2 as rec_pb
 from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as rec_grpc
 
+from integration_tests.support.backends import free_ports
 from integration_tests.support.docker import PrivateDockerd, ensure_python_image, start_private_dockerd
 from integration_tests.support.evaluator import example_spec
-from model_proxy.backends.testing.launch import free_ports
 from polar_client import RolloutClient, load_task
 from polar_core.channels import open_channel
 from polar_core.convert import completion_to_proto

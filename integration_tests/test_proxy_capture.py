@@ -14,10 +14,10 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
 from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
-from model_proxy.servicer import registration
+from model_proxy.server import start_server
 from model_proxy.settings import ProxySettings
 from polar_core.model_fixtures import build_tiny_tokenizer
-from polar_core.server import start_grpc_server
+from polar_core.server import RunningService
 
 TOOL_TURN = (
     '<think>\nI need the file.\n</think>\n\nReading it.\n<tool_call>\n{"name": "read_file", '
@@ -64,28 +64,26 @@ def _calls() -> dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]]:
 class Stack:
     """A started proxy (HTTP + gRPC) on ``state_dir`` with the scripted backend."""
 
-    def __init__(self, app: ProxyApp, server: Any, channel: grpc.aio.Channel) -> None:
-        self.app = app
-        self.server = server
+    def __init__(self, running: RunningService[ProxyApp], channel: grpc.aio.Channel) -> None:
+        self.running = running
+        self.app = running.app
         self.channel = channel
         self.stub = pb_grpc.ModelProxyServiceStub(channel)
-        self.http = httpx.AsyncClient(base_url=app.base_url, timeout=30)
+        self.http = httpx.AsyncClient(base_url=self.app.base_url, timeout=30)
 
     @classmethod
     async def start(cls, state_dir: Path) -> Stack:
         tok = build_tiny_tokenizer()
         eot: Any = tok.convert_tokens_to_ids("<|im_end|>")
         backend = ScriptedBackend(SCRIPT, tok, end_of_turn_id=eot, chunk_size=2)
-        app = ProxyApp(ProxySettings(state_dir=state_dir), backend, tok)  # fsync on: the default
-        await app.start()
-        server, port = await start_grpc_server([registration(app)], host="127.0.0.1", port=0)
-        return cls(app, server, grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+        settings = ProxySettings(state_dir=state_dir)  # fsync on: the default
+        running = await start_server(settings, backend=backend, tokenizer=tok)
+        return cls(running, grpc.aio.insecure_channel(f"127.0.0.1:{running.port}"))
 
     async def stop(self) -> None:
         await self.http.aclose()
         await self.channel.close(None)
-        await self.server.stop(None)
-        await self.app.stop()
+        await self.running.stop(None)
 
     async def token(self, session_id: str) -> str:
         reply = await self.stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, model="policy"))

@@ -20,10 +20,10 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
 from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
-from model_proxy.servicer import registration
+from model_proxy.server import start_server
 from model_proxy.settings import ProxySettings
 from polar_core.model_fixtures import build_tiny_tokenizer
-from polar_core.server import start_grpc_server
+from polar_core.server import RunningService
 
 TOOL_TURN = (
     '<think>\nI need the file.\n</think>\n\nReading it.\n<tool_call>\n{"name": "read_file", '
@@ -66,28 +66,27 @@ class ProxyStack:
         return list(reply.completions)
 
 
-async def start_proxy_stack(state_dir: Path, script: list[ScriptTurn]) -> tuple[ProxyStack, Any, Any]:
-    """Start the proxy's HTTP app and gRPC servicer on port 0; returns the stack, server and channel."""
+async def start_proxy_stack(
+    state_dir: Path, script: list[ScriptTurn]
+) -> tuple[ProxyStack, RunningService[ProxyApp], grpc.aio.Channel]:
+    """Start the proxy (HTTP API and gRPC) on port 0; returns the stack, the running service and a channel."""
     tok = build_tiny_tokenizer()
     eot: Any = tok.convert_tokens_to_ids("<|im_end|>")
     backend = ScriptedBackend(script, tok, end_of_turn_id=eot, chunk_size=3)
-    app = ProxyApp(ProxySettings(state_dir=state_dir), backend, tok)
-    await app.start()
-    server, port = await start_grpc_server([registration(app)], host="127.0.0.1", port=0)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return ProxyStack(app, pb_grpc.ModelProxyServiceStub(channel), backend), server, channel
+    running = await start_server(ProxySettings(state_dir=state_dir), backend=backend, tokenizer=tok)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    return ProxyStack(running.app, pb_grpc.ModelProxyServiceStub(channel), backend), running, channel
 
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[ProxyStack]:
-    proxy, server, channel = await start_proxy_stack(tmp_path, SCRIPT)
+    proxy, running, channel = await start_proxy_stack(tmp_path, SCRIPT)
     try:
         yield proxy
     finally:
         await proxy.close_clients()
-        await channel.close()
-        await server.stop(None)
-        await proxy.app.stop()
+        await channel.close(None)
+        await running.stop(None)
 
 
 def _check_records(records: list[Any], protocol: str) -> None:

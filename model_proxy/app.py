@@ -1,7 +1,9 @@
 """The model proxy as one object: sessions, engine and the provider HTTP server (uvicorn, own port).
 
-``model_proxy.server`` (gRPC) constructs a :class:`ProxyApp`, starts it, and registers
-:class:`~model_proxy.servicer.ModelProxyServicer` over it.
+:meth:`ProxyApp.open` builds everything from :class:`~model_proxy.settings.ProxySettings` (the policy's
+tokenizer, the backend, the session store, the engine and its typed :class:`~model_proxy.models.EngineConfig`)
+and starts it; ``model_proxy.server`` registers :class:`~model_proxy.servicer.ModelProxyServicer` over it.
+Tests and embedders that bring their own backend construct :class:`ProxyApp` and call :meth:`ProxyApp.start`.
 """
 
 from __future__ import annotations
@@ -10,23 +12,20 @@ import asyncio
 import gc
 import logging
 import socket
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 
-from model_proxy.backends.base import Backend
-from model_proxy.core.engine import EngineConfig, ProxyEngine
-from model_proxy.core.normalize import build_rules
-from model_proxy.core.parsing import create_parser
-from model_proxy.core.render import ChatRenderer
-from model_proxy.core.sessions import SessionRegistry
-from model_proxy.core.store import SessionStore
+from model_proxy.core import ChatRenderer, ProxyEngine, SessionRegistry, SessionStore, build_rules, create_parser
 from model_proxy.http.app import ProxyHttp
+from model_proxy.models import EngineConfig
+from model_proxy.policy import load_policy, make_backend
+from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
 from polar_core.errors import FailedPrecondition
 
-__all__ = ["ProxyApp", "resolve_context_length", "stop_token_ids"]
+__all__ = ["ProxyApp", "engine_config", "resolve_context_length", "stop_token_ids"]
 
 _log = logging.getLogger(__name__)
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
@@ -54,6 +53,28 @@ def resolve_context_length(settings: ProxySettings, backend: Backend, tokenizer:
     return 32768
 
 
+def engine_config(settings: ProxySettings, backend: Backend, tokenizer: Any) -> EngineConfig:
+    """The engine's typed configuration from the settings, the backend and the tokenizer."""
+    return EngineConfig(
+        context_length=resolve_context_length(settings, backend, tokenizer),
+        default_max_tokens=settings.default_max_tokens,
+        backend_timeout_s=settings.backend_timeout_s,
+        stop_token_ids=stop_token_ids(tokenizer),
+    )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this on Linux: no Nagle delay between SSE events or response parts.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
 class ProxyApp:
     """Sessions, the call engine and the provider HTTP server of one proxy process."""
 
@@ -77,7 +98,6 @@ class ProxyApp:
         self.backend = backend
         store = SessionStore(settings.state_dir / "proxy", fsync=settings.fsync)
         self.registry = SessionRegistry(store, prefix_cache_entries=settings.prefix_cache_entries)
-        tracer = tracer_provider.get_tracer("model_proxy") if tracer_provider is not None else None
         self.engine = ProxyEngine(
             backend=backend,
             tokenizer=tokenizer,
@@ -85,14 +105,9 @@ class ProxyApp:
             parser=create_parser(settings.tool_call_parser),
             rules=build_rules(settings.normalization_rules, settings.strip_system_line_patterns),
             registry=self.registry,
-            config=EngineConfig(
-                context_length=resolve_context_length(settings, backend, tokenizer),
-                default_max_tokens=settings.default_max_tokens,
-                backend_timeout_s=settings.backend_timeout_s,
-                stop_token_ids=stop_token_ids(tokenizer),
-            ),
+            config=engine_config(settings, backend, tokenizer),
             policy_version=settings.policy_version,
-            tracer=tracer,
+            tracer=tracer_provider.get_tracer("model_proxy") if tracer_provider is not None else None,
         )
         self.http = ProxyHttp(
             self.engine,
@@ -105,6 +120,32 @@ class ProxyApp:
         self._sock: socket.socket | None = None
         self.http_port = 0
 
+    @classmethod
+    async def open(
+        cls,
+        settings: ProxySettings,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        backend: Backend | None = None,
+        tokenizer: Any | None = None,
+    ) -> Self:
+        """Load the policy, build the backend from the settings and start the proxy.
+
+        Args:
+            settings: Proxy settings (``model``, ``backend`` and ``backend_options`` pick the policy and backend).
+            tracer_provider: Provider for spans; None uses the global one.
+            backend: A backend to use instead of the one the settings name.
+            tokenizer: The policy's tokenizer, when the caller has it loaded already.
+        """
+        if backend is None or tokenizer is None:
+            weights = backend is None and settings.backend == "transformers"
+            policy = await asyncio.to_thread(load_policy, settings.model, with_weights=weights)
+            tokenizer = policy.tokenizer if tokenizer is None else tokenizer
+            backend = make_backend(settings.backend, settings.backend_options, policy) if backend is None else backend
+        app = cls(settings, backend, tokenizer, tracer_provider=tracer_provider)
+        await app.start()
+        return app
+
     @property
     def base_url(self) -> str:
         """The base URL harnesses use (``public_base_url`` or ``http://host:port``)."""
@@ -115,22 +156,20 @@ class ProxyApp:
             host = f"[{host}]"
         return f"http://{host}:{self.http_port}"
 
+    @property
+    def drain_timeout_s(self) -> float:
+        """How long ``PauseGeneration`` waits for in-flight calls to finish."""
+        return self.settings.drain_timeout_s
+
     async def start(self) -> int:
-        """Load stored sessions, start the backend and the HTTP server; returns the HTTP port."""
+        """Load stored sessions, start the backend and the HTTP server; returns the HTTP port (idempotent)."""
         if self._server is not None:
             return self.http_port
         loaded = await asyncio.to_thread(self.registry.load)
         if loaded:
             _log.info("loaded %d stored sessions", loaded)
         await self.backend.start()
-        family = socket.AF_INET6 if ":" in self.settings.http_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted sockets inherit this on Linux: no Nagle delay between SSE events or response parts.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((self.settings.http_host, self.settings.http_port))
-        sock.listen(2048)
-        sock.setblocking(False)
+        sock = _listen(self.settings.http_host, self.settings.http_port)
         config = uvicorn.Config(
             self.http.app,
             log_level="warning",
@@ -154,7 +193,7 @@ class ProxyApp:
         self._main = asyncio.create_task(server.main_loop())
         return self.http_port
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         """Stop the HTTP server and close the backend (idempotent)."""
         server, self._server = self._server, None
         if server is not None:
@@ -163,3 +202,7 @@ class ProxyApp:
                 await self._main
             await server.shutdown(sockets=[self._sock] if self._sock else None)
         await self.backend.close()
+
+    async def stop(self) -> None:
+        """The same as :meth:`close`, for callers that pair it with :meth:`start`."""
+        await self.close()

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import create_backend
+from model_proxy.ports import Backend
 from polar_core.errors import InvalidArgument
 
 __all__ = ["PolicyModel", "load_policy", "make_backend"]
@@ -55,21 +55,9 @@ def load_policy(model: str, *, with_weights: bool) -> PolicyModel:
 
 
 def make_backend(name: str, options: Mapping[str, Any], policy: PolicyModel) -> Backend:
-    """Create the backend; the in-process one samples from the already-loaded policy weights."""
-    if name == "transformers" and "model_dir" not in options:
-        from model_proxy.backends.transformers_backend import TransformersBackend
+    """Create the backend; the in-process one samples from the already-loaded policy weights.
 
-        if policy.weights is None:
-            raise InvalidArgument("the transformers backend needs the policy's weights")
-        extra = sorted(set(options) - {"device", "dtype", "max_context", "chunk_size"})
-        if extra:
-            raise InvalidArgument(f"backend 'transformers' has no option(s) {extra}")
-        max_context = options.get("max_context")
-        return TransformersBackend(
-            policy.weights,
-            device=options.get("device"),
-            dtype=options.get("dtype"),
-            max_context=int(max_context) if max_context is not None else None,
-            chunk_size=int(options.get("chunk_size", 4)),
-        )
-    return create_backend(name, options, policy.tokenizer)
+    Raises:
+        InvalidArgument: See :func:`~model_proxy.backends.factory.create_backend`.
+    """
+    return create_backend(name, options, policy.tokenizer, weights=policy.weights)

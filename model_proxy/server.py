@@ -1,39 +1,56 @@
-"""gRPC server of the ModelProxyService, with the provider HTTP API on its own port."""
+"""gRPC server of the ModelProxyService, with the provider HTTP API on its own port (wiring only)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.app import ProxyApp
-from model_proxy.policy import load_policy, make_backend
+from model_proxy.ports import Backend
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar_core.server import ManagedServer, run_until_signal, start_service_server
+from polar_core.server import RunningService, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 
-__all__ = ["create_server", "main"]
+__all__ = ["create_server", "main", "start_server"]
+
+
+async def start_server(
+    settings: ProxySettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    backend: Backend | None = None,
+    tokenizer: Any | None = None,
+) -> RunningService[ProxyApp]:
+    """Open the :class:`ProxyApp` (policy, backend, HTTP API), then serve it over gRPC.
+
+    Args:
+        settings: Proxy settings.
+        tracer_provider: Provider for spans; None uses the global one.
+        backend: A backend to use instead of the one the settings name (tests).
+        tokenizer: The policy's tokenizer, when the caller has it loaded already.
+
+    Returns:
+        The running service; stopping it also stops the HTTP API and closes the backend.
+    """
+    app = await ProxyApp.open(settings, tracer_provider=tracer_provider, backend=backend, tokenizer=tokenizer)
+    try:
+        server, port = await start_service_server([registration(app)], settings, tracer_provider=tracer_provider)
+    except BaseException:
+        await app.close()
+        raise
+    return RunningService(server, port, app)
 
 
 async def create_server(
     settings: ProxySettings, *, tracer_provider: TracerProvider | None = None
 ) -> tuple[grpc.aio.Server, int]:
-    """Load the policy, start the backend and the HTTP API, then the gRPC server; return it and its port.
-
-    Stopping the returned server also stops the HTTP API and closes the backend.
-    """
-    policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
-    backend = make_backend(settings.backend, settings.backend_options, policy)
-    app = ProxyApp(settings, backend, policy.tokenizer, tracer_provider=tracer_provider)
-    await app.start()
-    try:
-        server, port = await start_service_server([registration(app)], settings, tracer_provider=tracer_provider)
-    except BaseException:
-        await app.stop()
-        raise
-    return ManagedServer(server, app.stop).as_server(), port
+    """Start the proxy (:func:`start_server`); return its gRPC server, whose ``stop`` closes the app, and port."""
+    running = await start_server(settings, tracer_provider=tracer_provider)
+    return running.as_grpc_server(), running.port
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The gRPC ModelProxyService: a thin layer converting protobuf to calls on :class:`ProxyApp`."""
+"""The gRPC ModelProxyService: a thin layer converting protobuf (:mod:`model_proxy.convert`) to app calls."""
 
 from __future__ import annotations
 
@@ -6,20 +6,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 from opentelemetry import trace
 from polar.proxy.v1 import model_proxy_service_pb2 as pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
+from model_proxy import convert
 from model_proxy.app import ProxyApp
-from polar_core.convert import completion_to_proto
 from polar_core.errors import InvalidArgument
 from polar_core.server import ServiceRegistration
 
 __all__ = ["ModelProxyServicer", "registration"]
-
-_DEFAULT_PAGE = 100
-_MAX_PAGE = 1000
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -32,21 +28,17 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context: Context) -> pb.OpenSessionResponse:
         """Open (or reopen) a session and hand out its token and base URLs."""
-        metadata = json_format.MessageToDict(request.metadata) if request.HasField("metadata") else {}
         session, token = await self._app.registry.open(
-            request.session_id, request.model, policy_version=request.policy_version, metadata=metadata
+            request.session_id,
+            request.model,
+            policy_version=request.policy_version,
+            metadata=convert.session_metadata(request),
         )
         current = trace.get_current_span().get_span_context()
         if current.is_valid:
             # Only the span's identity is kept (not the span), so the harness's calls join the caller's trace.
             session.trace_context = trace.set_span_in_context(trace.NonRecordingSpan(current))
-        base = self._app.base_url
-        return pb.OpenSessionResponse(
-            session_token=token,
-            anthropic_base_url=base,
-            openai_base_url=f"{base}/v1",
-            google_base_url=base,
-        )
+        return convert.open_session_response(token, self._app.base_url)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
         """Close a session; its completions stay readable."""
@@ -56,21 +48,7 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     async def ListCompletions(self, request: pb.ListCompletionsRequest, context: Context) -> pb.ListCompletionsResponse:
         """Page through a session's completions in seq order."""
         session = self._app.registry.get(request.session_id)
-        try:
-            start = int(request.page_token) if request.page_token else 0
-        except ValueError:
-            raise InvalidArgument("malformed page_token") from None
-        if start < 0:
-            raise InvalidArgument("malformed page_token")
-        size = min(request.page_size or _DEFAULT_PAGE, _MAX_PAGE)
-        if size < 0:
-            raise InvalidArgument("page_size must not be negative")
-        page = session.records[start : start + size]
-        end = start + len(page)
-        next_token = str(end) if end < len(session.records) else ""
-        return pb.ListCompletionsResponse(
-            completions=[completion_to_proto(r) for r in page], next_page_token=next_token
-        )
+        return convert.completions_page_to_proto(session.records, convert.page_from_proto(request))
 
     async def WatchCompletions(
         self, request: pb.WatchCompletionsRequest, context: Context
@@ -78,7 +56,7 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
         """Stream completions from ``from_seq``; ends when the session is closed and drained."""
         self._app.registry.get(request.session_id)
         async for record in self._app.registry.watch(request.session_id, request.from_seq):
-            yield pb.WatchCompletionsResponse(completion=completion_to_proto(record))
+            yield convert.watch_response(record)
 
     async def SetPolicyVersion(
         self, request: pb.SetPolicyVersionRequest, context: Context
@@ -93,7 +71,7 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     async def PauseGeneration(self, request: pb.PauseGenerationRequest, context: Context) -> pb.PauseGenerationResponse:
         """Hold new calls and drain (or abort) the ones in flight."""
         in_flight, aborted = await self._app.engine.gate.pause(
-            abort_in_flight=request.abort_in_flight, drain_timeout_s=self._app.settings.drain_timeout_s
+            abort_in_flight=request.abort_in_flight, drain_timeout_s=self._app.drain_timeout_s
         )
         return pb.PauseGenerationResponse(in_flight=in_flight, aborted=aborted)
 

@@ -22,7 +22,6 @@ from polar_core.settings import ServiceSettings
 from polar_core.tls import TlsFiles, server_credentials
 
 __all__ = [
-    "ManagedServer",
     "RunningService",
     "ServiceApp",
     "ServiceRegistration",
@@ -138,10 +137,15 @@ class RunningService(Generic[AppT]):
     server: grpc.aio.Server
     port: int
     app: AppT
+    drain: Callable[[float], Awaitable[None]] | None = None
+    """Called with the grace before serving stops, while the server still answers (the gateway tears its
+    running sessions down there, so watchers see them end)."""
     _stopped: bool = dataclasses.field(default=False, init=False, repr=False)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop serving (letting calls finish within ``grace``), then close the app; idempotent."""
+        """Drain (if set), stop serving (letting calls finish within ``grace``), then close the app; idempotent."""
+        if self.drain is not None and not self._stopped:
+            await self.drain(grace if grace is not None else 0.0)
         await self.server.stop(grace)
         if not self._stopped:
             self._stopped = True
@@ -175,31 +179,6 @@ class _OwningServer(grpc.aio.Server):
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 (grpc's API)
         return await self.running.server.wait_for_termination(timeout)
-
-
-class ManagedServer:  # TODO(#10): removed once every service returns RunningService
-    """A gRPC server whose ``stop`` also releases what the service holds (stores, runtimes, HTTP apps).
-
-    ``create_server`` returns one of these where a service owns resources beyond the gRPC server, so callers
-    (``polar serve``, tests) stop everything with the one ``await server.stop(grace)`` they already make.
-    Every other attribute is the wrapped server's.
-    """
-
-    def __init__(self, server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]]) -> None:
-        self._server = server
-        self._on_stop = on_stop
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
-
-    async def stop(self, grace: float | None) -> None:
-        """Stop serving (letting calls finish within ``grace``), then release the service's resources."""
-        await self._server.stop(grace)
-        await self._on_stop()
-
-    def as_server(self) -> grpc.aio.Server:
-        """This object typed as the server it wraps (it answers every server method)."""
-        return self  # type: ignore[return-value]
 
 
 async def start_service_server(

@@ -15,15 +15,12 @@ order.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Self
-
-import grpc
 
 from polar_core.errors import Unavailable
 from polar_core.server import RunningService
@@ -87,42 +84,6 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
         return tuple(vocab[n] for n in names)
     eos = getattr(tokenizer, "eos_token_id", None)
     return (eos,) if isinstance(eos, int) else ()
-
-
-class _ProxyApp:
-    """The model proxy's app as a :class:`~polar_core.server.ServiceApp` (``close`` stops it)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def close(self) -> None:
-        await self.app.stop()
-
-
-async def _start_proxy(settings: Any) -> tuple[RunningService[_ProxyApp], Any]:
-    """Start the model proxy as ``model_proxy.server.create_server`` does, keeping the policy's tokenizer."""
-    from model_proxy.app import ProxyApp
-    from model_proxy.policy import load_policy, make_backend
-    from model_proxy.servicer import registration
-    from polar_core.server import start_grpc_server
-
-    tracer_provider = create_tracer_provider("proxy")
-    policy = await asyncio.to_thread(load_policy, settings.model, with_weights=settings.backend == "transformers")
-    backend = make_backend(settings.backend, settings.backend_options, policy)
-    app = ProxyApp(settings, backend, policy.tokenizer, tracer_provider=tracer_provider)
-    await app.start()
-    try:
-        server, port = await start_grpc_server(
-            [registration(app)],
-            host=settings.host,
-            port=settings.port,
-            tracer_provider=tracer_provider,
-            auth_token=settings.auth_token,
-        )
-    except BaseException:
-        await app.stop()
-        raise
-    return RunningService(server, port, _ProxyApp(app)), policy.tokenizer
 
 
 class _LateSink:
@@ -206,11 +167,13 @@ class EmbeddedStack:
     async def start(cls, options: StackOptions) -> AsyncIterator[Self]:
         """Start the five services, yield the stack, and stop them all (also on errors and cancellation)."""
         # Imported here: each pulls in its service (the proxy pulls in transformers) only when a stack starts.
+        from evaluator.server import start_server as start_evaluator
         from evaluator.settings import EvaluatorSettings
+        from gateway.app import GatewaySeams
         from gateway.clients import GrpcResultSink
-        from gateway.server import GatewaySeams
-        from gateway.server import create_server as create_gateway
-        from polar_run.serve import service_spec
+        from gateway.server import start_server as start_gateway
+        from model_proxy.server import start_server as start_proxy
+        from reconstructor.server import start_server as start_reconstructor
         from reconstructor.settings import ReconstructorSettings
         from rollout_server.server import start_server as start_rollout
 
@@ -219,39 +182,41 @@ class EmbeddedStack:
         ports: dict[str, int] = {}
         async with contextlib.AsyncExitStack() as stack:
 
-            def stopping(server: grpc.aio.Server) -> None:
-                stack.push_async_callback(server.stop, _STOP_GRACE_S)
+            def stopping(service: RunningService[Any]) -> int:
+                stack.push_async_callback(service.stop, _STOP_GRACE_S)
+                return service.port
 
-            proxy, tokenizer = await _start_proxy(_proxy_settings(options, state, token))
-            stack.push_async_callback(proxy.stop, _STOP_GRACE_S)
-            ports["proxy"] = proxy.port
-            recon, ports["reconstructor"] = await service_spec("reconstructor").start(
+            proxy = await start_proxy(
+                _proxy_settings(options, state, token), tracer_provider=create_tracer_provider("proxy")
+            )
+            ports["proxy"] = stopping(proxy)
+            recon = await start_reconstructor(
                 ReconstructorSettings(
                     host=_HOST,
                     state_dir=state / "reconstructor",
                     auth_token=token,
-                    end_of_turn_ids=end_of_turn_ids(tokenizer),
+                    end_of_turn_ids=end_of_turn_ids(proxy.app.engine.tokenizer),
                 ),
-                create_tracer_provider("reconstructor"),
+                tracer_provider=create_tracer_provider("reconstructor"),
             )
-            stopping(recon)
-            evaluator, ports["evaluator"] = await service_spec("evaluator").start(
+            ports["reconstructor"] = stopping(recon)
+            evaluator = await start_evaluator(
                 EvaluatorSettings(host=_HOST, state_dir=state / "evaluator", auth_token=token),
-                create_tracer_provider("evaluator"),
+                tracer_provider=create_tracer_provider("evaluator"),
             )
-            stopping(evaluator)
+            ports["evaluator"] = stopping(evaluator)
             sink = _LateSink()
-            gateway, ports["gateway"] = await create_gateway(
+            gateway = await start_gateway(
                 _gateway_settings(options, state, token, ports),
                 tracer_provider=create_tracer_provider("gateway"),
                 seams=GatewaySeams(sink=sink),
             )
-            stopping(gateway)
+            ports["gateway"] = stopping(gateway)
             rollout = await start_rollout(
                 _rollout_settings(options, state, token, ports["gateway"]),
                 tracer_provider=create_tracer_provider("rollout"),
             )
-            stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
+            stopping(rollout)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink

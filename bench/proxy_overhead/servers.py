@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.proxy_overhead.stub import CANNED
+from integration_tests.support.backends import free_ports
 from model_proxy.app import ProxyApp
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import create_backend
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
+from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
 from polar_core.model_fixtures import build_tiny_tokenizer
 
@@ -85,19 +86,12 @@ def start_child(*args: str) -> Child:
     return Child([sys.executable, "-m", *args])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class LiteLLM:
     """LiteLLM's proxy (``litellm --config``) in front of the stub, one worker."""
 
     def __init__(self, stub_port: int, workdir: Path) -> None:
         self.key = "sk-bench-" + secrets.token_hex(16)
-        self.port = _free_port()
+        (self.port,) = free_ports(1)
         config = workdir / "litellm.yaml"
         config.write_text(
             "model_list:\n"

@@ -1,5 +1,8 @@
 """Inference backends of the model proxy: token IDs in, token IDs and log-probabilities out.
 
+Each implements :class:`~model_proxy.ports.Backend` (re-exported here); :func:`create_backend` builds one from
+its name and options, validated into the kind's frozen options model (:mod:`model_proxy.backends.options`).
+
 ``TritonBackend`` and ``TransformersBackend`` are imported on first use, so importing this package needs
 neither ``tritonclient`` nor ``torch``.
 """
@@ -9,12 +12,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from model_proxy.backends.base import Backend
 from model_proxy.backends.factory import BACKEND_NAMES, create_backend
+from model_proxy.backends.options import (
+    BackendOptions,
+    ScriptedOptions,
+    SGLangOptions,
+    TransformersOptions,
+    TritonOptions,
+    VLLMOptions,
+    parse_options,
+)
 from model_proxy.backends.pool import BackendPool
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, load_script
 from model_proxy.backends.sglang import SGLangBackend
 from model_proxy.backends.vllm import VLLMBackend
+from model_proxy.ports import Backend
 
 if TYPE_CHECKING:
     from model_proxy.backends.transformers_backend import TransformersBackend
@@ -23,16 +35,23 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND_NAMES",
     "Backend",
+    "BackendOptions",
     "BackendPool",
     "SGLangBackend",
+    "SGLangOptions",
     "ScriptTurn",
     "ScriptedBackend",
+    "ScriptedOptions",
     "TransformersBackend",
+    "TransformersOptions",
     "TritonBackend",
+    "TritonOptions",
     "TritonTensorNames",
     "VLLMBackend",
+    "VLLMOptions",
     "create_backend",
     "load_script",
+    "parse_options",
 ]
 
 _LAZY = {

@@ -1,11 +1,16 @@
-"""Shared plumbing of the HTTP backends (vLLM, SGLang): error mapping and server-sent events."""
+"""Shared plumbing of the HTTP backends (vLLM, SGLang): the client lifecycle, the call, error mapping, SSE.
+
+:class:`HttpBackend` owns everything but the wire format: a subclass names its ``path`` and turns a
+:class:`~model_proxy.models.GenerationRequest` into a body, a whole answer into one chunk and a stream of
+server-sent events into chunks.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -16,9 +21,10 @@ from model_proxy.errors import (
     ContextLengthExceeded,
     MalformedRequest,
 )
+from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import PolarError
 
-__all__ = ["error_from_response", "error_from_transport", "retry_after", "sse_events"]
+__all__ = ["HttpBackend", "error_from_response", "error_from_transport", "retry_after", "sse_events"]
 
 _DEFAULT_RETRY_AFTER_S = 1.0
 _CONTEXT_HINTS = ("context length", "max_model_len", "context_length", "maximum context", "too long", "longer than")
@@ -122,4 +128,110 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     if data and data != ["[DONE]"]:
         event = json.loads("\n".join(data))
         if isinstance(event, dict):
+            yield event
+
+
+class HttpBackend:
+    """Base of the backends that call an inference server over HTTP (one ``POST`` per call).
+
+    Attributes:
+        name: The backend kind (set by the subclass).
+        base_url: The server's root URL.
+    """
+
+    name: str
+    path: ClassVar[str]
+    """The generation endpoint, e.g. ``/v1/completions``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        connect_timeout_s: float,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def _server(self) -> str:
+        return f"{self.name} at {self.base_url}"
+
+    async def start(self) -> None:
+        """Open the HTTP client; idempotent."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=self._transport
+            )
+
+    async def close(self) -> None:
+        """Close the HTTP client; idempotent."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def healthy(self) -> bool:
+        """Whether ``/health`` answers 200."""
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
+        """The JSON body of the call (``client`` lets a subclass ask the server first)."""
+        raise NotImplementedError
+
+    def _whole(self, payload: Any) -> GenerationChunk:
+        """The one chunk of a non-streaming answer."""
+        raise NotImplementedError
+
+    def _stream(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[GenerationChunk]:
+        """The chunks of a streaming answer; the call ends at the first one with a finish reason."""
+        raise NotImplementedError
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Sample a response.
+
+        Raises:
+            BackendUnavailable: The server cannot be reached or failed (5xx, 503 with retry hint).
+            BackendOverloaded: 429.
+            BackendTimeout: The call ran past the read timeout.
+            ContextLengthExceeded: The prompt (and ``max_tokens``) do not fit the model's context.
+            MalformedRequest: Other 4xx answers.
+        """
+        client = self._client
+        if client is None:
+            raise BackendUnavailable(f"{self._server}: backend not started")
+        body = await self._body(client, request)
+        try:
+            async with client.stream("POST", self.path, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise error_from_response(
+                        response, server=self._server, prompt_tokens=len(request.prompt_token_ids)
+                    )
+                if not request.stream:
+                    await response.aread()
+                    yield self._whole(response.json())
+                    return
+                async for chunk in self._stream(self._events(response)):
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        return
+                raise BackendUnavailable(f"{self._server}: the stream ended without a finish reason")
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, server=self._server) from exc
+
+    async def _events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        async for event in sse_events(response):
+            if "error" in event:
+                raise BackendUnavailable(f"{self._server} failed mid-stream: {event['error']}")
             yield event

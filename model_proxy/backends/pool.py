@@ -1,4 +1,4 @@
-"""Several replicas of one backend behind one :class:`~model_proxy.backends.base.Backend`.
+"""Several replicas of one backend behind one :class:`~model_proxy.ports.Backend`.
 
 Routing: a call with an ``affinity_key`` (the session id) goes to the replica that a consistent-hash ring
 (rendezvous hashing) picks for that key, so a session's calls share one server's prefix cache; replicas added
@@ -16,9 +16,9 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from model_proxy.backends.base import Backend
-from model_proxy.core.types import GenerationChunk, GenerationRequest
 from model_proxy.errors import BackendUnavailable
+from model_proxy.models import GenerationChunk, GenerationRequest
+from model_proxy.ports import Backend
 
 __all__ = ["BackendPool"]
 

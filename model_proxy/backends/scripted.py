@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest
 from model_proxy.errors import MalformedRequest, ScriptExhausted
+from model_proxy.models import GenerationChunk, GenerationRequest
 
 __all__ = ["ScriptTurn", "ScriptedBackend", "TextEncoder", "load_script", "scripted_logprob"]
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from model_proxy.backends._http import error_from_response, error_from_transport, sse_events
-from model_proxy.core.types import GenerationChunk, GenerationRequest
-from model_proxy.errors import BackendUnavailable, MalformedRequest
+from model_proxy.backends._http import HttpBackend
+from model_proxy.errors import MalformedRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import Internal
 
 __all__ = ["SGLangBackend"]
@@ -38,7 +38,7 @@ def _finish_reason(meta: Mapping[str, Any]) -> str | None:
     return str(reason)
 
 
-class SGLangBackend:
+class SGLangBackend(HttpBackend):
     """An SGLang server's native API.
 
     Attributes:
@@ -47,6 +47,7 @@ class SGLangBackend:
     """
 
     name = "sglang"
+    path = "/generate"
 
     def __init__(
         self,
@@ -70,42 +71,13 @@ class SGLangBackend:
             extra_sampling: Extra ``sampling_params`` fields (e.g. ``repetition_penalty``).
             transport: An httpx transport (tests use an in-process ASGI app).
         """
-        self.base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        super().__init__(
+            base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, transport=transport
+        )
         self._incremental = incremental_stream
         self._extra = dict(extra_sampling or {})
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
 
-    @property
-    def _server(self) -> str:
-        return f"sglang at {self.base_url}"
-
-    async def start(self) -> None:
-        """Open the HTTP client; idempotent."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=self._transport
-            )
-
-    async def close(self) -> None:
-        """Close the HTTP client; idempotent."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Whether ``/health`` answers 200."""
-        if self._client is None:
-            return False
-        try:
-            response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+    async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         if not request.prompt_token_ids:
             raise MalformedRequest("the prompt has no tokens")
         sampling = request.sampling
@@ -145,47 +117,19 @@ class SGLangBackend:
             finish_reason=finish,
         )
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Sample a response.
+    def _whole(self, payload: Any) -> GenerationChunk:
+        if isinstance(payload, list):  # a batch answer to a single prompt
+            payload = payload[0]
+        meta = payload.get("meta_info") or {}
+        return self._chunk(self._entries(meta), _finish_reason(meta) or "stop")
 
-        Raises:
-            BackendUnavailable: The server cannot be reached or failed (5xx, 503 with retry hint).
-            BackendOverloaded: 429.
-            BackendTimeout: The call ran past the read timeout.
-            ContextLengthExceeded: The prompt does not fit the model's context.
-            MalformedRequest: Other 4xx answers.
-        """
-        client = self._client
-        if client is None:
-            raise BackendUnavailable(f"{self._server}: backend not started")
-        body = self._body(request)
-        prompt_tokens = len(request.prompt_token_ids)
-        try:
-            async with client.stream("POST", "/generate", json=body) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise error_from_response(response, server=self._server, prompt_tokens=prompt_tokens)
-                if not request.stream:
-                    await response.aread()
-                    payload = response.json()
-                    if isinstance(payload, list):  # a batch answer to a single prompt
-                        payload = payload[0]
-                    meta = payload.get("meta_info") or {}
-                    yield self._chunk(self._entries(meta), _finish_reason(meta) or "stop")
-                    return
-                seen = 0
-                async for event in sse_events(response):
-                    if "error" in event:
-                        raise BackendUnavailable(f"{self._server} failed mid-stream: {event['error']}")
-                    meta = event.get("meta_info") or {}
-                    entries = self._entries(meta)
-                    new = entries if self._incremental else entries[seen:]
-                    seen += len(new)
-                    finish = _finish_reason(meta)
-                    if new or finish is not None:
-                        yield self._chunk(new, finish)
-                    if finish is not None:
-                        return
-                raise BackendUnavailable(f"{self._server}: the stream ended without a finish reason")
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, server=self._server) from exc
+    async def _stream(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[GenerationChunk]:
+        seen = 0
+        async for event in events:
+            meta = event.get("meta_info") or {}
+            entries = self._entries(meta)
+            new = entries if self._incremental else entries[seen:]
+            seen += len(new)
+            finish = _finish_reason(meta)
+            if new or finish is not None:
+                yield self._chunk(new, finish)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import Internal
 
 __all__ = ["TransformersBackend", "sample_next"]

@@ -29,8 +29,8 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferResult
 from tritonclient.utils import InferenceServerException
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest
 from model_proxy.errors import BackendOverloaded, BackendTimeout, BackendUnavailable, MalformedRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import Internal, PolarError
 
 __all__ = ["TritonBackend", "TritonTensorNames"]

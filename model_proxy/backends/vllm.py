@@ -19,15 +19,15 @@ from typing import Any
 
 import httpx
 
-from model_proxy.backends._http import error_from_response, error_from_transport, sse_events
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.backends._http import HttpBackend, error_from_response, error_from_transport
 from model_proxy.errors import BackendUnavailable, MalformedRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import Internal
 
 __all__ = ["VLLMBackend"]
 
 
-class VLLMBackend:
+class VLLMBackend(HttpBackend):
     """A vLLM OpenAI-compatible server.
 
     Attributes:
@@ -36,6 +36,7 @@ class VLLMBackend:
     """
 
     name = "vllm"
+    path = "/v1/completions"
 
     def __init__(
         self,
@@ -59,40 +60,11 @@ class VLLMBackend:
             extra_body: Extra fields merged into every request body (e.g. ``repetition_penalty``).
             transport: An httpx transport (tests use an in-process ASGI app).
         """
-        self.base_url = base_url.rstrip("/")
+        super().__init__(
+            base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, transport=transport
+        )
         self._model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._extra = dict(extra_body or {})
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
-
-    @property
-    def _server(self) -> str:
-        return f"vllm at {self.base_url}"
-
-    async def start(self) -> None:
-        """Open the HTTP client; idempotent."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=self._transport
-            )
-
-    async def close(self) -> None:
-        """Close the HTTP client; idempotent."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Whether ``/health`` answers 200."""
-        if self._client is None:
-            return False
-        try:
-            response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
 
     async def _model_name(self, client: httpx.AsyncClient) -> str:
         if self._model is None:
@@ -108,12 +80,12 @@ class VLLMBackend:
             self._model = str(models[0]["id"])
         return self._model
 
-    def _body(self, model: str, request: GenerationRequest) -> dict[str, Any]:
+    async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         sampling = request.sampling
         if not request.prompt_token_ids:
             raise MalformedRequest("the prompt has no tokens")
         body: dict[str, Any] = {
-            "model": model,
+            "model": await self._model_name(client),
             "prompt": list(request.prompt_token_ids),
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
@@ -146,43 +118,14 @@ class VLLMBackend:
             raise Internal(f"{self._server}: the response has no token_ids (return_token_ids unsupported?)")
         return GenerationChunk(tuple(ids), tuple(logprobs), str(finish) if finish is not None else None)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Sample a response.
+    def _whole(self, payload: Any) -> GenerationChunk:
+        return self._chunk(payload["choices"][0], streaming=False)
 
-        Raises:
-            BackendUnavailable: The server cannot be reached or failed (5xx, 503 with retry hint).
-            BackendOverloaded: 429.
-            BackendTimeout: The call ran past the read timeout.
-            ContextLengthExceeded: The prompt and ``max_tokens`` do not fit the model's context.
-            MalformedRequest: Other 4xx answers.
-        """
-        client = self._client
-        if client is None:
-            raise BackendUnavailable(f"{self._server}: backend not started")
-        body = self._body(await self._model_name(client), request)
-        prompt_tokens = len(request.prompt_token_ids)
-        try:
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise error_from_response(response, server=self._server, prompt_tokens=prompt_tokens)
-                if not request.stream:
-                    await response.aread()
-                    yield self._chunk(response.json()["choices"][0], streaming=False)
-                    return
-                finished = False
-                async for event in sse_events(response):
-                    if "error" in event:
-                        raise BackendUnavailable(f"{self._server} failed mid-stream: {event['error']}")
-                    choices = event.get("choices") or []
-                    if not choices:
-                        continue
-                    chunk = self._chunk(choices[0], streaming=True)
-                    if chunk.token_ids or chunk.finish_reason is not None:
-                        finished = chunk.finish_reason is not None
-                        yield chunk
-                    if finished:
-                        return
-                raise BackendUnavailable(f"{self._server}: the stream ended without a finish reason")
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, server=self._server) from exc
+    async def _stream(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[GenerationChunk]:
+        async for event in events:
+            choices = event.get("choices") or []
+            if not choices:
+                continue
+            chunk = self._chunk(choices[0], streaming=True)
+            if chunk.token_ids or chunk.finish_reason is not None:
+                yield chunk

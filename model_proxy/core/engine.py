@@ -20,31 +20,21 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from model_proxy.backends.base import Backend
 from model_proxy.core.events import CallResult, OutputEvent
 from model_proxy.core.gate import GenerationGate
 from model_proxy.core.normalize import NormalizationRule, apply_rules
 from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimmer, TokenDecoder
 from model_proxy.core.render import ChatRenderer, RenderedPrompt
 from model_proxy.core.sessions import Session, SessionRegistry
-from model_proxy.core.types import GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
 from model_proxy.errors import BackendTimeout, ContextLengthExceeded
+from model_proxy.models import EngineConfig, GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
+from model_proxy.ports import Backend
 from polar_core.errors import Internal, PolarError
 from polar_core.records import CompletionRecord
 
-__all__ = ["Call", "EngineConfig", "ProxyEngine"]
+__all__ = ["Call", "ProxyEngine"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Static limits of the engine."""
-
-    context_length: int
-    default_max_tokens: int
-    backend_timeout_s: float
-    stop_token_ids: tuple[int, ...]
 
 
 class ProxyEngine:
@@ -288,10 +278,33 @@ class Call:
         stop_sequence: str | None,
     ) -> CallResult:
         self._committed = True
-        req = self.request
         if len(logprobs) != len(ids):
             raise Internal(f"backend returned {len(ids)} token IDs but {len(logprobs)} logprobs")
-        record = CompletionRecord(
+        record = self._record(ids, logprobs, finish, parsed, stop_sequence)
+        alone = self.engine.gate.in_flight <= 1  # this call is the only one between the gate and its answer
+        task = asyncio.ensure_future(
+            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json, alone=alone)
+        )
+        self.engine.keep(task)
+        await asyncio.shield(task)
+        self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
+        self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
+        return CallResult(
+            call_id=self.call_id,
+            model=self.request.model,
+            parsed=parsed,
+            finish_reason=finish,
+            stop_sequence=stop_sequence,
+            prompt_tokens=len(self.rendered.token_ids),
+            completion_tokens=len(ids),
+            record=record,
+        )
+
+    def _record(
+        self, ids: list[int], logprobs: list[float], finish: str, parsed: Any, stop_sequence: str | None
+    ) -> CompletionRecord:
+        req = self.request
+        return CompletionRecord(
             session_id=self.session.session_id,
             call_id=self.call_id,
             seq=-1,
@@ -325,24 +338,6 @@ class Call:
                 "backend": self.engine.backend.name,
                 "replica": "",
             },
-        )
-        alone = self.engine.gate.in_flight <= 1  # this call is the only one between the gate and its answer
-        task = asyncio.ensure_future(
-            self.engine.registry.append(self.session, record, prompt_ids_json=self.rendered.token_ids_json, alone=alone)
-        )
-        self.engine.keep(task)
-        await asyncio.shield(task)
-        self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
-        self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
-        return CallResult(
-            call_id=self.call_id,
-            model=req.model,
-            parsed=parsed,
-            finish_reason=finish,
-            stop_sequence=stop_sequence,
-            prompt_tokens=len(self.rendered.token_ids),
-            completion_tokens=len(ids),
-            record=record,
         )
 
     def cleanup(self) -> None:

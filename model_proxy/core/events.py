@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from model_proxy.core.types import ParsedOutput, ToolCall
+from model_proxy.models import ParsedOutput, ToolCall
 from polar_core.records import CompletionRecord
 
 __all__ = ["CallResult", "OutputEvent", "ReasoningDelta", "TextDelta", "ToolCallDone"]

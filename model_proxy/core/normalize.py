@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from model_proxy.core.types import InternalRequest
+from model_proxy.models import InternalRequest
 from polar_core.errors import InvalidArgument
 
 __all__ = ["NormalizationRule", "StripSystemLines", "apply_rules", "build_rules"]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from model_proxy.core.events import OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.types import ParsedOutput, ToolCall
+from model_proxy.models import ParsedOutput, ToolCall
 from polar_core.errors import InvalidArgument
 
 __all__ = [

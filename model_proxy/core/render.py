@@ -39,7 +39,7 @@ from typing import Any
 
 from model_proxy.core.prefix_cache import CacheEntry, PrefixCache, common_prefix_len, ids_json
 from model_proxy.core.template import ClockReading, CompiledTemplate, clock_still_reads, template_messages
-from model_proxy.core.types import ChatMessage, ToolCall, ToolSpec
+from model_proxy.models import ChatMessage, ToolCall, ToolSpec
 from polar_core.errors import Internal
 
 __all__ = ["ChatRenderer", "PrefixCache", "RenderedPrompt", "fallback_messages"]

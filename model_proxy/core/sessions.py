@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from opentelemetry.context import Context
@@ -66,8 +66,22 @@ class Session:
 class SessionRegistry:
     """All sessions of this proxy, keyed by id and by token digest."""
 
-    def __init__(self, store: SessionStore, *, prefix_cache_entries: int) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        prefix_cache_entries: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """Create an empty registry over ``store``.
+
+        Args:
+            store: Where sessions and their records are persisted.
+            prefix_cache_entries: Rendered prompts remembered per session (0: off).
+            clock: Monotonic seconds, timing durable appends for the inline-or-thread choice (tests inject one).
+        """
         self._store = store
+        self._clock = clock
         self._cache_entries = prefix_cache_entries
         self._by_id: dict[str, Session] = {}
         self._by_digest: dict[str, Session] = {}
@@ -161,7 +175,7 @@ class SessionRegistry:
         """
         async with session.write_lock:
             record.seq = len(session.records)
-            if self._store.blocking and not (alone and self.append_seconds < _INLINE_WRITE_LIMIT_S):
+            if not self.append_inline(alone=alone):
                 # Shielded: a caller that goes away must not leave a half-written line behind.
                 await asyncio.shield(asyncio.to_thread(self._timed_append, record, prompt_ids_json))
             else:
@@ -171,12 +185,16 @@ class SessionRegistry:
         session.notify()
         return record
 
+    def append_inline(self, *, alone: bool) -> bool:
+        """Whether the next append may run on the event loop (see :meth:`append`)."""
+        return not self._store.blocking or (alone and self.append_seconds < _INLINE_WRITE_LIMIT_S)
+
     def _timed_append(self, record: CompletionRecord, prompt_ids_json: str | None) -> None:
-        started = time.perf_counter()
+        started = self._clock()
         self._store.append(record, prompt_ids_json)
         if self._store.blocking:
             # A lost update between two threads only delays the average a little; no lock needed.
-            self.append_seconds += 0.2 * (time.perf_counter() - started - self.append_seconds)
+            self.append_seconds += 0.2 * (self._clock() - started - self.append_seconds)
 
     @staticmethod
     def call_started(session: Session) -> None:

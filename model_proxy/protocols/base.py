@@ -11,10 +11,18 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
-from model_proxy.core.types import InternalRequest
 from model_proxy.errors import MalformedRequest
+from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolSpec
 
-__all__ = ["ErrorInfo", "ParsedRequest", "ProtocolAdapter", "malformed", "sse", "text_of_parts"]
+__all__ = [
+    "ErrorInfo",
+    "ParsedRequest",
+    "ProtocolAdapter",
+    "internal_request",
+    "malformed",
+    "sse",
+    "text_of_parts",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,3 +117,27 @@ def text_of_parts(parts: Iterable[Any], *, keys: tuple[str, ...] = ("text",)) ->
                     out.append(value)
                     break
     return "".join(out)
+
+
+def internal_request(
+    protocol: str,
+    model: str,
+    messages: list[ChatMessage],
+    tools: list[ToolSpec],
+    sampling: SamplingParams,
+    *,
+    stream: bool,
+    ignored: list[str],
+    tool_choice: str | None = None,
+) -> InternalRequest:
+    """The internal request of a translated harness request; ``ignored`` names what was dropped."""
+    return InternalRequest(
+        protocol=protocol,
+        model=model,
+        messages=messages,
+        tools=tools,
+        sampling=sampling,
+        stream=stream,
+        tool_choice=tool_choice,
+        normalized={"ignored": ignored} if ignored else {},
+    )

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from model_proxy.app import ProxyApp
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.settings import ProxySettings
 from polar_core.model_fixtures import build_tiny_tokenizer
 

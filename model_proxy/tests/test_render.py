@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import model_proxy.core.template as template_module
 from model_proxy.core.render import ChatRenderer, PrefixCache
 from model_proxy.core.store import SessionStore
-from model_proxy.core.types import ChatMessage, ToolCall, ToolSpec
+from model_proxy.models import ChatMessage, ToolCall, ToolSpec
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import CompletionRecord
 

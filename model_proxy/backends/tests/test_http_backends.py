@@ -20,7 +20,6 @@ from starlette.routing import Route
 
 from model_proxy.backends.sglang import SGLangBackend
 from model_proxy.backends.vllm import VLLMBackend
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import (
     BackendOverloaded,
     BackendTimeout,
@@ -28,6 +27,7 @@ from model_proxy.errors import (
     ContextLengthExceeded,
     MalformedRequest,
 )
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 
 SAMPLED = [(101, -0.5), (102, -1.25), (103, -2.0), (7, -0.125)]  # 7 is the stop ID
 

@@ -19,8 +19,8 @@ from model_proxy.backends import (
     VLLMBackend,
     create_backend,
 )
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendOverloaded, BackendUnavailable
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import InvalidArgument
 
 
@@ -157,6 +157,14 @@ def test_factory_builds_each_kind(tmp_path: Path) -> None:
     assert sessions.remaining("unknown") == 0
 
 
+def test_factory_builds_transformers_from_loaded_weights_with_the_same_options() -> None:
+    weights = object()  # started lazily: the backend only keeps the object here
+    backend = create_backend("transformers", {"chunk_size": 2, "device": "cpu"}, None, weights=weights)
+    assert isinstance(backend, TransformersBackend)
+    with pytest.raises(InvalidArgument, match="unhealthy_retry_s"):
+        create_backend("transformers", {"unhealthy_retry_s": 1}, None, weights=weights)
+
+
 @pytest.mark.parametrize(
     ("name", "options", "match"),
     [
@@ -164,6 +172,9 @@ def test_factory_builds_each_kind(tmp_path: Path) -> None:
         ("vllm", {}, "url"),
         ("vllm", {"url": "http://h", "modle": "x"}, "modle"),
         ("transformers", {}, "model_dir"),
+        ("transformers", {"model_dir": "/m", "chunk_size": "four"}, "chunk_size"),
+        ("vllm", {"url": "http://h", "timeout_s": "soon"}, "timeout_s"),
+        ("triton", {"url": "h:1", "tensor_names": {"top_q": "x"}}, "tensor_names"),
         ("scripted", {"end_of_turn_id": 1}, "script"),
         ("scripted", {"turns": [{"text": "a"}]}, "end_of_turn_id"),
         ("scripted", {"turns": [{"bad": 1}], "end_of_turn_id": 1}, "bad turns"),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, load_script, scripted_logprob
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import ScriptExhausted
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.model_fixtures.tokenizer import build_tiny_tokenizer
 
 EOT = 7

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from model_proxy.backends.transformers_backend import TransformersBackend, sample_next
-from model_proxy.core.types import GenerationChunk, GenerationRequest, SamplingParams
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
+from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.model_fixtures.tiny_model import (
     build_tiny_model,
     generate_with_logprobs,

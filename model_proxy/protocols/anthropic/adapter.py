@@ -9,11 +9,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
-from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.types import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
+from model_proxy.core.events import CallResult, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
 from model_proxy.errors import MalformedRequest
+from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.anthropic.models import Block, MessagesRequest
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
+from model_proxy.protocols.base import (
+    ErrorInfo,
+    ParsedRequest,
+    internal_request,
+    malformed,
+    sse,
+    text_of_parts,
+)
 
 __all__ = ["AnthropicAdapter"]
 
@@ -94,6 +101,97 @@ def _translate_messages(req: MessagesRequest, ignored: list[str]) -> list[ChatMe
     return out
 
 
+def _usage(result: CallResult) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": result.completion_tokens,
+    }
+
+
+def _stop_reason(result: CallResult) -> str:
+    if result.stop_sequence is not None:
+        return "stop_sequence"
+    return _STOP.get(result.finish_reason, "end_turn")
+
+
+class _MessagesStream:
+    """One call's Messages SSE stream: a content block per text, thinking or tool-use run."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._index = -1
+        self._open_kind: str | None = None
+
+    async def events(self) -> AsyncIterator[bytes]:
+        yield self._message_start()
+        async for item in self._call.events():
+            for chunk in self._on(item):
+                yield chunk
+
+    def _message_start(self) -> bytes:
+        call = self._call
+        message: dict[str, Any] = {
+            "id": "msg_" + call.call_id,
+            "type": "message",
+            "role": "assistant",
+            "model": call.request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": call.prompt_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 0,
+            },
+        }
+        return sse({"type": "message_start", "message": message}, "message_start")
+
+    def _on(self, item: OutputEvent | CallResult) -> list[bytes]:
+        if isinstance(item, TextDelta):
+            events = self._switch("text", {"type": "text", "text": ""})
+            return [*events, self._delta({"type": "text_delta", "text": item.text})]
+        if isinstance(item, ReasoningDelta):
+            events = self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return [*events, self._delta({"type": "thinking_delta", "thinking": item.text})]
+        if isinstance(item, ToolCallDone):
+            c = item.call
+            events = self._stop_open()
+            events.append(self._start("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}))
+            arguments = json.dumps(c.arguments, ensure_ascii=False)
+            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+            events.append(self._stop())
+            return events
+        events = [self._start("text", {"type": "text", "text": ""})] if self._index < 0 else []
+        events.extend(self._stop_open())
+        delta = {"stop_reason": _stop_reason(item), "stop_sequence": item.stop_sequence}
+        events.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(item)}, "message_delta"))
+        events.append(sse({"type": "message_stop"}, "message_stop"))
+        return events
+
+    def _switch(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        if self._open_kind == kind:
+            return []
+        return [*self._stop_open(), self._start(kind, block)]
+
+    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
+        self._index += 1
+        self._open_kind = kind
+        return sse({"type": "content_block_start", "index": self._index, "content_block": block}, "content_block_start")
+
+    def _stop_open(self) -> list[bytes]:
+        return [self._stop()] if self._open_kind is not None else []
+
+    def _stop(self) -> bytes:
+        self._open_kind = None
+        return sse({"type": "content_block_stop", "index": self._index}, "content_block_stop")
+
+    def _delta(self, body: dict[str, Any]) -> bytes:
+        return sse({"type": "content_block_delta", "index": self._index, "delta": body}, "content_block_delta")
+
+
 class AnthropicAdapter:
     """The Anthropic Messages protocol."""
 
@@ -123,32 +221,17 @@ class AnthropicAdapter:
             max_tokens=req.max_tokens,
             stop=tuple(req.stop_sequences or ()),
         )
-        internal = InternalRequest(
-            protocol=self.protocol,
-            model=req.model,
-            messages=messages,
-            tools=tools,
-            sampling=sampling,
+        internal = internal_request(
+            self.protocol,
+            req.model,
+            messages,
+            tools,
+            sampling,
             stream=req.stream,
+            ignored=ignored,
             tool_choice=tool_choice,
-            normalized={"ignored": ignored} if ignored else {},
         )
         return ParsedRequest(req, internal)
-
-    @staticmethod
-    def _usage(result: CallResult) -> dict[str, Any]:
-        return {
-            "input_tokens": result.prompt_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "output_tokens": result.completion_tokens,
-        }
-
-    @staticmethod
-    def _stop(result: CallResult) -> str:
-        if result.stop_sequence is not None:
-            return "stop_sequence"
-        return _STOP.get(result.finish_reason, "end_turn")
 
     def response(self, request: ParsedRequest, result: CallResult) -> dict[str, Any]:
         """The Messages JSON answer."""
@@ -166,85 +249,15 @@ class AnthropicAdapter:
             "role": "assistant",
             "model": result.model,
             "content": content,
-            "stop_reason": self._stop(result),
+            "stop_reason": _stop_reason(result),
             "stop_sequence": result.stop_sequence,
-            "usage": self._usage(result),
+            "usage": _usage(result),
         }
 
     async def stream(self, request: ParsedRequest, call: Call) -> AsyncIterator[bytes]:
         """The Messages SSE stream: message_start, content blocks, message_delta, message_stop."""
-        yield sse(
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_" + call.call_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": call.request.model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {
-                        "input_tokens": call.prompt_tokens,
-                        "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": 0,
-                        "output_tokens": 0,
-                    },
-                },
-            },
-            "message_start",
-        )
-        index = -1
-        open_kind: str | None = None
-
-        def start(kind: str, block: dict[str, Any]) -> bytes:
-            nonlocal index, open_kind
-            index += 1
-            open_kind = kind
-            return sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
-
-        def stop() -> bytes:
-            nonlocal open_kind
-            open_kind = None
-            return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-
-        def delta(body: dict[str, Any]) -> bytes:
-            return sse({"type": "content_block_delta", "index": index, "delta": body}, "content_block_delta")
-
-        async for item in call.events():
-            if isinstance(item, TextDelta):
-                if open_kind != "text":
-                    if open_kind is not None:
-                        yield stop()
-                    yield start("text", {"type": "text", "text": ""})
-                yield delta({"type": "text_delta", "text": item.text})
-            elif isinstance(item, ReasoningDelta):
-                if open_kind != "thinking":
-                    if open_kind is not None:
-                        yield stop()
-                    yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                yield delta({"type": "thinking_delta", "thinking": item.text})
-            elif isinstance(item, ToolCallDone):
-                if open_kind is not None:
-                    yield stop()
-                c = item.call
-                yield start("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
-                yield delta({"type": "input_json_delta", "partial_json": json.dumps(c.arguments, ensure_ascii=False)})
-                yield stop()
-            else:
-                if index < 0:
-                    yield start("text", {"type": "text", "text": ""})
-                if open_kind is not None:
-                    yield stop()
-                yield sse(
-                    {
-                        "type": "message_delta",
-                        "delta": {"stop_reason": self._stop(item), "stop_sequence": item.stop_sequence},
-                        "usage": self._usage(item),
-                    },
-                    "message_delta",
-                )
-                yield sse({"type": "message_stop"}, "message_stop")
+        async for chunk in _MessagesStream(call).events():
+            yield chunk
 
     def error_body(self, error: ErrorInfo) -> dict[str, Any]:
         """Anthropic's error JSON."""

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.types import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.errors import MalformedRequest
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse
+from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
+from model_proxy.protocols.base import ErrorInfo, ParsedRequest, internal_request, malformed, sse
 from model_proxy.protocols.google.models import Content, GenerateContentRequest
 
 __all__ = ["GoogleAdapter", "lower_schema"]
@@ -149,14 +149,8 @@ class GoogleAdapter:
             seed=None if config is None else config.seed,
         )
         model = path_model or req.model or ""
-        internal = InternalRequest(
-            protocol=self.protocol,
-            model=model.removeprefix("models/"),
-            messages=messages,
-            tools=tools,
-            sampling=sampling,
-            stream=path_stream,
-            normalized={"ignored": ignored} if ignored else {},
+        internal = internal_request(
+            self.protocol, model.removeprefix("models/"), messages, tools, sampling, stream=path_stream, ignored=ignored
         )
         return ParsedRequest(req, internal)
 

@@ -11,12 +11,19 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.types import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.errors import MalformedRequest
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, malformed, sse, text_of_parts
+from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
+from model_proxy.protocols.base import (
+    ErrorInfo,
+    ParsedRequest,
+    internal_request,
+    malformed,
+    sse,
+    text_of_parts,
+)
 from model_proxy.protocols.openai_chat.models import ChatMessageIn, ChatRequest
 
-__all__ = ["OpenAIChatAdapter", "openai_error_body", "parse_arguments"]
+__all__ = ["OpenAIChatAdapter", "openai_error_body", "openai_internal_request", "parse_arguments"]
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "length": "length", "abort": "stop"}
 _ERROR_TYPES = {
@@ -70,6 +77,31 @@ def _content(msg: ChatMessageIn, ignored: list[str]) -> str:
     return text_of_parts(msg.content)
 
 
+def openai_internal_request(
+    protocol: str,
+    req: Any,
+    messages: list[ChatMessage],
+    tools: list[ToolSpec],
+    sampling: SamplingParams,
+    ignored: list[str],
+) -> InternalRequest:
+    """The internal request of an OpenAI wire request (``model``, ``stream`` and ``tool_choice`` taken from it).
+
+    A named ``tool_choice`` (an object) is recorded as ``function``; a string as given.
+    """
+    tool_choice = req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None else "function"
+    return internal_request(
+        protocol,
+        req.model,
+        messages,
+        tools,
+        sampling,
+        stream=bool(req.stream),
+        ignored=ignored,
+        tool_choice=tool_choice,
+    )
+
+
 class OpenAIChatAdapter:
     """The OpenAI Chat Completions protocol."""
 
@@ -118,17 +150,7 @@ class OpenAIChatAdapter:
             stop=stop,
             seed=req.seed,
         )
-        tool_choice = req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None else "function"
-        internal = InternalRequest(
-            protocol=self.protocol,
-            model=req.model,
-            messages=messages,
-            tools=tools,
-            sampling=sampling,
-            stream=bool(req.stream),
-            tool_choice=tool_choice,
-            normalized={"ignored": ignored} if ignored else {},
-        )
+        internal = openai_internal_request(self.protocol, req, messages, tools, sampling, ignored)
         return ParsedRequest(req, internal)
 
     @staticmethod

@@ -22,7 +22,7 @@ import httpx
 
 __all__ = ["ServerStartError", "backend_venv_python", "free_ports", "run_pytriton", "run_vllm"]
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _PYTRITON_SERVER = Path(__file__).resolve().with_name("pytriton_server.py")
 
 

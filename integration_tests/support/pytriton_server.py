@@ -3,7 +3,7 @@
 Runs in its own environment (``.venv-triton``, made by ``scripts/setup_backends.sh``): it imports only
 PyTriton, numpy, torch and transformers, never this repository, so the script is run by path::
 
-    .venv-triton/bin/python model_proxy/backends/testing/pytriton_server.py --model-dir DIR \\
+    .venv-triton/bin/python integration_tests/support/pytriton_server.py --model-dir DIR \\
         --grpc-port P --http-port Q --metrics-port R
 
 Two models are bound: ``<name>`` (unary, like a non-decoupled ``tensorrt_llm`` model) and ``<name>_stream``

@@ -1,11 +1,15 @@
-"""The inference backend seam: token IDs in, token IDs and log-probabilities out."""
+"""The model proxy's seams (``typing.Protocol``): the inference backend, token IDs in, token IDs out.
+
+Real implementations live in :mod:`model_proxy.backends`; in-memory fakes for unit tests in
+:mod:`model_proxy.testing` and ``model_proxy.backends.scripted``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from model_proxy.core.types import GenerationChunk, GenerationRequest
+from model_proxy.models import GenerationChunk, GenerationRequest
 
 __all__ = ["Backend"]
 

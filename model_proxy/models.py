@@ -4,7 +4,8 @@ A provider adapter turns a harness request into an :class:`InternalRequest` (mes
 renderer turns it into prompt token IDs with the policy model's chat template; a backend turns a
 :class:`GenerationRequest` (token IDs in) into :class:`GenerationChunk` s (token IDs and log-probabilities out);
 the output parser turns sampled IDs into a :class:`ParsedOutput` (text, reasoning, tool calls), which the
-adapter renders back in the provider's shape.
+adapter renders back in the provider's shape. :class:`EngineConfig` is the engine's typed configuration
+(``model_proxy.app`` builds it from the settings).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 __all__ = [
     "ChatMessage",
+    "EngineConfig",
     "GenerationChunk",
     "GenerationRequest",
     "InternalRequest",
@@ -165,3 +167,20 @@ class ParsedOutput:
     reasoning: str | None = None
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     tool_call_parse_error: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Static limits of the engine.
+
+    Attributes:
+        context_length: The model's context in tokens (prompt plus output).
+        default_max_tokens: Output limit when the harness gives none; 0 means "up to the context".
+        backend_timeout_s: Limit on one backend call, first token to last.
+        stop_token_ids: IDs that end a turn (sent to the backend with every call).
+    """
+
+    context_length: int
+    default_max_tokens: int
+    backend_timeout_s: float
+    stop_token_ids: tuple[int, ...]

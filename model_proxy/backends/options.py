@@ -1,0 +1,152 @@
+"""The typed options of each backend: one frozen model per kind, parsed once from a mapping.
+
+A task file's ``backend:`` section and ``--backend-options`` arrive as a plain mapping; :func:`parse_options`
+turns it into the backend's model, refusing unknown keys (typos fail loudly) and ill-typed values with
+:class:`~polar_core.errors.InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polar_core.errors import InvalidArgument
+
+__all__ = [
+    "BackendOptions",
+    "PooledOptions",
+    "SGLangOptions",
+    "ScriptedOptions",
+    "TransformersOptions",
+    "TritonOptions",
+    "VLLMOptions",
+    "options_model",
+    "parse_options",
+]
+
+
+class BackendOptions(BaseModel):
+    """Base of every backend's options: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+
+class PooledOptions(BackendOptions):
+    """Options of a backend with server replicas; several URLs make a :class:`~model_proxy.backends.BackendPool`.
+
+    Attributes:
+        url: One server.
+        urls: Several servers (a list or a comma-separated string).
+        unhealthy_retry_s: How long the pool skips a replica that failed.
+        timeout_s: Read timeout of a call, in seconds.
+    """
+
+    url: str | None = None
+    urls: list[str] | str | None = None
+    unhealthy_retry_s: float = 5.0
+    timeout_s: float = 600.0
+
+    def url_list(self, name: str) -> list[str]:
+        """The replicas' URLs.
+
+        Raises:
+            InvalidArgument: Neither ``url`` nor ``urls`` gives one.
+        """
+        urls = self.urls if self.urls is not None else ([self.url] if self.url is not None else [])
+        if isinstance(urls, str):
+            urls = [u.strip() for u in urls.split(",") if u.strip()]
+        if not urls:
+            raise InvalidArgument(f"backend {name!r} needs 'url' or 'urls'")
+        return list(urls)
+
+
+class TritonOptions(PooledOptions):
+    """Options of the Triton backend (gRPC ``host:port`` URLs; see :class:`~model_proxy.backends.TritonBackend`)."""
+
+    model_name: str = "tensorrt_llm"
+    decoupled: bool = False
+    pad_id: int = 0
+    tensor_names: dict[str, str] | None = None
+    output_includes_prompt: bool = False
+
+
+class VLLMOptions(PooledOptions):
+    """Options of the vLLM backend (see :class:`~model_proxy.backends.VLLMBackend`)."""
+
+    model: str | None = None
+    api_key: str | None = None
+    extra_body: dict[str, Any] | None = None
+
+
+class SGLangOptions(PooledOptions):
+    """Options of the SGLang backend (see :class:`~model_proxy.backends.SGLangBackend`)."""
+
+    api_key: str | None = None
+    incremental_stream: bool = False
+    extra_sampling: dict[str, Any] | None = None
+
+
+class TransformersOptions(BackendOptions):
+    """Options of the in-process transformers backend.
+
+    Attributes:
+        model_dir: A model directory to load; unset, the backend samples from the already-loaded policy weights.
+    """
+
+    model_dir: Path | None = None
+    device: str | None = None
+    dtype: str | None = None
+    max_context: int | None = None
+    chunk_size: int = 4
+
+
+class ScriptedOptions(BackendOptions):
+    """Options of the scripted backend (``script`` a file, ``turns`` a list, ``sessions`` id → either)."""
+
+    script: str | Path | None = None
+    turns: list[Any] | None = None
+    sessions: dict[str, Any] | None = None
+    end_of_turn_id: int | None = None
+    chunk_size: int = 4
+
+
+_MODELS: dict[str, type[BackendOptions]] = {
+    "triton": TritonOptions,
+    "vllm": VLLMOptions,
+    "sglang": SGLangOptions,
+    "transformers": TransformersOptions,
+    "scripted": ScriptedOptions,
+}
+
+
+def options_model(name: str) -> type[BackendOptions]:
+    """The options model of backend ``name``.
+
+    Raises:
+        InvalidArgument: Unknown backend.
+    """
+    model = _MODELS.get(name)
+    if model is None:
+        raise InvalidArgument(f"unknown backend {name!r}; expected one of {', '.join(_MODELS)}")
+    return model
+
+
+def parse_options(name: str, options: Mapping[str, Any]) -> BackendOptions:
+    """Validate ``options`` into backend ``name``'s model.
+
+    Raises:
+        InvalidArgument: Unknown backend, unknown option or a value of the wrong type.
+    """
+    model = options_model(name)
+    known = sorted(model.model_fields)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidArgument(f"backend {name!r} has no option(s) {unknown}; known: {known}")
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidArgument(f"backend {name!r}: bad option(s): {problems}") from None

@@ -1,1 +1,0 @@
-"""Servers and fakes that stand in for production inference servers in tests."""

@@ -1,0 +1,76 @@
+"""Every protobuf ↔ domain conversion of the ModelProxyService (completion records: :mod:`polar_core.convert`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from polar.proxy.v1 import model_proxy_service_pb2 as pb
+
+from polar_core.convert import completion_to_proto, struct_to_dict
+from polar_core.errors import InvalidArgument
+from polar_core.records import CompletionRecord
+
+__all__ = [
+    "Page",
+    "completions_page_to_proto",
+    "open_session_response",
+    "page_from_proto",
+    "session_metadata",
+    "watch_response",
+]
+
+_DEFAULT_PAGE = 100
+_MAX_PAGE = 1000
+
+Page = tuple[int, int]
+"""A page of a session's completions: ``(start, size)``."""
+
+
+def session_metadata(request: pb.OpenSessionRequest) -> dict[str, Any]:
+    """The session metadata of an ``OpenSessionRequest`` as a plain dict (empty when unset)."""
+    return struct_to_dict(request.metadata) if request.HasField("metadata") else {}
+
+
+def open_session_response(token: str, base_url: str) -> pb.OpenSessionResponse:
+    """The token and the provider base URLs (Anthropic and Google at the root, OpenAI under ``/v1``)."""
+    return pb.OpenSessionResponse(
+        session_token=token,
+        anthropic_base_url=base_url,
+        openai_base_url=f"{base_url}/v1",
+        google_base_url=base_url,
+    )
+
+
+def page_from_proto(request: pb.ListCompletionsRequest) -> Page:
+    """The page a ``ListCompletionsRequest`` asks for.
+
+    Raises:
+        InvalidArgument: A malformed page token or a negative page size.
+    """
+    try:
+        start = int(request.page_token) if request.page_token else 0
+    except ValueError:
+        raise InvalidArgument("malformed page_token") from None
+    if start < 0:
+        raise InvalidArgument("malformed page_token")
+    size = min(request.page_size or _DEFAULT_PAGE, _MAX_PAGE)
+    if size < 0:
+        raise InvalidArgument("page_size must not be negative")
+    return start, size
+
+
+def completions_page_to_proto(records: Sequence[CompletionRecord], page: Page) -> pb.ListCompletionsResponse:
+    """One page of ``records``, with the token of the next page (empty after the last)."""
+    start, size = page
+    chosen = records[start : start + size]
+    end = start + len(chosen)
+    return pb.ListCompletionsResponse(
+        completions=[completion_to_proto(r) for r in chosen],
+        next_page_token=str(end) if end < len(records) else "",
+    )
+
+
+def watch_response(record: CompletionRecord) -> pb.WatchCompletionsResponse:
+    """One streamed completion of ``WatchCompletions``."""
+    return pb.WatchCompletionsResponse(completion=completion_to_proto(record))
