@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory, _repository
+from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
+from gateway.workspace import _repository
 from gateway.models import EvaluatorConfig, HarnessConfig, RuntimeConfig, SessionSpec
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition, InvalidArgument
