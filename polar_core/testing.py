@@ -47,7 +47,10 @@ class HistoryRepo:
 
 
 def make_history_repo(path: Path) -> HistoryRepo:
-    """Create the repository: ``calc.py`` (buggy ``add``), ``tests/test_calc.py``, ``data.bin``, ``run.sh``."""
+    """Create the repository: ``calc.py`` (buggy ``add``), ``tests/test_calc.py``, ``data.bin``, ``run.sh``.
+
+    ``tests/test_calc.py::test_add`` fails on the base and passes with the fix; ``test_zero`` passes on both.
+    """
     path.mkdir(parents=True)
     git(path, "init", "-q", "-b", "main")
     (path / "calc.py").write_text(BUGGY)
@@ -57,6 +60,7 @@ def make_history_repo(path: Path) -> HistoryRepo:
     (path / "run.sh").write_text("#!/bin/sh\necho run\n")
     (path / "run.sh").chmod(0o755)
     (path / ".gitignore").write_text("*.log\n")
+    (path / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
     git(path, "add", "-A")
     git(path, "commit", "-qm", "base: add() is wrong")
     base = git(path, "rev-parse", "HEAD").strip()
