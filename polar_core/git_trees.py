@@ -193,6 +193,15 @@ def _feed(pipe: IO[bytes], shas: list[str]) -> None:
         pipe.close()
 
 
+def _publish(staging: Path, final: Path) -> None:
+    """Rename ``staging`` to ``final`` unless another thread or process got there first (its copy is the same)."""
+    try:
+        staging.rename(final)
+    except OSError:
+        if not final.is_dir():
+            raise
+
+
 class TreeCache:
     """Exports and packs of base trees, content-addressed by tree sha below one private directory.
 
@@ -202,7 +211,6 @@ class TreeCache:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root if root is not None else Path(tempfile.gettempdir()) / f"polar-trees-{os.getuid()}"
-        self._lock = threading.Lock()
 
     def _dir(self) -> Path:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -236,9 +244,7 @@ class TreeCache:
         staging = Path(tempfile.mkdtemp(prefix=f".{tree.tree}-", dir=self._dir()))
         try:
             _export(tree.repo, tree.tree, staging)
-            with self._lock:
-                if not final.is_dir():
-                    staging.rename(final)
+            _publish(staging, final)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -266,9 +272,7 @@ class TreeCache:
         if not (store / "objects").is_dir():
             staging = Path(tempfile.mkdtemp(prefix=".store-", dir=self._dir()))
             _git(staging, ["init", "-q", "--bare", "."], what="creating the snapshot store")
-            with self._lock:
-                if not (store / "objects").is_dir():
-                    staging.rename(store)
+            _publish(staging, store)
             shutil.rmtree(staging, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=self._dir()) as tmp:
             env = _env()
