@@ -211,6 +211,8 @@ class TreeCache:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root if root is not None else Path(tempfile.gettempdir()) / f"polar-trees-{os.getuid()}"
+        # Full shas name the same commit forever, so admission checks them once (git runs on the caller's thread).
+        self._by_sha: dict[tuple[Path, str], ResolvedTree] = {}
 
     def _dir(self) -> Path:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -229,11 +231,16 @@ class TreeCache:
             raise InvalidArgument(
                 f"base_commit needs a git repository, and {repo} is not one", details={"repo": str(repo)}
             )
+        key = (repo, base_commit)
+        if key in self._by_sha:
+            return self._by_sha[key]
         resolved = _resolve(repo, base_commit or "HEAD")
         marker = self._dir() / f"{resolved.tree}.checked"
         if not marker.exists():
             _entries(repo, resolved.tree)
             marker.touch()
+        if len(base_commit) in (40, 64) and _HEX.fullmatch(base_commit):
+            self._by_sha[key] = resolved
         return resolved
 
     def export(self, tree: ResolvedTree) -> Path:
