@@ -39,7 +39,7 @@ async def start_rollout_server(
 ) -> RolloutServer:
     """Open the app (reconciling with gateways), serve it, and start its loops."""
     app = app or await RolloutApp.open(settings, tracer_provider=tracer_provider)
-    servicer = RolloutServicer(app.core)
+    servicer = RolloutServicer(app.core, app.policy)
     registration = ServiceRegistration(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),

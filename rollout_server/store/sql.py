@@ -17,11 +17,15 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    PolicyUpdateRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     SessionState,
     TaskRecord,
     TaskState,
+    UpdateOutcome,
     check_session_transition,
     check_task_transition,
 )
@@ -155,6 +159,21 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (state, next_attempt_at);
 CREATE INDEX IF NOT EXISTS deliveries_task ON deliveries (task_id);
+CREATE TABLE IF NOT EXISTS policies (
+  version {int} PRIMARY KEY,
+  weights_path TEXT NOT NULL,
+  updated_at {real} NOT NULL,
+  outcome TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS proxies (
+  proxy_id TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  version {int} NOT NULL,
+  paused {int} NOT NULL,
+  error TEXT NOT NULL,
+  registered_at {real} NOT NULL
+);
 """
 
 
@@ -185,6 +204,7 @@ _RESULT_COLS = (
 _GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
 )
+_PROXY_COLS = "proxy_id, address, backend, version, paused, error, registered_at"
 _DELIVERY_COLS = (
     "idempotency_key, task_id, session_id, target_kind, target, max_attempts, state, attempts, next_attempt_at, "
     "last_error"
@@ -319,6 +339,18 @@ def _gateway_from(r: Row) -> GatewayRecord:
         labels=dict(json.loads(r[6])),
         version=r[7],
         stage_metrics=dict(json.loads(r[8])),
+    )
+
+
+def _proxy_from(r: Row) -> ProxyRecord:
+    return ProxyRecord(
+        proxy_id=r[0],
+        address=r[1],
+        backend=r[2],
+        version=int(r[3]),
+        paused=bool(r[4]),
+        error=r[5],
+        registered_at=float(r[6]),
     )
 
 
@@ -664,3 +696,79 @@ class SqlStore:
                 f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE task_id = ? AND state = 'dead'", (task_id,)
             )
         return [_delivery_from(r) for r in rows]
+
+    # Policy and proxies ----------------------------------------------------------------------------------
+    async def current_policy(self) -> PolicyRecord | None:
+        """Return the highest stored policy version, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT version, weights_path, updated_at FROM policies ORDER BY version DESC LIMIT 1"
+            )
+        return PolicyRecord(int(rows[0][0]), rows[0][1], float(rows[0][2])) if rows else None
+
+    async def get_policy_update(self, version: int) -> PolicyUpdateRecord | None:
+        """Return a stored version with its outcome, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT version, weights_path, updated_at, outcome FROM policies WHERE version = ?", (version,)
+            )
+        if not rows:
+            return None
+        policy = PolicyRecord(int(rows[0][0]), rows[0][1], float(rows[0][2]))
+        outcome = UpdateOutcome.from_json(policy, rows[0][3]) if rows[0][3] else None
+        return PolicyUpdateRecord(policy, outcome)
+
+    async def insert_policy(self, policy: PolicyRecord) -> bool:
+        """Store ``policy`` unless a version at or above it exists."""
+        async with self._db.transaction() as conn:
+            higher = await conn.fetch("SELECT 1 FROM policies WHERE version >= ? LIMIT 1", (policy.version,))
+            if higher:
+                return False
+            changed = await conn.execute(
+                "INSERT INTO policies (version, weights_path, updated_at, outcome) VALUES (?, ?, ?, '') "
+                "ON CONFLICT (version) DO NOTHING",
+                (policy.version, policy.weights_path, float(policy.updated_at)),
+            )
+        return changed == 1
+
+    async def set_policy_outcome(self, version: int, outcome: UpdateOutcome) -> None:
+        """Store the outcome of a version's update."""
+        async with self._db.transaction() as conn:
+            await conn.execute("UPDATE policies SET outcome = ? WHERE version = ?", (outcome.to_json(), version))
+
+    async def upsert_proxy(self, proxy: ProxyRecord) -> None:
+        """Insert or replace a proxy."""
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _PROXY_COLS.split(", ")[1:])
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                f"INSERT INTO proxies ({_PROXY_COLS}) VALUES ({', '.join('?' * 7)}) "
+                f"ON CONFLICT (proxy_id) DO UPDATE SET {updates}",
+                (
+                    proxy.proxy_id,
+                    proxy.address,
+                    proxy.backend,
+                    proxy.version,
+                    int(proxy.paused),
+                    proxy.error,
+                    float(proxy.registered_at),
+                ),
+            )
+
+    async def set_proxy_state(self, proxy_id: str, *, version: int | None, paused: bool, error: str) -> None:
+        """Record a proxy's update state."""
+        async with self._db.transaction() as conn:
+            if version is None:
+                await conn.execute(
+                    "UPDATE proxies SET paused = ?, error = ? WHERE proxy_id = ?", (int(paused), error, proxy_id)
+                )
+            else:
+                await conn.execute(
+                    "UPDATE proxies SET version = ?, paused = ?, error = ? WHERE proxy_id = ?",
+                    (version, int(paused), error, proxy_id),
+                )
+
+    async def list_proxies(self) -> list[ProxyRecord]:
+        """Return every proxy by id."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {_PROXY_COLS} FROM proxies ORDER BY proxy_id")
+        return [_proxy_from(r) for r in rows]
