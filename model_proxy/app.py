@@ -22,8 +22,10 @@ from model_proxy.core.parsing import create_parser
 from model_proxy.core.render import ChatRenderer
 from model_proxy.core.sessions import SessionRegistry
 from model_proxy.core.store import SessionStore
+from model_proxy.fleet import FleetMembership
 from model_proxy.http.app import ProxyHttp
 from model_proxy.settings import ProxySettings
+from model_proxy.weights import WeightManager
 from polar_core.errors import FailedPrecondition
 
 __all__ = ["ProxyApp", "resolve_context_length", "stop_token_ids"]
@@ -94,6 +96,8 @@ class ProxyApp:
             policy_version=settings.policy_version,
             tracer=tracer,
         )
+        self.weights = WeightManager(self.engine, backend)
+        self.membership: FleetMembership | None = None  # set by the server when rollout_address is set
         self.http = ProxyHttp(
             self.engine,
             retry_after_s=settings.retry_after_s,
@@ -156,6 +160,9 @@ class ProxyApp:
 
     async def stop(self) -> None:
         """Stop the HTTP server and close the backend (idempotent)."""
+        membership, self.membership = self.membership, None
+        if membership is not None:
+            await membership.stop()
         server, self._server = self._server, None
         if server is not None:
             server.should_exit = True

@@ -13,6 +13,7 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
 from model_proxy.app import ProxyApp
 from polar_core.convert import completion_to_proto
+from polar_core.durations import seconds
 from polar_core.errors import InvalidArgument
 from polar_core.server import ServiceRegistration
 
@@ -92,8 +93,9 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
 
     async def PauseGeneration(self, request: pb.PauseGenerationRequest, context: Context) -> pb.PauseGenerationResponse:
         """Hold new calls and drain (or abort) the ones in flight."""
+        drain = seconds(request.drain_timeout) if request.HasField("drain_timeout") else 0.0
         in_flight, aborted = await self._app.engine.gate.pause(
-            abort_in_flight=request.abort_in_flight, drain_timeout_s=self._app.settings.drain_timeout_s
+            abort_in_flight=request.abort_in_flight, drain_timeout_s=drain or self._app.settings.drain_timeout_s
         )
         return pb.PauseGenerationResponse(in_flight=in_flight, aborted=aborted)
 
@@ -102,6 +104,25 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     ) -> pb.ResumeGenerationResponse:
         """Release held calls."""
         return pb.ResumeGenerationResponse(released=self._app.engine.gate.resume())
+
+    async def CheckWeights(self, request: pb.CheckWeightsRequest, context: Context) -> pb.CheckWeightsResponse:
+        """Check a checkpoint without loading it."""
+        return pb.CheckWeightsResponse(architecture=await self._app.weights.check(request.weights_path))
+
+    async def LoadWeights(self, request: pb.LoadWeightsRequest, context: Context) -> pb.LoadWeightsResponse:
+        """Load a checkpoint (generation paused), then set the version."""
+        previous, load_s = await self._app.weights.load(request.policy_version, request.weights_path)
+        return pb.LoadWeightsResponse(previous_policy_version=previous, load_seconds=load_s)
+
+    async def GetPolicy(self, request: pb.GetPolicyRequest, context: Context) -> pb.GetPolicyResponse:
+        """Report the served version and weights and the gate's state."""
+        served = self._app.weights.served()
+        return pb.GetPolicyResponse(
+            policy_version=served.policy_version,
+            weights_path=served.weights_path,
+            paused=served.paused,
+            in_flight=served.in_flight,
+        )
 
 
 def registration(app: ProxyApp) -> ServiceRegistration:

@@ -22,7 +22,7 @@ import httpx
 from model_proxy.backends._http import error_from_response, error_from_transport, sse_events
 from model_proxy.core.types import GenerationChunk, GenerationRequest
 from model_proxy.errors import BackendUnavailable, MalformedRequest
-from polar_core.errors import Internal
+from polar_core.errors import FailedPrecondition, Internal
 
 __all__ = ["VLLMBackend"]
 
@@ -83,6 +83,14 @@ class VLLMBackend:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+
+    async def check_weights(self, path: str) -> str:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+
+    async def load_weights(self, path: str) -> None:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
 
     async def healthy(self) -> bool:
         """Whether ``/health`` answers 200."""
