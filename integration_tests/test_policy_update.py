@@ -304,8 +304,8 @@ async def test_transformers_proxy_samples_from_the_new_weights(fleet: Fleet, tmp
         record = await proxy.chat("after")
     assert record.policy_version == "3"
     prompt, response = list(record.prompt_token_ids), list(record.response_token_ids)
-    model_a = AutoModelForCausalLM.from_pretrained(dir_a).eval()
-    model_b = AutoModelForCausalLM.from_pretrained(dir_b).eval()
+    loader: Any = AutoModelForCausalLM
+    model_a, model_b = loader.from_pretrained(dir_a).eval(), loader.from_pretrained(dir_b).eval()
     assert list(record.response_logprobs) == pytest.approx(teacher_forced_logprobs(model_b, prompt, response), abs=1e-4)
     from_a = teacher_forced_logprobs(model_a, prompt, response)
     assert max(abs(x - y) for x, y in zip(record.response_logprobs, from_a, strict=True)) > 1e-2
