@@ -310,3 +310,13 @@ async def test_transformers_proxy_samples_from_the_new_weights(fleet: Fleet, tmp
     from_a = teacher_forced_logprobs(model_a, prompt, response)
     assert max(abs(x - y) for x, y in zip(record.response_logprobs, from_a, strict=True)) > 1e-2
     assert seconds
+
+
+async def test_the_embedded_stack_registers_its_proxy(tmp_path: Path) -> None:
+    from rollout_server.embedded import EmbeddedStack, StackOptions
+
+    options = StackOptions(state_dir=tmp_path / "stack", model="tiny", backend="scripted", backend_options=SCRIPT)
+    async with EmbeddedStack.start(options) as stack, RolloutClient(stack.rollout_address, token=stack.token) as client:
+        update = await client.update_policy(1, checkpoint(tmp_path, "v1"))
+        assert update.complete
+        assert [p.address for p in update.proxies] == [stack.proxy_address]

@@ -224,6 +224,9 @@ class EmbeddedStack:
             )
             rollout = await start_rollout_server(rollout_settings, tracer_provider=create_tracer_provider("rollout"))
             stack.push_async_callback(rollout.stop, _STOP_GRACE_S)
+            # The proxy started first (its address is known only now), so it is registered here: UpdatePolicy
+            # reaches it. It serves its configured weights until the first update.
+            await rollout.app.policy.register_proxy("embedded-proxy", f"{_HOST}:{proxy_port}", options.backend)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink
