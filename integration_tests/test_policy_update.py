@@ -281,6 +281,47 @@ async def test_a_proxy_killed_mid_update_is_named_and_catches_up_when_it_returns
         assert {p.proxy_id: p.address for p in replay.proxies} == {"p1": p1.address, "p2": back.address}
 
 
+class SlowLoad(GrpcProxyClient):
+    """The real client, with each LoadWeights held until ``release`` is set (a large checkpoint)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.loading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+        self.loading.set()
+        await self.release.wait()
+        return await super().load_weights(address, policy_version, weights_path)
+
+
+async def test_a_disconnected_trainer_and_a_concurrent_update(fleet: Fleet, tmp_path: Path) -> None:
+    store_url = f"sqlite:///{tmp_path / 'rollout.sqlite3'}"
+    proxies = SlowLoad(auth_token=TOKEN, timeout_s=5)
+    await fleet.start_rollout(store_url, await RolloutApp.open(fleet.settings(store_url), proxy_client=proxies))
+    p1 = await fleet.add_proxy("p1")
+    v1 = checkpoint(tmp_path, "v1")
+    async with RolloutClient(fleet.target, token=TOKEN) as client:
+        await registered(client, 1)
+        first = asyncio.create_task(client.update_policy(1, v1, timeout_s=0.5))
+        await proxies.loading.wait()
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await first  # the trainer gives up (its deadline passes) while the proxy loads
+        assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await client.update_policy(2, checkpoint(tmp_path, "v2"))
+        assert exc.value.code() == grpc.StatusCode.ABORTED
+        assert "version 1 is in progress" in (exc.value.details() or "")
+        again = asyncio.create_task(client.update_policy(1, v1))  # waits for the running update
+        await asyncio.sleep(0.2)
+        assert not again.done()
+        proxies.release.set()
+        outcome = await again
+        assert outcome.complete
+        assert outcome.replayed
+        assert (await p1.policy()).policy_version == "1"
+
+
 async def test_transformers_proxy_samples_from_the_new_weights(fleet: Fleet, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
