@@ -1,1 +1,1 @@
-"""Fakes for tests and benchmarks: an in-memory gateway client, a real gRPC fake gateway, a private PostgreSQL."""
+"""Fakes for tests and benchmarks: in-memory gateway and proxy clients, a gRPC fake gateway, a private PostgreSQL."""
