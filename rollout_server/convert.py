@@ -8,17 +8,35 @@ from typing import Any, cast
 
 from google.protobuf import duration_pb2, json_format
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.proxy.v1 import model_proxy_service_pb2
 from polar.rollout.v1 import rollout_service_pb2
 
 from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
 from polar_core.records import TerminalStatus
-from rollout_server.models import CallbackTarget, GatewayRecord, NewTask, ResultRecord, TaskState
+from rollout_server.models import (
+    CallbackTarget,
+    GatewayRecord,
+    NewTask,
+    PauseMode,
+    PolicyRecord,
+    ProxyRecord,
+    ProxyUpdateState,
+    ResultRecord,
+    TaskState,
+    UpdateOutcome,
+)
+from rollout_server.ports import ProxyPolicyView
 from rollout_server.stats import Distribution, TaskSummary
 
 __all__ = [
     "gateway_from_register",
     "new_task_from_proto",
+    "outcome_to_proto",
+    "pause_mode_from_proto",
+    "policy_to_proto",
+    "proxy_info_to_proto",
+    "proxy_policy_from_proto",
     "result_from_proto",
     "result_to_json",
     "result_to_proto",
@@ -226,3 +244,70 @@ def stage_metrics_from_proto(metrics: Any) -> dict[str, dict[str, int]]:
         name = status_pb2.SessionStage.Name(m.stage).removeprefix("SESSION_STAGE_").lower()
         out[name] = {"queue_length": m.queue_length, "occupancy": m.occupancy, "workers": m.workers}
     return out
+
+
+# Policy ----------------------------------------------------------------------------------------------------------
+
+_PROXY_STATES = {
+    ProxyUpdateState.UPDATED: rollout_service_pb2.PROXY_UPDATE_STATE_UPDATED,
+    ProxyUpdateState.FAILED: rollout_service_pb2.PROXY_UPDATE_STATE_FAILED,
+}
+
+
+def pause_mode_from_proto(value: int) -> PauseMode:
+    """Map a PauseMode enum value (UNSPECIFIED: drain) to the domain's mode.
+
+    Raises:
+        InvalidArgument: An unknown value.
+    """
+    if value in (rollout_service_pb2.PAUSE_MODE_UNSPECIFIED, rollout_service_pb2.PAUSE_MODE_DRAIN):
+        return PauseMode.DRAIN
+    if value == rollout_service_pb2.PAUSE_MODE_ABORT:
+        return PauseMode.ABORT
+    raise InvalidArgument(f"unknown pause_mode {value}")
+
+
+def policy_to_proto(policy: PolicyRecord) -> rollout_service_pb2.PolicyInfo:
+    """A PolicyInfo (no ``updated_at`` before the first update)."""
+    info = rollout_service_pb2.PolicyInfo(version=policy.version, weights_path=policy.weights_path)
+    if policy.updated_at:
+        info.updated_at.CopyFrom(timestamp(policy.updated_at))
+    return info
+
+
+def outcome_to_proto(outcome: UpdateOutcome) -> rollout_service_pb2.UpdatePolicyResponse:
+    """An UpdatePolicyResponse."""
+    return rollout_service_pb2.UpdatePolicyResponse(
+        policy=policy_to_proto(outcome.policy),
+        proxies=[
+            rollout_service_pb2.ProxyUpdate(
+                proxy_id=p.proxy_id,
+                address=p.address,
+                state=_PROXY_STATES[p.state],
+                error=p.error,
+                load_seconds=p.load_seconds,
+                aborted_calls=p.aborted_calls,
+            )
+            for p in outcome.proxies
+        ],
+        complete=outcome.complete,
+        replayed=outcome.replayed,
+        seconds=outcome.seconds,
+    )
+
+
+def proxy_info_to_proto(proxy: ProxyRecord) -> rollout_service_pb2.ProxyInfo:
+    """A ProxyInfo."""
+    return rollout_service_pb2.ProxyInfo(
+        proxy_id=proxy.proxy_id,
+        address=proxy.address,
+        version=proxy.version,
+        paused=proxy.paused,
+        error=proxy.error,
+        registered_at=timestamp(proxy.registered_at),
+    )
+
+
+def proxy_policy_from_proto(reply: model_proxy_service_pb2.GetPolicyResponse) -> ProxyPolicyView:
+    """A proxy's GetPolicy answer as the coordinator reads it."""
+    return ProxyPolicyView(reply.policy_version, reply.weights_path, reply.paused, reply.in_flight)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 
 from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
@@ -35,12 +36,20 @@ __all__ = [
     "DeliveryState",
     "GatewayRecord",
     "NewTask",
+    "PauseMode",
+    "PolicyConfig",
+    "PolicyRecord",
+    "PolicyUpdateRecord",
+    "ProxyOutcome",
+    "ProxyRecord",
+    "ProxyUpdateState",
     "ResultRecord",
     "SchedulerConfig",
     "SessionRecord",
     "SessionState",
     "TaskRecord",
     "TaskState",
+    "UpdateOutcome",
     "check_session_transition",
     "check_task_transition",
 ]
@@ -358,3 +367,134 @@ class DeliveryConfig:
     batch: int = 64
     concurrency: int = 16
     poll_s: float = 1.0
+
+
+# Policy updates ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Limits of the coordinator.
+
+    Attributes:
+        drain_timeout_s: How long a draining proxy waits for its calls in flight when the caller gives no limit.
+    """
+
+    drain_timeout_s: float = 60.0
+
+
+class PauseMode(enum.StrEnum):
+    """What a proxy does with its calls in flight while an update pauses it."""
+
+    DRAIN = "drain"
+    ABORT = "abort"
+
+
+class ProxyUpdateState(enum.StrEnum):
+    """Where one proxy stands after an update."""
+
+    UPDATED = "updated"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A policy the fleet serves.
+
+    Attributes:
+        version: The policy version, from 1 (0: nothing set yet; the proxies serve their configured weights).
+        weights_path: The checkpoint directory the backends load.
+        updated_at: Unix seconds when the version was stored.
+    """
+
+    version: int
+    weights_path: str
+    updated_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyRecord:
+    """A model proxy of the fleet (the ``proxies`` row).
+
+    Attributes:
+        proxy_id: The id the proxy chose.
+        address: Its ModelProxyService gRPC address.
+        backend: Its backend name.
+        version: The policy version it last confirmed loading.
+        paused: Whether a failed update (or a pending start-up load) holds its calls.
+        error: Its last update error; empty when none.
+        registered_at: Unix seconds of its last registration.
+    """
+
+    proxy_id: str
+    address: str
+    backend: str = ""
+    version: int = 0
+    paused: bool = False
+    error: str = ""
+    registered_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyOutcome:
+    """One proxy's part in an update.
+
+    Attributes:
+        proxy_id: The proxy.
+        address: Its address at the time of the update.
+        state: Updated or failed.
+        error: Why it failed; empty when updated.
+        load_seconds: Seconds its backend took to load.
+        aborted_calls: In-flight calls the pause aborted.
+    """
+
+    proxy_id: str
+    address: str
+    state: ProxyUpdateState
+    error: str = ""
+    load_seconds: float = 0.0
+    aborted_calls: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateOutcome:
+    """What an UpdatePolicy call achieved.
+
+    Attributes:
+        policy: The fleet's policy after the update.
+        proxies: Every proxy's part, by proxy id.
+        complete: Whether every proxy serves the new policy.
+        seconds: Seconds from the first check to the last resume.
+        replayed: Whether this outcome was stored by an earlier call.
+    """
+
+    policy: PolicyRecord
+    proxies: tuple[ProxyOutcome, ...]
+    complete: bool
+    seconds: float
+    replayed: bool = False
+
+    def to_json(self) -> str:
+        """The outcome as JSON (the stored form; ``policy`` and ``replayed`` are not part of it)."""
+        parts = [dataclasses.asdict(p) for p in self.proxies]
+        return json.dumps({"proxies": parts, "complete": self.complete, "seconds": self.seconds}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, policy: PolicyRecord, text: str) -> UpdateOutcome:
+        """Rebuild a stored outcome of ``policy``."""
+        raw = json.loads(text)
+        proxies = tuple(ProxyOutcome(**{**p, "state": ProxyUpdateState(p["state"])}) for p in raw.get("proxies", []))
+        return cls(policy, proxies, bool(raw["complete"]), float(raw["seconds"]))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyUpdateRecord:
+    """A stored policy version (the ``policies`` row) and the outcome of its update.
+
+    Attributes:
+        policy: The version and weights.
+        outcome: The update's outcome; ``None`` while it runs (or when the server stopped during it).
+    """
+
+    policy: PolicyRecord
+    outcome: UpdateOutcome | None = None

@@ -1,8 +1,8 @@
-"""The seams of the rollout server's domain code: gateways and trainer callbacks.
+"""The seams of the rollout server's domain code: gateways, trainer callbacks and model proxies.
 
-The scheduler talks to gateways only through :class:`GatewayClient` and the deliverer to trainers only through
-:class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.clients`, and unit
-tests pass fakes.
+The scheduler talks to gateways only through :class:`GatewayClient`, the deliverer to trainers only through
+:class:`CallbackSender` and the policy coordinator to model proxies only through :class:`ProxyClient`; the gRPC
+and HTTP implementations live in :mod:`rollout_server.clients`, and unit tests pass fakes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from typing import Protocol
 
 from rollout_server.models import CallbackTarget, ResultRecord
 
-__all__ = ["CallbackSender", "CapacityView", "GatewayClient", "GatewaySessionView", "SessionDispatch"]
+__all__ = [
+    "CallbackSender",
+    "CapacityView",
+    "GatewayClient",
+    "GatewaySessionView",
+    "ProxyClient",
+    "ProxyPolicyView",
+    "SessionDispatch",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +103,42 @@ class CallbackSender(Protocol):
         Raises:
             DeliveryFailed: With ``retryable`` false when the trainer rejected the result for good.
         """
+
+    async def close(self) -> None:
+        """Close connections."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyPolicyView:
+    """A model proxy's policy as it reports it (ModelProxyService.GetPolicy)."""
+
+    policy_version: str
+    weights_path: str
+    paused: bool
+    in_flight: int
+
+
+class ProxyClient(Protocol):
+    """Calls to model proxies, by address. Implementations raise :mod:`polar_core.errors` errors.
+
+    ``Unavailable`` (or ``DeadlineExceeded``) means the proxy did not answer; ``FailedPrecondition`` that it
+    refused (a rejected checkpoint, a failed load).
+    """
+
+    async def check_weights(self, address: str, weights_path: str) -> str:
+        """Check a checkpoint without loading it; return its architecture name."""
+
+    async def pause(self, address: str, *, abort_in_flight: bool, drain_timeout_s: float) -> tuple[int, int]:
+        """Pause generation; return (calls in flight when it began, calls aborted)."""
+
+    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+        """Load a checkpoint (generation paused) and set the version; return the load's seconds."""
+
+    async def resume(self, address: str) -> int:
+        """Resume generation; return how many held calls were released."""
+
+    async def get_policy(self, address: str) -> ProxyPolicyView:
+        """Read the proxy's policy."""
 
     async def close(self) -> None:
         """Close connections."""

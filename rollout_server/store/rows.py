@@ -16,6 +16,8 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     SessionState,
@@ -26,6 +28,8 @@ from rollout_server.models import (
 __all__ = [
     "DELIVERY_COLS",
     "GATEWAY_COLS",
+    "POLICY_COLS",
+    "PROXY_COLS",
     "REPORT_COLS",
     "RESULT_COLS",
     "SESSION_COLS",
@@ -37,6 +41,10 @@ __all__ = [
     "gateway_from",
     "gateway_row",
     "opt_float",
+    "policy_from",
+    "policy_row",
+    "proxy_from",
+    "proxy_row",
     "report_row",
     "result_from",
     "result_row",
@@ -65,6 +73,8 @@ RESULT_COLS = (
 GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
 )
+POLICY_COLS = "version, weights_path, updated_at"
+PROXY_COLS = "proxy_id, address, backend, version, paused, error, registered_at"
 REPORT_COLS = "idempotency_key, session_id, attempt, status, gateway_id, error_message, final, recorded_at"
 DELIVERY_COLS = (
     "idempotency_key, task_id, session_id, target_kind, target, max_attempts, state, attempts, next_attempt_at, "
@@ -265,4 +275,28 @@ def delivery_row(d: DeliveryRecord) -> tuple[Any, ...]:
         d.attempts,
         float(d.next_attempt_at),
         d.last_error,
+    )
+
+
+def policy_row(p: PolicyRecord) -> tuple[Any, ...]:
+    return (p.version, p.weights_path, float(p.updated_at))
+
+
+def policy_from(r: Row) -> PolicyRecord:
+    return PolicyRecord(version=int(r[0]), weights_path=r[1], updated_at=float(r[2]))
+
+
+def proxy_row(p: ProxyRecord) -> tuple[Any, ...]:
+    return (p.proxy_id, p.address, p.backend, p.version, int(p.paused), p.error, float(p.registered_at))
+
+
+def proxy_from(r: Row) -> ProxyRecord:
+    return ProxyRecord(
+        proxy_id=r[0],
+        address=r[1],
+        backend=r[2],
+        version=int(r[3]),
+        paused=bool(r[4]),
+        error=r[5],
+        registered_at=float(r[6]),
     )

@@ -14,10 +14,14 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    PolicyUpdateRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     TaskRecord,
     TaskState,
+    UpdateOutcome,
     check_session_transition,
     check_task_transition,
 )
@@ -25,6 +29,8 @@ from rollout_server.store.base import SessionChange
 from rollout_server.store.rows import (
     DELIVERY_COLS,
     GATEWAY_COLS,
+    POLICY_COLS,
+    PROXY_COLS,
     REPORT_COLS,
     RESULT_COLS,
     SESSION_COLS,
@@ -36,6 +42,10 @@ from rollout_server.store.rows import (
     gateway_from,
     gateway_row,
     opt_float,
+    policy_from,
+    policy_row,
+    proxy_from,
+    proxy_row,
     report_row,
     result_from,
     result_row,
@@ -171,6 +181,21 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (state, next_attempt_at);
 CREATE INDEX IF NOT EXISTS deliveries_task ON deliveries (task_id);
+CREATE TABLE IF NOT EXISTS policies (
+  version {int} PRIMARY KEY,
+  weights_path TEXT NOT NULL,
+  updated_at {real} NOT NULL,
+  outcome TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS proxies (
+  proxy_id TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  version {int} NOT NULL,
+  paused {int} NOT NULL,
+  error TEXT NOT NULL,
+  registered_at {real} NOT NULL
+);
 """
 
 
@@ -474,3 +499,66 @@ class SqlStore:
                 f"SELECT {DELIVERY_COLS} FROM deliveries WHERE task_id = ? AND state = 'dead'", (task_id,)
             )
         return [delivery_from(r) for r in rows]
+
+    # Policy and proxies ----------------------------------------------------------------------------------
+    async def current_policy(self) -> PolicyRecord | None:
+        """Return the highest stored policy version, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {POLICY_COLS} FROM policies ORDER BY version DESC LIMIT 1")
+        return policy_from(rows[0]) if rows else None
+
+    async def get_policy_update(self, version: int) -> PolicyUpdateRecord | None:
+        """Return a stored version with its outcome, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {POLICY_COLS}, outcome FROM policies WHERE version = ?", (version,))
+        if not rows:
+            return None
+        policy = policy_from(rows[0])
+        outcome = UpdateOutcome.from_json(policy, rows[0][3]) if rows[0][3] else None
+        return PolicyUpdateRecord(policy, outcome)
+
+    async def insert_policy(self, policy: PolicyRecord) -> bool:
+        """Store ``policy`` unless a version at or above it exists."""
+        async with self._db.transaction() as conn:
+            higher = await conn.fetch("SELECT 1 FROM policies WHERE version >= ? LIMIT 1", (policy.version,))
+            if higher:
+                return False
+            changed = await conn.execute(
+                f"INSERT INTO policies ({POLICY_COLS}, outcome) VALUES (?, ?, ?, '') ON CONFLICT (version) DO NOTHING",
+                policy_row(policy),
+            )
+        return changed == 1
+
+    async def set_policy_outcome(self, version: int, outcome: UpdateOutcome) -> None:
+        """Store the outcome of a version's update."""
+        async with self._db.transaction() as conn:
+            await conn.execute("UPDATE policies SET outcome = ? WHERE version = ?", (outcome.to_json(), version))
+
+    async def upsert_proxy(self, proxy: ProxyRecord) -> None:
+        """Insert or replace a proxy."""
+        updates = ", ".join(f"{c} = excluded.{c}" for c in PROXY_COLS.split(", ")[1:])
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                f"INSERT INTO proxies ({PROXY_COLS}) VALUES ({', '.join('?' * len(PROXY_COLS.split(', ')))}) "
+                f"ON CONFLICT (proxy_id) DO UPDATE SET {updates}",
+                proxy_row(proxy),
+            )
+
+    async def set_proxy_state(self, proxy_id: str, *, version: int | None, paused: bool, error: str) -> None:
+        """Record a proxy's update state."""
+        async with self._db.transaction() as conn:
+            if version is None:
+                await conn.execute(
+                    "UPDATE proxies SET paused = ?, error = ? WHERE proxy_id = ?", (int(paused), error, proxy_id)
+                )
+            else:
+                await conn.execute(
+                    "UPDATE proxies SET version = ?, paused = ?, error = ? WHERE proxy_id = ?",
+                    (version, int(paused), error, proxy_id),
+                )
+
+    async def list_proxies(self) -> list[ProxyRecord]:
+        """Return every proxy by id."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {PROXY_COLS} FROM proxies ORDER BY proxy_id")
+        return [proxy_from(r) for r in rows]
