@@ -111,6 +111,7 @@ async def test_watch_headers_arrive_once_subscribed(gateway: Gateway) -> None:
         await gateway.stub.StartSession(pb.StartSessionRequest(spec=session("a")))
         async with asyncio.timeout(10):
             first = await watch.read()
+        assert isinstance(first, pb.WatchSessionsResponse)
         assert first.state.stage == status_pb2.SESSION_STAGE_INIT
         assert not first.HasField("result")
     finally:
