@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
-from rollout_server.models import CoreConfig, DeliveryConfig, SchedulerConfig
-from rollout_server.ports import CallbackSender, GatewayClient
+from rollout_server.models import CoreConfig, DeliveryConfig, SchedulerConfig, StalePolicy
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
@@ -48,8 +48,13 @@ class RolloutApp:
         gateway_client: GatewayClient | None = None,
         callback_sender: CallbackSender | None = None,
         clock: Callable[[], float] = time.time,
+        current_policy: CurrentPolicyVersion | None = None,
     ) -> RolloutApp:
-        """Build the app from settings; ``store``, ``gateway_client`` and ``callback_sender`` override the defaults."""
+        """Build the app from settings; ``store``, ``gateway_client`` and ``callback_sender`` override the defaults.
+
+        ``current_policy`` says the fleet's policy version for staleness; by default the highest integer version
+        recorded in results.
+        """
         store = store or await open_store(settings.store_url, settings.state_dir)
         token = settings.gateway_auth_token or settings.auth_token
         gateways = gateway_client or GrpcGatewayClient(
@@ -73,8 +78,11 @@ class RolloutApp:
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 lease_ttl_s=settings.lease_ttl_s,
                 callback_max_attempts=settings.callback_max_attempts,
+                default_max_policy_lag=settings.default_max_policy_lag,
+                default_stale_policy=StalePolicy(settings.default_stale_policy),
             ),
             clock=clock,
+            current_policy=current_policy,
         )
         scheduler = Scheduler(
             core,

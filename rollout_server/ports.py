@@ -1,8 +1,9 @@
-"""The seams of the rollout server's domain code: gateways and trainer callbacks.
+"""The seams of the rollout server's domain code: gateways, trainer callbacks and the fleet's policy version.
 
 The scheduler talks to gateways only through :class:`GatewayClient` and the deliverer to trainers only through
 :class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.clients`, and unit
-tests pass fakes.
+tests pass fakes. The core reads the fleet's current policy version through :class:`CurrentPolicyVersion`
+(default: :class:`rollout_server.staleness.StoreCurrentPolicyVersion`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from typing import Protocol
 
 from rollout_server.models import CallbackTarget, ResultRecord
 
-__all__ = ["CallbackSender", "CapacityView", "GatewayClient", "GatewaySessionView", "SessionDispatch"]
+__all__ = [
+    "CallbackSender",
+    "CapacityView",
+    "CurrentPolicyVersion",
+    "GatewayClient",
+    "GatewaySessionView",
+    "SessionDispatch",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,3 +106,10 @@ class CallbackSender(Protocol):
 
     async def close(self) -> None:
         """Close connections."""
+
+
+class CurrentPolicyVersion(Protocol):
+    """The fleet's current policy version, as staleness is measured against it."""
+
+    async def current_version(self) -> int:
+        """The current version (an integer from 1; 0 when no version is known)."""

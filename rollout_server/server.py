@@ -11,7 +11,7 @@ from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
-from rollout_server.ports import CallbackSender, GatewayClient
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient
 from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store
@@ -28,10 +28,12 @@ async def start_server(
     store: Store | None = None,
     gateway_client: GatewayClient | None = None,
     callback_sender: CallbackSender | None = None,
+    current_policy: CurrentPolicyVersion | None = None,
 ) -> RunningService[RolloutApp]:
     """Open the app, serve it on ``settings.host:settings.port`` (0 picks a port), then start it.
 
-    ``store``, ``gateway_client`` and ``callback_sender`` replace the ones the settings name (tests, benchmarks).
+    ``store``, ``gateway_client`` and ``callback_sender`` replace the ones the settings name (tests, benchmarks);
+    ``current_policy`` replaces the default source of the fleet's policy version (see ``RolloutApp.open``).
     Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
     ``stop`` on the result stops serving, then the loops, and closes the store.
     """
@@ -41,6 +43,7 @@ async def start_server(
         store=store,
         gateway_client=gateway_client,
         callback_sender=callback_sender,
+        current_policy=current_policy,
     )
     servicer = RolloutServicer(app.core)
     registration = ServiceRegistration(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -37,6 +37,10 @@ class RolloutSettings(ServiceSettings):
         callback_backoff_max_s: Upper bound of the delivery backoff.
         callback_timeout_s: Deadline of each delivery call.
         watchdog_interval_s: How often deadlines, leases and lost sessions are checked.
+        default_max_policy_lag: The staleness bound of a task that sets no ``max_policy_lag``; ``None`` means
+            no bound (see ``docs/rollout.md``, "Staleness").
+        default_stale_policy: What a task that names no ``stale_policy`` does with a session beyond its bound:
+            ``keep`` it with its lag, or ``resample`` it.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -61,3 +65,5 @@ class RolloutSettings(ServiceSettings):
     callback_backoff_max_s: float = Field(default=60.0, ge=0)
     callback_timeout_s: float = Field(default=10.0, gt=0)
     watchdog_interval_s: float = Field(default=1.0, gt=0)
+    default_max_policy_lag: int | None = Field(default=None, ge=0)
+    default_stale_policy: Literal["keep", "resample"] = "keep"
