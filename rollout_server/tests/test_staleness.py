@@ -9,6 +9,7 @@ import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from polar.common.v1 import session_pb2, task_pb2, trace_pb2
@@ -102,14 +103,14 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     await e.store.close()
 
 
-def new_task(task_id: str, n: int = 1, **kw: object) -> NewTask:
+def new_task(task_id: str, n: int = 1, **kw: Any) -> NewTask:
     return NewTask(
         task_id=task_id,
         spec=task_pb2.Task(task_id=task_id).SerializeToString(),
         spec_hash=f"h-{task_id}",
         num_samples=n,
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_lag_is_measured_from_the_oldest_integer_version() -> None:
