@@ -282,14 +282,13 @@ async def test_a_database_from_before_staleness_gains_its_columns(tmp_path: Path
     for column in added:
         old_schema = [s.replace(column, "") for s in old_schema]
     assert all(name not in s for s in old_schema for name in ("stale_", "policy_lag", "fleet_version"))
+    old_row = {"task_id": "old", "spec": b"", "spec_hash": "h", "num_samples": 1, "priority": 0, "early_stop": 0}
+    old_row |= {"session_timeout_s": 60.0, "callback_kind": "", "callback_target": "", "callback_max_attempts": 0}
+    old_row |= {"state": "pending", "submitted_at": 1.0, "deadline": 2.0, "error_message": ""}
     with sqlite3.connect(path) as db:
-        for statement in old_schema:
-            db.execute(statement)
-        db.execute(
-            "INSERT INTO tasks (task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, "
-            "callback_kind, callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, "
-            "error_message) VALUES ('old', x'00', 'h', 1, 0, 0, 60.0, '', '', 0, 'pending', 1.0, 2.0, NULL, '')"
-        )
+        db.executescript(";\n".join(old_schema))
+        names = ", ".join(old_row)
+        db.execute(f"INSERT INTO tasks ({names}) VALUES ({', '.join('?' * len(old_row))})", tuple(old_row.values()))
     store = await open_sqlite_store(path)
     try:
         old = await store.get_task("old")
