@@ -365,7 +365,9 @@ class RolloutCore:
             return True
         if result.policy_versions:
             await stamp_lag(result, self.current_policy)
-        decision = decide(task, result.policy_lag, now=now) if task is not None else StaleDecision.FRESH
+        decision = StaleDecision.FRESH
+        if task is not None and result.status.trainable:  # untrainable traces carry no loss whatever their lag
+            decision = decide(task, result.policy_lag, now=now)
         if decision is StaleDecision.RESAMPLE:
             return await self._resample(session, result, failures)
         if task is not None and decision is StaleDecision.DROP:

@@ -224,6 +224,17 @@ async def test_resample_discards_the_stale_attempt_without_using_up_attempts(env
     assert await env.core.report_result(make_result(first, gateway_id="a", policy_versions=["4"]))
 
 
+async def test_an_untrainable_stale_result_is_recorded_as_it_is(env: Env) -> None:
+    await env.core.submit_task(new_task("t", 1, max_policy_lag=0, stale_policy=StalePolicy.RESAMPLE))
+    for _ in range(2):  # max_attempts=2: the second infra_error is final
+        (d,) = await env.dispatch()
+        await env.report(d, ["3"], status=TerminalStatus.INFRA_ERROR)
+        env.clock.now += 10
+    summary, (result,) = await env.core.get_task("t")
+    assert (result.status, result.attempt, result.policy_lag) == (TerminalStatus.INFRA_ERROR, 2, 2)
+    assert summary.statistics.sessions_stale_resampled == 0
+
+
 async def test_a_stale_result_past_the_deadline_is_dropped_not_delivered(env: Env) -> None:
     await env.core.submit_task(new_task("t", 1, max_policy_lag=0, stale_policy=StalePolicy.RESAMPLE))
     (d,) = await env.dispatch()
