@@ -18,6 +18,7 @@ __all__ = ["load_task", "task_from_mapping"]
 
 _RUNTIME_KINDS = {"local": 1, "docker": 2, "apptainer": 3}
 _SCALARS = ("task_id", "instruction", "num_samples", "timeout_seconds", "priority", "early_stop_min_usable_sessions")
+_STALE_POLICIES = {"keep": task_pb2.STALE_POLICY_KEEP, "resample": task_pb2.STALE_POLICY_RESAMPLE}
 
 
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -56,23 +57,40 @@ def _check_local_base_commit(data: Mapping[str, Any]) -> None:
             TreeCache().resolve(repo, str(section["base_commit"]))
 
 
+def _staleness(task: task_pb2.Task, data: Mapping[str, Any]) -> None:
+    """Set ``max_policy_lag`` (an integer >= 0) and ``stale_policy`` (``keep`` or ``resample``) when given."""
+    lag = data.get("max_policy_lag")
+    if lag is not None:
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+            raise InvalidArgument(f"max_policy_lag must be an integer >= 0, not {lag!r}")
+        task.max_policy_lag = lag
+    policy = data.get("stale_policy")
+    if policy is not None:
+        if policy not in _STALE_POLICIES:
+            raise InvalidArgument(f"stale_policy must be one of {', '.join(_STALE_POLICIES)}, not {policy!r}")
+        task.stale_policy = _STALE_POLICIES[policy]
+
+
 def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
     """Build a Task from the parsed YAML mapping.
 
     ``harness``, ``backend`` and ``evaluator`` take a name (``strategy`` for the evaluator) plus free-form
     options; ``runtime`` takes ``kind``, ``image`` and options; ``builder`` takes ``strategy``
     (``per-request``, ``prefix-merge``, ``exact``) and ``end_of_turn_token_ids``; ``callback`` takes
-    ``http_url`` or ``grpc_target`` and ``max_attempts``. ``evaluator.base_commit`` (or ``metadata.base_commit``)
-    must be a hex sha or a plain ref name.
+    ``http_url`` or ``grpc_target`` and ``max_attempts``; ``max_policy_lag`` (an integer >= 0) and
+    ``stale_policy`` (``keep`` or ``resample``) bound staleness (unset: the rollout server's defaults).
+    ``evaluator.base_commit`` (or ``metadata.base_commit``) must be a hex sha or a plain ref name.
 
     Raises:
         InvalidArgument: Unknown keys or malformed values.
     """
     known = {*_SCALARS, "harness", "runtime", "backend", "builder", "evaluator", "metadata", "callback"}
+    known |= {"max_policy_lag", "stale_policy"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InvalidArgument(f"unknown task field(s): {', '.join(unknown)}")
     task = task_pb2.Task()
+    _staleness(task, data)
     try:
         for key in _SCALARS:
             if key in data and data[key] is not None:

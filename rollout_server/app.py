@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
-from rollout_server.models import CoreConfig, DeliveryConfig, PolicyConfig, SchedulerConfig
+from rollout_server.models import CoreConfig, DeliveryConfig, PolicyConfig, SchedulerConfig, StalePolicy
 from rollout_server.policy import PolicyCoordinator
-from rollout_server.ports import CallbackSender, GatewayClient, ProxyClient
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
@@ -52,8 +52,13 @@ class RolloutApp:
         callback_sender: CallbackSender | None = None,
         proxy_client: ProxyClient | None = None,
         clock: Callable[[], float] = time.time,
+        current_policy: CurrentPolicyVersion | None = None,
     ) -> RolloutApp:
-        """Build the app from settings; ``store`` and the ``..._client``/``..._sender`` seams override the defaults."""
+        """Build the app from settings; ``store`` and the ``..._client``/``..._sender`` seams override the defaults.
+
+        ``current_policy`` says the fleet's policy version for staleness; by default the fleet's current version
+        (from UpdatePolicy), or the highest integer version recorded in results before any update.
+        """
         store = store or await open_store(settings.store_url, settings.state_dir)
         token = settings.gateway_auth_token or settings.auth_token
         gateways = gateway_client or GrpcGatewayClient(
@@ -77,8 +82,11 @@ class RolloutApp:
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 lease_ttl_s=settings.lease_ttl_s,
                 callback_max_attempts=settings.callback_max_attempts,
+                default_max_policy_lag=settings.default_max_policy_lag,
+                default_stale_policy=StalePolicy(settings.default_stale_policy),
             ),
             clock=clock,
+            current_policy=current_policy,
         )
         scheduler = Scheduler(
             core,

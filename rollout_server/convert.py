@@ -23,10 +23,12 @@ from rollout_server.models import (
     ProxyRecord,
     ProxyUpdateState,
     ResultRecord,
+    StalePolicy,
     TaskState,
     UpdateOutcome,
 )
 from rollout_server.ports import ProxyPolicyView
+from rollout_server.staleness import policy_lag
 from rollout_server.stats import Distribution, TaskSummary
 
 __all__ = [
@@ -55,6 +57,11 @@ _TASK_STATES = {
     TaskState.FAILED: status_pb2.TASK_STATUS_FAILED,
 }
 _TASK_STATES_BACK = {v: k for k, v in _TASK_STATES.items()}
+_STALE_POLICIES = {
+    task_pb2.STALE_POLICY_UNSPECIFIED: None,
+    task_pb2.STALE_POLICY_KEEP: StalePolicy.KEEP,
+    task_pb2.STALE_POLICY_RESAMPLE: StalePolicy.RESAMPLE,
+}
 
 
 def terminal_status_to_proto(status: TerminalStatus) -> status_pb2.TerminalStatus:
@@ -95,6 +102,7 @@ def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration
         callback = CallbackTarget("http", task.callback.http_url, task.callback.max_attempts)
     elif which == "grpc_target":
         callback = CallbackTarget("grpc", task.callback.grpc_target, task.callback.max_attempts)
+    max_lag, stale_policy = _staleness_from_proto(task)
     timeout_s = seconds(task_timeout) if task_timeout is not None else 0.0
     if timeout_s < 0:
         raise InvalidArgument("task_timeout must not be negative")
@@ -110,7 +118,19 @@ def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration
         session_timeout_s=task.timeout_seconds or _DEFAULT_SESSION_TIMEOUT_S,
         callback=callback,
         task_timeout_s=timeout_s or None,
+        max_policy_lag=max_lag,
+        stale_policy=stale_policy,
     )
+
+
+def _staleness_from_proto(task: task_pb2.Task) -> tuple[int | None, StalePolicy | None]:
+    """The task's ``max_policy_lag`` (``None``: unset) and stale policy (``None``: unspecified), validated."""
+    max_lag = task.max_policy_lag if task.HasField("max_policy_lag") else None
+    if max_lag is not None and max_lag < 0:
+        raise InvalidArgument("max_policy_lag must not be negative", details={"task_id": task.task_id})
+    if task.stale_policy not in _STALE_POLICIES:
+        raise InvalidArgument(f"unknown stale_policy {task.stale_policy}", details={"task_id": task.task_id})
+    return max_lag, _STALE_POLICIES[task.stale_policy]
 
 
 def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
@@ -173,6 +193,9 @@ def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
     pb.idempotency_key = record.idempotency_key
     if record.error_message:
         pb.error_message = record.error_message
+    pb.policy_lag = record.policy_lag
+    for trace in pb.traces:
+        trace.policy_lag = policy_lag(record.fleet_version, trace.policy_versions)
     return pb
 
 
@@ -219,6 +242,9 @@ def summary_to_proto(summary: TaskSummary) -> rollout_service_pb2.TaskInfo:
             deliveries_pending=st.deliveries_pending,
             deliveries_dead_lettered=st.deliveries_dead_lettered,
             deliveries_delivered=st.deliveries_delivered,
+            policy_lag=_distribution(st.policy_lag),
+            sessions_stale_resampled=st.sessions_stale_resampled,
+            sessions_stale_kept=st.sessions_stale_kept,
         ),
     )
     if task.finished_at is not None:

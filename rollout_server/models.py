@@ -47,6 +47,7 @@ __all__ = [
     "SchedulerConfig",
     "SessionRecord",
     "SessionState",
+    "StalePolicy",
     "TaskRecord",
     "TaskState",
     "UpdateOutcome",
@@ -82,6 +83,13 @@ class SessionState(enum.StrEnum):
     def in_flight(self) -> bool:
         """Whether a gateway may be running the session."""
         return self in (SessionState.STARTING, SessionState.RUNNING)
+
+
+class StalePolicy(enum.StrEnum):
+    """What happens to a session sampled more than a task's ``max_policy_lag`` versions behind."""
+
+    KEEP = "keep"
+    RESAMPLE = "resample"
 
 
 class DeliveryState(enum.StrEnum):
@@ -157,6 +165,9 @@ class TaskRecord:
         results_count: Number of session results recorded (the next result index).
         trace_context: The W3C trace context (``traceparent``, ``tracestate``) of the SubmitTask call, so the
             task's sessions are dispatched in the submitter's trace even after a restart; empty when untraced.
+        max_policy_lag: The staleness bound (the task's, else the server's default at submission); ``None``
+            means no bound.
+        stale_policy: What happens to a session beyond ``max_policy_lag``.
     """
 
     task_id: str
@@ -175,6 +186,8 @@ class TaskRecord:
     seq: int = 0
     results_count: int = 0
     trace_context: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_policy_lag: int | None = None
+    stale_policy: StalePolicy = StalePolicy.KEEP
 
 
 @dataclasses.dataclass(slots=True)
@@ -194,6 +207,8 @@ class SessionRecord:
         deadline: When the current attempt must be done (the gateway enforces it; the server double-checks).
         priority: Copied from the task, for dispatch order.
         task_seq: Copied from the task, for dispatch order.
+        stale_resamples: Attempts discarded because they were beyond the task's ``max_policy_lag``
+            (``resample``); they count in ``attempt`` but not against ``max_attempts``.
     """
 
     session_id: str
@@ -208,6 +223,7 @@ class SessionRecord:
     deadline: float | None = None
     priority: int = 0
     task_seq: int = 0
+    stale_resamples: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -231,6 +247,9 @@ class ResultRecord:
         payload: The full result as reported (serialised protobuf, traces included); empty when made up.
         result_index: Completion order within the task (assigned by the store; -1 until recorded).
         recorded_at: Unix seconds.
+        policy_lag: Versions the session's oldest call was behind the fleet when the result was recorded.
+        fleet_version: The fleet's version used for ``policy_lag`` (0: unknown); each trace's own lag is
+            computed from it when the result is read back.
     """
 
     session_id: str
@@ -249,6 +268,8 @@ class ResultRecord:
     payload: bytes = b""
     result_index: int = -1
     recorded_at: float = 0.0
+    policy_lag: int = 0
+    fleet_version: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -316,6 +337,8 @@ class CoreConfig:
     lease_ttl_s: float = 20.0
     callback_max_attempts: int = 8
     watch_poll_s: float = 1.0
+    default_max_policy_lag: int | None = None
+    default_stale_policy: StalePolicy = StalePolicy.KEEP
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,6 +355,8 @@ class NewTask:
         session_timeout_s: Agent budget per session.
         callback: Where results are pushed.
         task_timeout_s: Limit for the whole task; ``None`` means the server's default.
+        max_policy_lag: The task's staleness bound; ``None`` means the server's default.
+        stale_policy: What to do beyond the bound; ``None`` means the server's default.
     """
 
     task_id: str
@@ -343,6 +368,8 @@ class NewTask:
     session_timeout_s: float = 600.0
     callback: CallbackTarget | None = None
     task_timeout_s: float | None = None
+    max_policy_lag: int | None = None
+    stale_policy: StalePolicy | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
-"""The seams of the rollout server's domain code: gateways, trainer callbacks and model proxies.
+"""The seams of the rollout server's domain code: gateways, trainer callbacks, model proxies, the policy version.
 
 The scheduler talks to gateways only through :class:`GatewayClient`, the deliverer to trainers only through
 :class:`CallbackSender` and the policy coordinator to model proxies only through :class:`ProxyClient`; the gRPC
-and HTTP implementations live in :mod:`rollout_server.clients`, and unit tests pass fakes.
+and HTTP implementations live in :mod:`rollout_server.clients`, and unit tests pass fakes. The core reads the
+fleet's current policy version through :class:`CurrentPolicyVersion`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rollout_server.models import CallbackTarget, ResultRecord
 __all__ = [
     "CallbackSender",
     "CapacityView",
+    "CurrentPolicyVersion",
     "GatewayClient",
     "GatewaySessionView",
     "ProxyClient",
@@ -142,3 +144,10 @@ class ProxyClient(Protocol):
 
     async def close(self) -> None:
         """Close connections."""
+
+
+class CurrentPolicyVersion(Protocol):
+    """The fleet's current policy version, as staleness is measured against it."""
+
+    async def current_version(self) -> int:
+        """The current version (an integer from 1; 0 when no version is known)."""

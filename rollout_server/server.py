@@ -11,7 +11,7 @@ from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
-from rollout_server.ports import CallbackSender, GatewayClient, ProxyClient
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store
@@ -29,11 +29,13 @@ async def start_server(
     gateway_client: GatewayClient | None = None,
     callback_sender: CallbackSender | None = None,
     proxy_client: ProxyClient | None = None,
+    current_policy: CurrentPolicyVersion | None = None,
 ) -> RunningService[RolloutApp]:
     """Open the app, serve it on ``settings.host:settings.port`` (0 picks a port), then start it.
 
     ``store``, ``gateway_client``, ``callback_sender`` and ``proxy_client`` replace the ones the settings name
-    (tests, benchmarks).
+    (tests, benchmarks); ``current_policy`` replaces the source of the fleet's policy version (see
+    ``RolloutApp.open``).
     Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
     ``stop`` on the result stops serving, then the loops, and closes the store.
     """
@@ -44,6 +46,7 @@ async def start_server(
         gateway_client=gateway_client,
         callback_sender=callback_sender,
         proxy_client=proxy_client,
+        current_policy=current_policy,
     )
     servicer = RolloutServicer(app.core, app.policy)
     registration = ServiceRegistration(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -41,6 +41,10 @@ class RolloutSettings(ServiceSettings):
             gives no ``drain_timeout``.
         proxy_rpc_timeout_s: Deadline of each short call to a model proxy (CheckWeights, ResumeGeneration, ...).
         policy_load_timeout_s: Deadline of each LoadWeights call to a model proxy.
+        default_max_policy_lag: The staleness bound of a task that sets no ``max_policy_lag``; ``None`` means
+            no bound (see ``docs/rollout.md``, "Staleness").
+        default_stale_policy: What a task that names no ``stale_policy`` does with a session beyond its bound:
+            ``keep`` it with its lag, or ``resample`` it.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -68,3 +72,5 @@ class RolloutSettings(ServiceSettings):
     policy_drain_timeout_s: float = Field(default=60.0, gt=0)
     proxy_rpc_timeout_s: float = Field(default=10.0, gt=0)
     policy_load_timeout_s: float = Field(default=600.0, gt=0)
+    default_max_policy_lag: int | None = Field(default=None, ge=0)
+    default_stale_policy: Literal["keep", "resample"] = "keep"

@@ -21,6 +21,7 @@ from rollout_server.models import (
     ResultRecord,
     SessionRecord,
     SessionState,
+    StalePolicy,
     TaskRecord,
     TaskState,
 )
@@ -59,16 +60,16 @@ Row = Sequence[Any]
 TASK_COLS = (
     "task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, callback_kind, "
     "callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, error_message, "
-    "trace_context"
+    "trace_context, max_policy_lag, stale_policy"
 )
 TASK_SELECT = f"SELECT {TASK_COLS}, seq, results_count FROM tasks"
 SESSION_COLS = (
     "session_id, task_id, sample_index, state, attempt, infra_failures, gateway_id, not_before, dispatched_at, "
-    "deadline, priority, task_seq"
+    "deadline, priority, task_seq, stale_resamples"
 )
 RESULT_COLS = (
     "session_id, task_id, sample_index, status, reward, attempt, gateway_id, idempotency_key, error_message, "
-    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at"
+    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at, policy_lag, fleet_version"
 )
 GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
@@ -105,6 +106,8 @@ def task_row(t: TaskRecord) -> tuple[Any, ...]:
         opt_float(t.finished_at),
         t.error_message,
         json.dumps(t.trace_context, sort_keys=True) if t.trace_context else "",
+        t.max_policy_lag,
+        t.stale_policy.value,
     )
 
 
@@ -125,8 +128,10 @@ def task_from(r: Row) -> TaskRecord:
         finished_at=None if r[13] is None else float(r[13]),
         error_message=r[14],
         trace_context=json.loads(r[15]) if r[15] else {},
-        seq=int(r[16]),
-        results_count=int(r[17]),
+        max_policy_lag=None if r[16] is None else int(r[16]),
+        stale_policy=StalePolicy(r[17]),
+        seq=int(r[18]),
+        results_count=int(r[19]),
     )
 
 
@@ -144,6 +149,7 @@ def session_row(s: SessionRecord) -> tuple[Any, ...]:
         opt_float(s.deadline),
         s.priority,
         s.task_seq,
+        s.stale_resamples,
     )
 
 
@@ -161,6 +167,7 @@ def session_from(r: Row) -> SessionRecord:
         deadline=None if r[9] is None else float(r[9]),
         priority=int(r[10]),
         task_seq=int(r[11]),
+        stale_resamples=int(r[12]),
     )
 
 
@@ -182,6 +189,8 @@ def result_from(r: Row) -> ResultRecord:
         payload=bytes(r[13]) if r[13] is not None else b"",
         result_index=int(r[14]),
         recorded_at=float(r[15]),
+        policy_lag=int(r[16]),
+        fleet_version=int(r[17]),
     )
 
 
@@ -245,6 +254,8 @@ def result_row(r: ResultRecord) -> tuple[Any, ...]:
         r.payload,
         r.result_index,
         float(r.recorded_at),
+        r.policy_lag,
+        r.fleet_version,
     )
 
 

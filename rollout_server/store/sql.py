@@ -105,7 +105,9 @@ CREATE TABLE IF NOT EXISTS tasks (
   finished_at {real},
   error_message TEXT NOT NULL,
   results_count {int} NOT NULL DEFAULT 0,
-  trace_context TEXT NOT NULL DEFAULT ''
+  trace_context TEXT NOT NULL DEFAULT '',
+  max_policy_lag {int},
+  stale_policy TEXT NOT NULL DEFAULT 'keep'
 );
 CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state, seq);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -120,7 +122,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   dispatched_at {real},
   deadline {real},
   priority {int} NOT NULL,
-  task_seq {int} NOT NULL
+  task_seq {int} NOT NULL,
+  stale_resamples {int} NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_queue ON sessions (state, priority, task_seq, sample_index);
@@ -141,6 +144,8 @@ CREATE TABLE IF NOT EXISTS results (
   policy_versions TEXT NOT NULL,
   payload {blob} NOT NULL,
   recorded_at {real} NOT NULL,
+  policy_lag {int} NOT NULL DEFAULT 0,
+  fleet_version {int} NOT NULL DEFAULT 0,
   UNIQUE (task_id, result_index)
 );
 CREATE TABLE IF NOT EXISTS reports (
@@ -206,12 +211,19 @@ def schema(types: dict[str, str]) -> list[str]:
 
 # Columns added after a table's first release: (table, column, definition). A database made before the
 # column existed gets it by ``ALTER TABLE ... ADD COLUMN`` on start; rows already there take the default.
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),)
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),
+    ("tasks", "max_policy_lag", "{int}"),
+    ("tasks", "stale_policy", "TEXT NOT NULL DEFAULT 'keep'"),
+    ("sessions", "stale_resamples", "{int} NOT NULL DEFAULT 0"),
+    ("results", "policy_lag", "{int} NOT NULL DEFAULT 0"),
+    ("results", "fleet_version", "{int} NOT NULL DEFAULT 0"),
+)
 
 
 _SESSION_CAS = (
     "UPDATE sessions SET state = ?, attempt = ?, infra_failures = ?, gateway_id = ?, not_before = ?, "
-    "dispatched_at = ?, deadline = ? WHERE session_id = ? AND state = ? AND attempt = ?"
+    "dispatched_at = ?, deadline = ?, stale_resamples = ? WHERE session_id = ? AND state = ? AND attempt = ?"
 )
 
 
@@ -226,6 +238,7 @@ def _cas_args(change: SessionChange) -> tuple[Any, ...]:
         float(new.not_before),
         opt_float(new.dispatched_at),
         opt_float(new.deadline),
+        new.stale_resamples,
         new.session_id,
         expected_state.value,
         expected_attempt,
@@ -249,7 +262,7 @@ class SqlStore:
                     await conn.fetch(f"SELECT {column} FROM {table} WHERE 1 = 0")
             except Exception:
                 async with self._db.transaction() as conn:
-                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition.format(**self._db.types)}")
 
     async def close(self) -> None:
         """Close the backend."""
@@ -260,7 +273,7 @@ class SqlStore:
         """Insert a task and its sessions unless the id exists."""
         async with self._db.transaction() as conn:
             rows = await conn.fetch(
-                f"INSERT INTO tasks ({TASK_COLS}) VALUES ({', '.join('?' * 16)}) "
+                f"INSERT INTO tasks ({TASK_COLS}) VALUES ({', '.join('?' * 18)}) "
                 "ON CONFLICT (task_id) DO NOTHING RETURNING seq",
                 task_row(task),
             )
@@ -271,7 +284,7 @@ class SqlStore:
             for s in sessions:
                 s.task_seq = seq
             await conn.executemany(
-                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 12)})",
+                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 13)})",
                 [session_row(s) for s in sessions],
             )
         task.seq = seq
@@ -394,7 +407,7 @@ class SqlStore:
             result.result_index = int(rows[0][0]) - 1
             await self._insert_report(conn, result, final=True)
             await conn.execute(
-                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 16)})",
+                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 18)})",
                 result_row(result),
             )
             if result.policy_versions:
