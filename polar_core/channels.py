@@ -10,6 +10,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import bearer_metadata
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from polar_core.tls import TlsFiles, client_credentials
 
 __all__ = ["open_channel", "token_interceptors"]
@@ -68,8 +69,14 @@ def open_channel(
     auth_token: str = "",
     options: Sequence[tuple[str, int | str]] = (),
     tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.aio.Channel:
-    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS."""
+    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS.
+
+    Both message limits are ``max_message_bytes`` (generous by default, see :mod:`polar_core.limits`);
+    ``options`` are added after them, so an explicit option still wins.
+    """
+    options = [*message_options(max_message_bytes), *options]
     interceptors: list[Any] = token_interceptors(auth_token) if auth_token else []
     interceptors.extend(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
     if tls is not None:

@@ -22,6 +22,7 @@ from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_serv
 from polar_core import errors
 from polar_core.channels import open_channel
 from polar_core.durations import timestamp
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.rpc_client import error_from_rpc
 from polar_core.tls import TlsFiles
 from rollout_server.convert import result_from_proto, result_to_json, result_to_proto
@@ -77,8 +78,10 @@ class GrpcGatewayClient:
         timeout_s: float = 10.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._tls = tls
+        self._max_message_bytes = max_message_bytes
         self._token = auth_token
         self._timeout = timeout_s
         self._tracer_provider = tracer_provider
@@ -89,7 +92,11 @@ class GrpcGatewayClient:
         stub = self._stubs.get(address)
         if stub is None:
             channel = open_channel(
-                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
+                address,
+                tracer_provider=self._tracer_provider,
+                auth_token=self._token,
+                tls=self._tls,
+                max_message_bytes=self._max_message_bytes,
             )
             self._channels[address] = channel
             stub = self._stubs[address] = gateway_service_pb2_grpc.GatewayServiceStub(channel)
@@ -153,8 +160,14 @@ class CallbackSenders:
     """
 
     def __init__(
-        self, *, auth_token: str = "", timeout_s: float = 10.0, tracer_provider: TracerProvider | None = None
+        self,
+        *,
+        auth_token: str = "",
+        timeout_s: float = 10.0,
+        tracer_provider: TracerProvider | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
+        self._max_message_bytes = max_message_bytes
         self._token = auth_token
         self._timeout = timeout_s
         self._tracer_provider = tracer_provider
@@ -190,7 +203,12 @@ class CallbackSenders:
     async def _deliver_grpc(self, target: str, result: ResultRecord, attempt: int) -> bool:
         channel = self._channels.get(target)
         if channel is None:
-            channel = open_channel(target, tracer_provider=self._tracer_provider, auth_token=self._token)
+            channel = open_channel(
+                target,
+                tracer_provider=self._tracer_provider,
+                auth_token=self._token,
+                max_message_bytes=self._max_message_bytes,
+            )
             self._channels[target] = channel
         stub = trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub(channel)
         request = trainer_callback_service_pb2.DeliverSessionResultRequest(

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from polar.common.v1 import completion_pb2 as polar_dot_common_dot_v1_dot_completion__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(polar/proxy/v1/model_proxy_service.proto\x12\x0epolar.proxy.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a polar/common/v1/completion.proto\"z\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x13OpenSessionResponse\x12\x15\n\rsession_token\x18\x01 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x02 \x01(\t\x12\x17\n\x0fopenai_base_url\x18\x03 \x01(\t\x12\x17\n\x0fgoogle_base_url\x18\x04 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\"S\n\x16ListCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"d\n\x17ListCompletionsResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x17WatchCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\"K\n\x18WatchCompletionsResponse\x12/\n\ncompletion\x18\x01 \x01(\x0b\x32\x1b.polar.common.v1.Completion\"1\n\x17SetPolicyVersionRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\";\n\x18SetPolicyVersionResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\"1\n\x16PauseGenerationRequest\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x01 \x01(\x08\"=\n\x17PauseGenerationResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x62orted\x18\x02 \x01(\x05\"\x19\n\x17ResumeGenerationRequest\",\n\x18ResumeGenerationResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\x32\xc5\x05\n\x11ModelProxyService\x12V\n\x0bOpenSession\x12\".polar.proxy.v1.OpenSessionRequest\x1a#.polar.proxy.v1.OpenSessionResponse\x12Y\n\x0c\x43loseSession\x12#.polar.proxy.v1.CloseSessionRequest\x1a$.polar.proxy.v1.CloseSessionResponse\x12\x62\n\x0fListCompletions\x12&.polar.proxy.v1.ListCompletionsRequest\x1a\'.polar.proxy.v1.ListCompletionsResponse\x12g\n\x10WatchCompletions\x12\'.polar.proxy.v1.WatchCompletionsRequest\x1a(.polar.proxy.v1.WatchCompletionsResponse0\x01\x12\x65\n\x10SetPolicyVersion\x12\'.polar.proxy.v1.SetPolicyVersionRequest\x1a(.polar.proxy.v1.SetPolicyVersionResponse\x12\x62\n\x0fPauseGeneration\x12&.polar.proxy.v1.PauseGenerationRequest\x1a\'.polar.proxy.v1.PauseGenerationResponse\x12\x65\n\x10ResumeGeneration\x12\'.polar.proxy.v1.ResumeGenerationRequest\x1a(.polar.proxy.v1.ResumeGenerationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(polar/proxy/v1/model_proxy_service.proto\x12\x0epolar.proxy.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a polar/common/v1/completion.proto\"z\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x13OpenSessionResponse\x12\x15\n\rsession_token\x18\x01 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x02 \x01(\t\x12\x17\n\x0fopenai_base_url\x18\x03 \x01(\t\x12\x17\n\x0fgoogle_base_url\x18\x04 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\"k\n\x16ListCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x16\n\x0emax_page_bytes\x18\x14 \x01(\x03\"d\n\x17ListCompletionsResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x17WatchCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\"K\n\x18WatchCompletionsResponse\x12/\n\ncompletion\x18\x01 \x01(\x0b\x32\x1b.polar.common.v1.Completion\"1\n\x17SetPolicyVersionRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\";\n\x18SetPolicyVersionResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\"1\n\x16PauseGenerationRequest\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x01 \x01(\x08\"=\n\x17PauseGenerationResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x62orted\x18\x02 \x01(\x05\"\x19\n\x17ResumeGenerationRequest\",\n\x18ResumeGenerationResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\x32\xc5\x05\n\x11ModelProxyService\x12V\n\x0bOpenSession\x12\".polar.proxy.v1.OpenSessionRequest\x1a#.polar.proxy.v1.OpenSessionResponse\x12Y\n\x0c\x43loseSession\x12#.polar.proxy.v1.CloseSessionRequest\x1a$.polar.proxy.v1.CloseSessionResponse\x12\x62\n\x0fListCompletions\x12&.polar.proxy.v1.ListCompletionsRequest\x1a\'.polar.proxy.v1.ListCompletionsResponse\x12g\n\x10WatchCompletions\x12\'.polar.proxy.v1.WatchCompletionsRequest\x1a(.polar.proxy.v1.WatchCompletionsResponse0\x01\x12\x65\n\x10SetPolicyVersion\x12\'.polar.proxy.v1.SetPolicyVersionRequest\x1a(.polar.proxy.v1.SetPolicyVersionResponse\x12\x62\n\x0fPauseGeneration\x12&.polar.proxy.v1.PauseGenerationRequest\x1a\'.polar.proxy.v1.PauseGenerationResponse\x12\x65\n\x10ResumeGeneration\x12\'.polar.proxy.v1.ResumeGenerationRequest\x1a(.polar.proxy.v1.ResumeGenerationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSESESSIONRESPONSE']._serialized_start=415
   _globals['_CLOSESESSIONRESPONSE']._serialized_end=458
   _globals['_LISTCOMPLETIONSREQUEST']._serialized_start=460
-  _globals['_LISTCOMPLETIONSREQUEST']._serialized_end=543
-  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_start=545
-  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_end=645
-  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_start=647
-  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_end=710
-  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_start=712
-  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_end=787
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=789
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=838
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=840
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=899
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=901
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=950
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=952
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1013
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1015
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1040
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1042
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1086
-  _globals['_MODELPROXYSERVICE']._serialized_start=1089
-  _globals['_MODELPROXYSERVICE']._serialized_end=1798
+  _globals['_LISTCOMPLETIONSREQUEST']._serialized_end=567
+  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_start=569
+  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_end=669
+  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_start=671
+  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_end=734
+  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_start=736
+  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_end=811
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=813
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=862
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=864
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=923
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=925
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=974
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=976
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1037
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1039
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1064
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1066
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1110
+  _globals['_MODELPROXYSERVICE']._serialized_start=1113
+  _globals['_MODELPROXYSERVICE']._serialized_end=1822
 # @@protoc_insertion_point(module_scope)
