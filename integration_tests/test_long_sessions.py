@@ -12,6 +12,7 @@ are still over 4 MiB for one GetTask while the test stays within a couple of min
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def _check_long_sessions(results: dict[str, session_pb2.SessionResult]) -> None:
     assert len(per_request) == CALLS
     assert len(per_request[-1].prompt_token_ids) > 32_768  # the context grew past 32k tokens
     assert sum(t.ByteSize() for t in per_request) > GRPC_DEFAULT_LIMIT  # the point: past gRPC's default limit
-    for earlier, later in zip(per_request, per_request[1:], strict=False):
+    for earlier, later in itertools.pairwise(per_request):
         # Each call's prompt extends the previous call's prompt and reply (the agent appends to its context).
         assert list(later.prompt_token_ids[: len(_tokens(earlier))]) == _tokens(earlier)
         assert len(earlier.response_logprobs) == len(earlier.response_token_ids)
@@ -85,17 +86,20 @@ async def _check_task(client: RolloutClient, stack: EmbeddedStack, task_id: str)
     assert [r.session_id for r in paged] == [r.session_id for r in full.session_results]
     assert [len(r.traces) for r in paged] == [len(r.traces) for r in full.session_results]
     first = await client.get(task_id, max_page_bytes=budget)
-    assert 0 < len(first.session_results) < SAMPLES and first.next_result_index == len(first.session_results)
+    assert 0 < len(first.session_results) < SAMPLES
+    assert first.next_result_index == len(first.session_results)
 
     bare = await client.get(task_id, omit_traces=True)
-    assert len(bare.session_results) == SAMPLES and not any(r.traces for r in bare.session_results)
+    assert len(bare.session_results) == SAMPLES
+    assert not any(r.traces for r in bare.session_results)
     assert all(r.statistics.completions == TASK_CALLS for r in bare.session_results)
 
     watched = [r async for r in client.watch(task_id)]
     assert sorted(r.session_id for r in watched) == sorted(r.session_id for r in full.session_results)
     assert all(len(r.traces) == TASK_CALLS for r in watched)
     watched_bare = [r async for r in client.watch(task_id, omit_traces=True)]
-    assert len(watched_bare) == SAMPLES and not any(r.traces for r in watched_bare)
+    assert len(watched_bare) == SAMPLES
+    assert not any(r.traces for r in watched_bare)
 
     # A client on gRPC's default 4 MiB limit cannot take the whole task at once, but can page through it.
     metadata = bearer_metadata(stack.token)
@@ -107,7 +111,8 @@ async def _check_task(client: RolloutClient, stack: EmbeddedStack, task_id: str)
         page = await stub.GetTask(
             pb.GetTaskRequest(task_id=task_id, max_page_bytes=budget), metadata=metadata, timeout=60
         )
-        assert page.session_results and page.next_result_index
+        assert page.session_results
+        assert page.next_result_index
 
 
 @pytest.mark.timeout(900)
