@@ -10,6 +10,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import bearer_metadata
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from polar_core.tls import TlsFiles, client_credentials
 
 __all__ = ["StubPool", "open_channel", "token_interceptors"]
@@ -68,8 +69,14 @@ def open_channel(
     auth_token: str = "",
     options: Sequence[tuple[str, int | str]] = (),
     tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.aio.Channel:
-    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS."""
+    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS.
+
+    Both message limits are ``max_message_bytes`` (generous by default, see :mod:`polar_core.limits`);
+    ``options`` are added after them, so an explicit option still wins.
+    """
+    options = [*message_options(max_message_bytes), *options]
     interceptors: list[Any] = token_interceptors(auth_token) if auth_token else []
     interceptors.extend(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
     if tls is not None:
@@ -95,8 +102,10 @@ class StubPool(Generic[_StubT]):
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._make_stub = make_stub
+        self._max_message_bytes = max_message_bytes
         self._token = auth_token
         self._tracer_provider = tracer_provider
         self._tls = tls
@@ -108,7 +117,11 @@ class StubPool(Generic[_StubT]):
         stub = self._stubs.get(address)
         if stub is None:
             channel = open_channel(
-                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
+                address,
+                tracer_provider=self._tracer_provider,
+                auth_token=self._token,
+                tls=self._tls,
+                max_message_bytes=self._max_message_bytes,
             )
             self._channels[address] = channel
             stub = self._stubs[address] = self._make_stub(channel)

@@ -25,6 +25,7 @@ from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_serv
 from polar_core import errors
 from polar_core.channels import StubPool
 from polar_core.durations import duration, timestamp
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
 from rollout_server.convert import proxy_policy_from_proto, result_from_proto, result_to_json, result_to_proto
@@ -80,10 +81,15 @@ class GrpcGatewayClient:
         timeout_s: float = 10.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._timeout = timeout_s
         self._stubs: StubPool[gateway_service_pb2_grpc.GatewayServiceAsyncStub] = StubPool(
-            gateway_service_pb2_grpc.GatewayServiceStub, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls
+            gateway_service_pb2_grpc.GatewayServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
         )
 
     def _stub(self, address: str) -> gateway_service_pb2_grpc.GatewayServiceAsyncStub:
@@ -144,7 +150,12 @@ class CallbackSenders:
     """
 
     def __init__(
-        self, *, auth_token: str = "", timeout_s: float = 10.0, tracer_provider: TracerProvider | None = None
+        self,
+        *,
+        auth_token: str = "",
+        timeout_s: float = 10.0,
+        tracer_provider: TracerProvider | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._timeout = timeout_s
         self._http: httpx.AsyncClient | None = None
@@ -152,6 +163,7 @@ class CallbackSenders:
             trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub,
             auth_token=auth_token,
             tracer_provider=tracer_provider,
+            max_message_bytes=max_message_bytes,
         )
 
     async def deliver(self, target: CallbackTarget, result: ResultRecord, attempt: int) -> bool:
@@ -225,6 +237,7 @@ class GrpcProxyClient:
         load_timeout_s: float = 600.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._timeout = timeout_s
         self._load_timeout = load_timeout_s
@@ -233,6 +246,7 @@ class GrpcProxyClient:
             auth_token=auth_token,
             tracer_provider=tracer_provider,
             tls=tls,
+            max_message_bytes=max_message_bytes,
         )
 
     def _stub(self, address: str) -> model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub:
