@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
 from polar.common.v1 import reconstruction_pb2, session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
-from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
 
-from gateway.server import create_server
-from gateway.settings import GatewaySettings
 from integration_tests.support.evaluator import example_spec
-from integration_tests.test_gateway_e2e import _start_evaluator, _start_proxy, until_stage
-from polar_core.channels import open_channel
-from polar_run.serve import service_spec
+from integration_tests.test_gateway_e2e import Stack, stack, until_stage  # noqa: F401 - the stack fixture
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for the workspace"),
@@ -72,29 +65,10 @@ json.dump(out, open(os.environ["POLAR_REWARD_FILE"], "w"))
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Any]:
-    proxy_server, proxy_port, proxy_app = await _start_proxy(tmp_path)
-    reconstructor = service_spec("reconstructor")
-    recon_server, recon_port = await reconstructor.start(reconstructor.settings_cls.load(state_dir=tmp_path / "r"))
-    eval_server, eval_port = await _start_evaluator(tmp_path)
-    settings = GatewaySettings(
-        state_dir=tmp_path / "gateway",
-        proxy_address=f"127.0.0.1:{proxy_port}",
-        reconstructor_address=f"127.0.0.1:{recon_port}",
-        evaluator_address=f"127.0.0.1:{eval_port}",
-        metrics_port=-1,
-        step_timeout_s=30,
-    )
-    server, port = await create_server(settings)
-    channel = open_channel(f"127.0.0.1:{port}")
-    try:
-        yield pb_grpc.GatewayServiceStub(channel)
-    finally:
-        await channel.close(None)
-        await server.stop(None)
-        for s in (eval_server, recon_server, proxy_server):
-            await s.stop(None)
-        await proxy_app.stop()
+def gateway(request: pytest.FixtureRequest) -> Any:
+    """The gateway stub of ``test_gateway_e2e``'s ``stack`` fixture (the same real services)."""
+    running: Stack = request.getfixturevalue("stack")
+    return running.stub
 
 
 def _spec(
