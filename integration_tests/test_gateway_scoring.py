@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from polar.common.v1 import reconstruction_pb2, session_pb2, status_pb2, task_pb
 from polar.gateway.v1 import gateway_service_pb2 as pb
 
 from integration_tests.support.evaluator import example_spec
-from integration_tests.test_gateway_e2e import Stack, stack, until_stage  # noqa: F401 - the stack fixture
+from integration_tests.support.gateway_stack import gateway_stack, until_stage
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for the workspace"),
@@ -65,10 +67,9 @@ json.dump(out, open(os.environ["POLAR_REWARD_FILE"], "w"))
 
 
 @pytest.fixture
-def gateway(request: pytest.FixtureRequest) -> Any:
-    """The gateway stub of ``test_gateway_e2e``'s ``stack`` fixture (the same real services)."""
-    running: Stack = request.getfixturevalue("stack")
-    return running.stub
+async def gateway(tmp_path: Path) -> AsyncIterator[Any]:
+    async with gateway_stack(tmp_path) as running:
+        yield running.stub
 
 
 def _spec(

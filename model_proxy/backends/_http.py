@@ -22,7 +22,7 @@ from model_proxy.errors import (
     MalformedRequest,
 )
 from model_proxy.models import GenerationChunk, GenerationRequest
-from polar_core.errors import PolarError
+from polar_core.errors import FailedPrecondition, PolarError
 
 __all__ = ["HttpBackend", "error_from_response", "error_from_transport", "retry_after", "sse_events"]
 
@@ -184,6 +184,14 @@ class HttpBackend:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    async def check_weights(self, path: str) -> str:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+
+    async def load_weights(self, path: str) -> None:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
 
     async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         """The JSON body of the call (``client`` lets a subclass ask the server first)."""

@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from model_proxy.errors import BackendOverloaded, BackendTimeout, BackendUnavailable, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest
-from polar_core.errors import Internal, PolarError
+from polar_core.errors import FailedPrecondition, Internal, PolarError
 
 __all__ = ["TritonBackend", "TritonTensorNames"]
 
@@ -124,6 +124,14 @@ class TritonBackend:
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
+
+    async def check_weights(self, path: str) -> str:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+
+    async def load_weights(self, path: str) -> None:
+        """Refuse: this backend cannot load a checkpoint yet."""
+        raise FailedPrecondition(f"{self.name} cannot load weights yet")
 
     async def healthy(self) -> bool:
         """Whether the server is ready and the model loaded."""
