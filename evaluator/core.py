@@ -30,7 +30,8 @@ from evaluator.models import Artifacts, EvaluationResult, EvaluatorConfig, Prepa
 from evaluator.ports import Runtime, RuntimeFactory, Strategy
 from evaluator.strategies import EvalContext, EvalTimeout, build_strategy
 from evaluator.strategies.base import opt_float
-from polar_core.errors import PolarError, Unavailable
+from evaluator.trace_rewards import check_trace_rewards
+from polar_core.errors import InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
 from runtimes import DefaultRuntimeFactory, RuntimeCancelled, RuntimeKind, RuntimeSpec
 
@@ -174,7 +175,7 @@ class EvaluatorService:
         finally:
             if ctx.runtime is not None:
                 await asyncio.shield(ctx.runtime.stop())
-        result = _apply_agent_status(result, artifacts.agent_status)
+        result = _apply_agent_status(_check_rewards(result, artifacts), artifacts.agent_status)
         result = dataclasses.replace(
             result, log_ref=str(ctx.log.path.absolute()), duration_s=time.monotonic() - started
         )
@@ -260,6 +261,15 @@ class EvaluatorService:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(result.to_dict(), indent=2), encoding="utf-8")
         tmp.replace(path)
+
+
+def _check_rewards(result: EvaluationResult, artifacts: Artifacts) -> EvaluationResult:
+    # Per-trace rewards that do not fit the traces are the evaluator's failure, told as such (never dropped).
+    try:
+        check_trace_rewards(artifacts.traces, result.trace_rewards)
+    except InvalidArgument as exc:
+        return EvaluationResult(0.0, TerminalStatus.INFRA_ERROR, result.test_outcomes, error_message=exc.message)
+    return result
 
 
 def _apply_agent_status(result: EvaluationResult, agent_status: AgentStatus) -> EvaluationResult:

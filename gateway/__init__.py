@@ -7,7 +7,8 @@ See ``docs/gateway.md``. The modules, in the order a session meets them:
 * :mod:`gateway.core` holds the engine, :class:`SessionPipeline` (plain asyncio, no grpc): admission, the
   stage pools (:mod:`gateway.pools`) and each session's driver. Its side effects are steps with time limits and
   retries (:mod:`gateway.steps`); stage changes, spans, metrics and events are recorded by
-  :mod:`gateway.observer`; teardown and reporting are :mod:`gateway.wrapup`.
+  :mod:`gateway.observer`; teardown and reporting are :mod:`gateway.wrapup`, the verdict and per-trace rewards
+  on the traces :mod:`gateway.rewards`, and what the agent did, kept on the result, :mod:`gateway.kept`.
 * The pipeline's ports are in :mod:`gateway.ports`; their gRPC implementations in :mod:`gateway.clients`, the
   harness adapters behind :mod:`gateway.agent` (:mod:`gateway.harnesses`), fakes in :mod:`gateway.testing`.
 * :mod:`gateway.registration` keeps the gateway in a rollout server's pool; :mod:`gateway.models` holds the
@@ -25,12 +26,14 @@ from gateway.models import (
     Evaluation,
     ProxyEndpoints,
     Reconstruction,
+    SessionArtifacts,
     SessionEvent,
     SessionResult,
     SessionSpec,
     SessionState,
     Stage,
     StageSnapshot,
+    TestResult,
 )
 from gateway.ports import (
     AgentRunner,
@@ -58,6 +61,7 @@ __all__ = [
     "ReconstructorClient",
     "ResultSink",
     "RuntimeFactory",
+    "SessionArtifacts",
     "SessionEvent",
     "SessionPipeline",
     "SessionResult",
@@ -65,4 +69,5 @@ __all__ = [
     "SessionState",
     "Stage",
     "StageSnapshot",
+    "TestResult",
 ]

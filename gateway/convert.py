@@ -26,12 +26,14 @@ from gateway.models import (
     ProxyEndpoints,
     Reconstruction,
     RuntimeConfig,
+    SessionArtifacts,
     SessionEvent,
     SessionResult,
     SessionSpec,
     SessionState,
     Stage,
     StageSnapshot,
+    TestResult,
 )
 from gateway.registration import HeartbeatReply, Lease
 from polar_core.convert import (
@@ -178,7 +180,7 @@ def result_to_proto(result: SessionResult) -> session_pb2.SessionResult:
     )
     if result.reconstruction is not None:
         statistics.reconstruction.CopyFrom(stats_to_proto(result.reconstruction))
-    return session_pb2.SessionResult(
+    message = session_pb2.SessionResult(
         session_id=result.session_id,
         task_id=result.task_id,
         status=result.status.value,
@@ -193,6 +195,20 @@ def result_to_proto(result: SessionResult) -> session_pb2.SessionResult:
         terminal_status=status_to_proto(result.status),
         sample_index=result.sample_index,
     )
+    _put_artifacts(message, result.artifacts)
+    return message
+
+
+def _put_artifacts(message: session_pb2.SessionResult, kept: SessionArtifacts) -> None:
+    """Set the fields of what the agent did (patch, tests, logs) on a ``SessionResult``."""
+    message.patch = kept.patch
+    message.patch_truncated = kept.patch_truncated
+    for t in kept.test_outcomes:
+        message.test_outcomes.add(test_id=t.test_id, outcome=t.outcome, duration=duration(t.duration_s))
+    message.eval_log_ref = kept.eval_log_ref
+    message.harness_stdout = kept.harness_stdout
+    message.harness_stderr = kept.harness_stderr
+    message.harness_log_truncated = kept.harness_log_truncated
 
 
 def event_to_proto(event: SessionEvent) -> gateway_service_pb2.WatchSessionsResponse:
@@ -327,6 +343,7 @@ def evaluate_request(
     message = evaluator_service_pb2.EvaluationArtifacts(
         files=[evaluator_service_pb2.ArtifactFile(path=p, content=c) for p, c in artifacts.files.items()],
         agent_status=agent_status_to_proto(run.outcome),
+        traces=[trace_to_proto(t) for t in artifacts.traces],
     )
     if artifacts.patch is not None:
         message.patch_bytes = artifacts.patch
@@ -339,7 +356,25 @@ def evaluation_from_proto(reply: evaluator_service_pb2.EvaluateResponse) -> Eval
         status = status_from_proto(reply.terminal_status)
     except InvalidArgument:
         status = TerminalStatus.INFRA_ERROR
-    return Evaluation(reply.reward, status, tuple(reply.trace_rewards), reply.error_message)
+    return Evaluation(
+        reply.reward,
+        status,
+        tuple(reply.trace_rewards),
+        reply.error_message,
+        test_outcomes=tuple(
+            TestResult(t.test_id, _test_outcome_name(t.outcome), seconds(t.duration)) for t in reply.test_outcomes
+        ),
+        log_ref=reply.log_ref,
+    )
+
+
+def _test_outcome_name(value: int) -> str:
+    """``TEST_OUTCOME_STATUS_PASSED`` -> ``passed`` (an unknown value -> ``unspecified``)."""
+    try:
+        name = evaluator_service_pb2.TestOutcomeStatus.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        return "unspecified"
+    return str(name).removeprefix("TEST_OUTCOME_STATUS_").lower()
 
 
 # ----------------------------------------------------------------------------------------- rollout server

@@ -30,11 +30,12 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
+from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionDeadlinePassed, SessionNotFound
 from gateway.events import Subscription
 from gateway.metrics import GatewayMetrics
 from gateway.models import (
     AgentRun,
+    Artifacts,
     Capacity,
     Evaluation,
     PipelineConfig,
@@ -48,10 +49,11 @@ from gateway.models import (
 from gateway.observer import StageObserver
 from gateway.pools import Slot, StagePool
 from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
+from gateway.rewards import stamp_traces
 from gateway.session import Session, settle
 from gateway.steps import SessionSteps
 from gateway.wrapup import WrapUp
-from polar_core.errors import DeadlineExceeded, Internal, PolarError
+from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, PolarError
 from polar_core.records import AgentStatus, TerminalStatus
 
 __all__ = ["Capacity", "SessionPipeline"]
@@ -404,28 +406,81 @@ class SessionPipeline:
             s.agent_run = AgentRun(AgentStatus.TIMEOUT, duration_s=self._clock() - started)
 
     async def _score(self, s: Session) -> None:
-        """POSTRUN for a session whose agent ran: collect, evaluate, reconstruct (holding a POSTRUN slot)."""
+        """POSTRUN for a session whose agent ran: collect, evaluate, reconstruct (holding a POSTRUN slot).
+
+        A task whose evaluator ``needs_traces`` is reconstructed first and its traces go to the evaluator;
+        otherwise the evaluation comes first (the traces then carry its verdict from the reconstructor). Either
+        way the verdict and any per-trace rewards are stamped on the traces last (:mod:`gateway.rewards`).
+        """
         slot = await self._pools[Stage.POSTRUN].acquire(s.spec.priority)
         try:
             s.queued = False
             await self._steps.close_proxy(s)
             await self._steps.list_completions(s)
             run = s.agent_run or AgentRun(AgentStatus.ERROR)
+            traces_first = s.spec.evaluator.enabled and s.spec.evaluator.needs_traces
+            if traces_first and not await self._reconstruct(s, provisional=True):
+                return
             evaluation = await self._evaluate(s, run)
+            s.evaluation = evaluation
             s.reward = evaluation.reward
             settle(s, evaluation.status, evaluation.error_message)
-            try:
-                await self._steps.reconstruct(s)
-            except (PolarError, TimeoutError) as exc:
-                # Without traces the session carries no learning signal, whatever the verdict was.
-                s.status, s.error = TerminalStatus.INFRA_ERROR, f"reconstruction failed: {exc}"
+            if not traces_first and not await self._reconstruct(s):
+                return
+            self._stamp_rewards(s, evaluation)
         finally:
             slot.release()
 
-    async def _evaluate(self, s: Session, run: AgentRun) -> Evaluation:
+    async def _reconstruct(self, s: Session, *, provisional: bool = False) -> bool:
+        """Reconstruct; a failure ends the session ``infra_error`` (returns ``False``)."""
+        try:
+            await self._steps.reconstruct(s, provisional=provisional)
+        except (PolarError, TimeoutError) as exc:
+            # Without traces the session carries no learning signal, whatever the verdict was.
+            s.status, s.error = TerminalStatus.INFRA_ERROR, f"reconstruction failed: {exc}"
+            return False
+        return True
+
+    def _stamp_rewards(self, s: Session, evaluation: Evaluation) -> None:
+        status = s.status or TerminalStatus.INFRA_ERROR
+        traces = s.reconstruction.traces if s.reconstruction is not None else []
+        try:
+            stamped = stamp_traces(traces, reward=s.reward, status=status, trace_rewards=evaluation.trace_rewards)
+        except InvalidArgument as exc:
+            # The evaluator's answer does not fit the session: its failure, told as such, not a silent drop.
+            s.status, s.error, s.reward = TerminalStatus.INFRA_ERROR, exc.message, 0.0
+            stamped = stamp_traces(traces, reward=0.0, status=TerminalStatus.INFRA_ERROR)
+        if s.reconstruction is not None:
+            s.reconstruction = dataclasses.replace(s.reconstruction, traces=stamped)
+
+    async def _collect(self, s: Session, run: AgentRun) -> Artifacts:
+        runtime = s.runtime
+        if runtime is None:
+            raise Internal("POSTRUN without a runtime")
         spec = s.spec
-        if run.outcome is AgentStatus.TIMEOUT:
-            # The captured calls stay trainable with reward 0; a timed-out attempt is not scored.
+        s.artifacts = await self._steps.run(
+            s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._config.step_timeout_s
+        )
+        await self._steps.stop_runtime(s)  # the evaluator works on the artifacts; free the sandbox now
+        return s.artifacts
+
+    async def _evaluate(self, s: Session, run: AgentRun) -> Evaluation:
+        """Collect the agent's work (also after a timeout, and kept on the result) and score it."""
+        spec = s.spec
+        timed_out = run.outcome is AgentStatus.TIMEOUT
+        try:
+            artifacts = await self._collect(s, run)
+        except SessionDeadlinePassed:
+            if not timed_out:
+                raise
+            return Evaluation(
+                0.0,
+                TerminalStatus.AGENT_TIMEOUT,
+                error_message="the agent ran past its budget and the session deadline passed before its work was "
+                "collected",
+            )
+        if timed_out and not (spec.evaluator.enabled and spec.evaluator.score_on_timeout):
+            # Opted out (score_on_timeout: false), or nothing scores it: the captured calls stay with reward 0.
             return Evaluation(0.0, TerminalStatus.AGENT_TIMEOUT, error_message="the agent ran past its budget")
         if not spec.evaluator.enabled:
             return Evaluation(0.0, TerminalStatus.UNRESOLVED)
@@ -436,13 +491,8 @@ class SessionPipeline:
                 TerminalStatus.INFRA_ERROR,
                 error_message=f"the task asks for evaluator {spec.evaluator.strategy!r} but none is configured",
             )
-        runtime = s.runtime
-        if runtime is None:
-            raise Internal("POSTRUN without a runtime")
-        artifacts = await self._steps.run(
-            s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._config.step_timeout_s
-        )
-        await self._steps.stop_runtime(s)  # the evaluator works on the artifacts; free the sandbox now
+        if spec.evaluator.needs_traces and s.reconstruction is not None:
+            artifacts = dataclasses.replace(artifacts, traces=tuple(s.reconstruction.traces))
         if s.prewarm is not None:
             # Shielded: if this phase is cancelled, teardown still gets the handle to release.
             s.eval_handle = await asyncio.shield(s.prewarm)

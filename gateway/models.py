@@ -32,12 +32,14 @@ __all__ = [
     "ProxyEndpoints",
     "Reconstruction",
     "RuntimeConfig",
+    "SessionArtifacts",
     "SessionEvent",
     "SessionResult",
     "SessionSpec",
     "SessionState",
     "Stage",
     "StageSnapshot",
+    "TestResult",
     "completion_totals",
 ]
 
@@ -87,6 +89,8 @@ class PipelineConfig:
     retained_traces: int = 16
     watch_buffer: int = 1024
     default_model: str = "policy"
+    result_patch_limit_bytes: int = 1 << 20
+    result_log_limit_bytes: int = 64 << 10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +132,23 @@ class EvaluatorConfig:
         """The evaluation time limit from the options, if any."""
         value = self.options.get("timeout_seconds", self.options.get("timeout_s"))
         return float(value) if value else None
+
+    @property
+    def score_on_timeout(self) -> bool:
+        """Whether a timed-out agent's patch is still scored (option ``score_on_timeout``, default true).
+
+        With ``false`` a session whose agent ran past its budget ends ``agent_timeout`` with reward 0 (its patch
+        and logs are still kept on the result).
+        """
+        return bool(self.options.get("score_on_timeout", True))
+
+    @property
+    def needs_traces(self) -> bool:
+        """Whether the evaluator is given the session's traces (option ``needs_traces``, default false).
+
+        Then the session is reconstructed before it is evaluated, instead of after.
+        """
+        return bool(self.options.get("needs_traces", False))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -217,20 +238,63 @@ class AgentRun:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Artifacts:
-    """What the agent produced, for the evaluator."""
+    """What the agent produced, for the evaluator; ``traces`` only for a task whose evaluator needs them."""
 
     patch: bytes | None = None
     files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    traces: tuple[Trace, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TestResult:
+    """One test's result as the evaluator reported it (``outcome``: passed, failed, error, skipped, missing)."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    test_id: str
+    outcome: str
+    duration_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Evaluation:
-    """The evaluator's verdict."""
+    """The evaluator's verdict.
+
+    Attributes:
+        trace_rewards: Per-trace rewards by trace index; empty for a session-level reward.
+        test_outcomes: The result of each test the evaluator ran.
+        log_ref: Where the evaluation's full log is.
+    """
 
     reward: float
     status: TerminalStatus
     trace_rewards: tuple[float, ...] = ()
     error_message: str = ""
+    test_outcomes: tuple[TestResult, ...] = ()
+    log_ref: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionArtifacts:
+    """What a session's agent did, kept on its result (:mod:`gateway.kept` builds it with the caps).
+
+    Attributes:
+        patch: The collected workspace patch, at most ``PipelineConfig.result_patch_limit_bytes``.
+        patch_truncated: Whether ``patch`` was cut.
+        test_outcomes: The evaluator's per-test results.
+        eval_log_ref: Where the evaluation log is.
+        harness_stdout: The tail of the harness's stdout, at most ``result_log_limit_bytes``.
+        harness_stderr: The tail of the harness's stderr, likewise.
+        harness_log_truncated: Whether either log was cut.
+    """
+
+    patch: bytes = b""
+    patch_truncated: bool = False
+    test_outcomes: tuple[TestResult, ...] = ()
+    eval_log_ref: str = ""
+    harness_stdout: str = ""
+    harness_stderr: str = ""
+    harness_log_truncated: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -282,6 +346,7 @@ class SessionResult:
     response_tokens: int = 0
     reconstruction: ReconstructionStats | None = None
     error_message: str = ""
+    artifacts: SessionArtifacts = dataclasses.field(default_factory=SessionArtifacts)
 
     @property
     def idempotency_key(self) -> str:

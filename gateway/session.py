@@ -8,7 +8,7 @@ import dataclasses
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from gateway.models import AgentRun, Reconstruction, SessionResult, SessionSpec, Stage
+from gateway.models import AgentRun, Artifacts, Evaluation, Reconstruction, SessionResult, SessionSpec, Stage
 from gateway.ports import PreparedAgent
 from polar_core.records import CompletionRecord, TerminalStatus
 from runtimes.base import Runtime
@@ -41,6 +41,8 @@ class Session:
     proxy_used: bool = False
     listed: bool = False
     agent_run: AgentRun | None = None
+    artifacts: Artifacts | None = None
+    evaluation: Evaluation | None = None
     prewarm: asyncio.Task[str] | None = None
     eval_handle: str = ""
     completions: list[CompletionRecord] = dataclasses.field(default_factory=list)

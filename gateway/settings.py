@@ -59,6 +59,10 @@ class GatewaySettings(ServiceSettings):
         workspace_dir: Workspace directory (relative to the runtime's session directory) the agent works in.
         metrics_port: Port of the Prometheus ``/metrics`` endpoint; 0 picks a free one, -1 disables it.
         metrics_host: Interface the metrics endpoint binds.
+        result_patch_limit_bytes: Most bytes of the agent's patch kept on a session result (``patch_truncated``
+            says when it was cut; the evaluator always gets the whole patch).
+        result_log_limit_bytes: Most bytes of each of the harness's stdout and stderr kept (their tails) on a
+            session result.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_GATEWAY_", frozen=True, extra="forbid")
@@ -95,3 +99,5 @@ class GatewaySettings(ServiceSettings):
     workspace_dir: str = "workspace"
     metrics_port: int = Field(default=0, ge=-1, le=65535)
     metrics_host: str = "127.0.0.1"
+    result_patch_limit_bytes: int = Field(default=1 << 20, ge=0)
+    result_log_limit_bytes: int = Field(default=64 << 10, ge=0)

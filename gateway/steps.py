@@ -171,18 +171,24 @@ class SessionSteps:
             )
             s.eval_handle = ""
 
-    async def reconstruct(self, s: Session) -> None:
-        """Build the session's traces from its completions (nothing to do without completions or a status)."""
-        if not s.completions or self._reconstructor is None or s.status is None:
+    async def reconstruct(self, s: Session, *, provisional: bool = False) -> None:
+        """Build the session's traces from its completions (nothing to do without completions or a status).
+
+        With ``provisional`` (before the evaluation, for an evaluator that needs the traces) the traces carry
+        ``unresolved`` and reward 0 until the pipeline stamps the verdict on them (:mod:`gateway.rewards`).
+        """
+        if not s.completions or self._reconstructor is None or (s.status is None and not provisional):
             return
-        reconstructor, status = self._reconstructor, s.status
+        reconstructor = self._reconstructor
+        status = TerminalStatus.UNRESOLVED if provisional or s.status is None else s.status
+        reward = 0.0 if provisional else s.reward
         s.reconstruction = await self.run(
             s,
             "reconstructor.reconstruct",
             lambda: reconstructor.reconstruct(
                 s.completions,
                 task_id=s.spec.task_id,
-                reward=s.reward,
+                reward=reward,
                 status=status,
                 builder=s.spec.builder,
                 timeout_s=self._config.step_timeout_s,

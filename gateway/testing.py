@@ -278,6 +278,8 @@ class FakeEvaluator:
     status_for: Callable[[float], TerminalStatus] = lambda r: (
         TerminalStatus.RESOLVED if r > 0 else TerminalStatus.UNRESOLVED
     )
+    trace_rewards: Callable[[Artifacts], tuple[float, ...]] = lambda a: ()
+    artifacts: list[Artifacts] = dataclasses.field(default_factory=list)
 
     async def prepare(self, spec: SessionSpec, *, request_id: str, timeout_s: float) -> str:
         """Build (pretend) and return a handle; remembers when preparation began."""
@@ -292,7 +294,11 @@ class FakeEvaluator:
             raise DeadlineExceeded(f"evaluation ran past {timeout_s} s")
         await asyncio.sleep(self.evaluate_s)
         self.evaluated.append(handle)
-        return Evaluation(self.reward, self.status_for(self.reward))
+        self.artifacts.append(artifacts)
+        status = self.status_for(self.reward)
+        if run.outcome is AgentStatus.TIMEOUT and status in (TerminalStatus.RESOLVED, TerminalStatus.UNRESOLVED):
+            status = TerminalStatus.AGENT_TIMEOUT  # as the real evaluator: the verdict of a timed-out agent
+        return Evaluation(self.reward, status, self.trace_rewards(artifacts))
 
     async def release(self, handle: str, *, timeout_s: float) -> None:
         """Record the release."""

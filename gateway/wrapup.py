@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from gateway.kept import kept_artifacts
 from gateway.models import PipelineConfig, SessionResult, Stage, completion_totals
 from gateway.observer import StageObserver
 from gateway.ports import ResultSink
@@ -107,6 +108,7 @@ class WrapUp:
             response_tokens=response_tokens,
             reconstruction=s.reconstruction.stats if s.reconstruction is not None else None,
             error_message=s.error,
+            artifacts=kept_artifacts(s, self._config),
         )
 
     async def _teardown(self, s: Session) -> None:

@@ -182,6 +182,18 @@ def test_run_scripted_with_the_command_harness(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     rows = _check_run_directory(out, sessions=2, status="resolved")
     assert all(r["reward"] == 1.0 and r["calls"] == 2 for r in rows)
+    for row in rows:  # what each agent did is kept (issue #12, point 7)
+        folder = out / row["files"]
+        patch = (folder / "patch.diff").read_bytes()
+        assert b"+    return -(-total // per_page)" in patch
+        assert row["patch_bytes"] == len(patch)
+        assert not row["patch_truncated"]
+        tests = json.loads((folder / "tests.json").read_text())
+        assert {t["outcome"] for t in tests} == {"passed"}
+        assert row["tests"] == {"passed": len(tests)}
+        assert "I fixed page_count" in (folder / "harness.log").read_text()
+        assert (folder / "eval.log").is_file()
+        assert row["eval_log_ref"].endswith("eval.log")
     assert "paginate-off-by-one: completed" in proc.stdout
     assert "trainable tokens" in proc.stdout
     assert "queued=0 init=0 ready=0 running=0 postrun=0 done=2" in proc.stdout
@@ -236,6 +248,59 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "setup.sh" in proc.stderr
+
+
+# An agent that sends one prompt of argv[1] words and exits 0 only when the model answered.
+LONG_PROMPT_AGENT = """
+import json, os, sys, urllib.error, urllib.request
+body = {"model": os.environ["POLAR_MODEL"], "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hello " * int(sys.argv[1])}]}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+try:
+    urllib.request.urlopen(request, timeout=120).read()
+except urllib.error.HTTPError as exc:
+    sys.exit(f"HTTP {exc.code}: {exc.read()[:300]!r}")
+print("answered")
+"""
+
+
+def _long_prompt_words(tokens: int) -> int:
+    from polar_core.model_fixtures import build_tiny_tokenizer
+
+    per_word = len(build_tiny_tokenizer()("hello " * 100)["input_ids"]) / 100
+    return int(tokens / per_word)
+
+
+@pytest.mark.timeout(300)
+def test_run_tiny_with_a_longer_context(tmp_path: Path) -> None:
+    # The tiny model has 4,096 positions; --context-length 8192 lets a ~6,000-token prompt through (RoPE).
+    task = {
+        "task_id": "long-prompt",
+        "instruction": "Say hello.",
+        "timeout_seconds": 120,
+        "harness": {"name": "command", "argv": ["python3", "-c", LONG_PROMPT_AGENT, str(_long_prompt_words(6000))]},
+        "runtime": {"kind": "local"},
+        "evaluator": {"strategy": "session_completed"},
+    }
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(task))
+    runs = {}
+    for name, extra in (("default", ()), ("long", ("--context-length", "8192"))):
+        out = tmp_path / name
+        proc = run_polar(
+            "run", str(path), "--out", str(out), "--model", "tiny", "--samples", "1", *extra,
+            cwd=tmp_path, timeout_s=140,
+        )  # fmt: skip
+        assert "Traceback" not in proc.stderr, proc.stderr
+        (runs[name],) = read_jsonl(out / "sessions.jsonl")
+        runs[name]["log"] = (out / runs[name]["files"] / "harness.log").read_text()
+    assert runs["default"]["status"] == "unresolved"
+    assert "HTTP 400" in runs["default"]["log"]
+    assert runs["long"]["status"] == "resolved", runs["long"]
+    assert runs["long"]["calls"] == 1
+    assert 4096 < runs["long"]["prompt_tokens"] < 8192
 
 
 def _smollm2_installed() -> bool:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
+from polar.common.v1 import session_pb2
 
 from integration_tests.support.postgres import postgres_available, private_postgres
 from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
+from rollout_server.convert import result_from_proto, result_to_proto
 from rollout_server.models import (
     CallbackTarget,
     DeliveryRecord,
@@ -227,3 +229,40 @@ async def test_trace_context_is_durable_and_added_to_an_older_database(store_fac
     assert stored is not None
     assert stored.trace_context == carrier
     assert [t.trace_context for t in await third.active_tasks()] == [{}, {}, carrier]
+
+
+async def test_what_the_agent_did_is_kept_with_the_result(store_factory: StoreFactory) -> None:
+    # The reported SessionResult's patch, per-test outcomes, log reference and harness logs (issue #12, point 7)
+    # come back from GetTask's store read unchanged, in both stores.
+    store = await store_factory()
+    await store.insert_task(task("kept"), sessions("kept", 1))
+    (row,) = await store.task_sessions("kept")
+    for state, before in ((SessionState.STARTING, SessionState.PENDING), (SessionState.RUNNING, SessionState.STARTING)):
+        moved = SessionRecord(row.session_id, "kept", 0, state, 1, 0, "g")
+        await store.update_sessions([(moved, before, 0 if before is SessionState.PENDING else 1)])
+    reported = session_pb2.SessionResult(
+        session_id=row.session_id,
+        task_id="kept",
+        status="agent_timeout",
+        reward=1.0,
+        idempotency_key=f"{row.session_id}/1",
+        attempt=1,
+        gateway_id="g",
+        patch=b"diff --git a/x b/x\n\xff",
+        patch_truncated=True,
+        eval_log_ref="/evaluations/ev-1/eval.log",
+        harness_stdout="out tail",
+        harness_stderr="err tail",
+        harness_log_truncated=True,
+    )
+    reported.test_outcomes.add(test_id="tests/test_x.py::test_y", outcome="passed")
+    record = result_from_proto(reported)
+    record.recorded_at = 5.0
+    done = SessionRecord(row.session_id, "kept", 0, SessionState.DONE, 1, 0, "g")
+    assert await store.record_result(record, (done, SessionState.RUNNING, 1), None) is not None
+    (stored,) = await (await store_factory()).task_results("kept")
+    back = result_to_proto(stored)
+    for field in ("patch", "patch_truncated", "eval_log_ref", "harness_stdout", "harness_stderr"):
+        assert getattr(back, field) == getattr(reported, field), field
+    assert back.harness_log_truncated
+    assert [(t.test_id, t.outcome) for t in back.test_outcomes] == [("tests/test_x.py::test_y", "passed")]

@@ -130,6 +130,7 @@ def _overrides(args: argparse.Namespace) -> Any:
         timeout_s=args.timeout,
         max_tokens=args.max_tokens,
         harness_root=find_harness_root(roots),
+        context_length=args.context_length,
     )
 
 
@@ -188,6 +189,14 @@ def _embedded_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--harness-dir", default=None, help="directory of the installed CLIs (default .harnesses)")
     parser.add_argument("--timeout", type=float, default=None, help="agent budget per session, seconds")
     parser.add_argument("--max-tokens", type=int, default=None, help="output limit per model call (pi harness)")
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the model's context in tokens, prompt plus output (default $POLAR_PROXY_CONTEXT_LENGTH, else the "
+        "model's own: 4,096 for tiny, 8,192 for smollm2)",
+    )
     parser.add_argument(
         "--workers", type=int, default=None, help="harnesses run at once (default 1 with the in-process model, else 4)"
     )

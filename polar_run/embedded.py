@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from polar_core.errors import Unavailable
+from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
 
-__all__ = ["EmbeddedStack", "StackOptions", "end_of_turn_ids"]
+__all__ = ["EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
 
 _HOST = "127.0.0.1"
 _STOP_GRACE_S = 5.0
@@ -42,7 +43,8 @@ class StackOptions:
         backend: Inference backend name (``transformers``, ``scripted``, ``vllm``, ...).
         backend_options: The backend's options.
         default_max_tokens: Proxy output limit for calls that give none (0: up to the context).
-        context_length: The model's context in tokens (0: ask the backend or tokenizer).
+        context_length: The model's context in tokens (0: ask the backend or tokenizer); with the in-process
+            ``transformers`` backend it is also the backend's ``max_context`` unless its options set one.
         harness_bin_dir: Directory holding the installed harness CLIs, as runtimes see it.
         running_workers: Harnesses run at once on the gateway.
         init_workers: Sessions prepared at once on the gateway.
@@ -66,6 +68,23 @@ class StackOptions:
     max_attempts: int = 2
     session_grace_s: float = 300.0
     fsync: bool = False
+
+
+def context_length(value: int | None) -> int:
+    """The embedded proxy's context length: ``value`` (``--context-length``), else ``$POLAR_PROXY_CONTEXT_LENGTH``,
+    else 0 (the model's own).
+
+    Raises:
+        InvalidArgument: Not a positive integer.
+    """
+    raw: Any = value if value is not None else os.environ.get("POLAR_PROXY_CONTEXT_LENGTH", "0") or "0"
+    try:
+        tokens = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"POLAR_PROXY_CONTEXT_LENGTH must be an integer, not {raw!r}") from None
+    if tokens < 0 or (value is not None and tokens < 1):
+        raise InvalidArgument(f"--context-length must be at least 1, not {tokens}")
+    return tokens
 
 
 def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -101,6 +120,10 @@ class _LateSink:
 def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
     from model_proxy.settings import ProxySettings
 
+    backend_options = dict(options.backend_options)
+    if options.context_length and options.backend == "transformers":
+        # The in-process model enforces its own limit (the tiny model's 4,096 positions) besides the proxy's.
+        backend_options.setdefault("max_context", options.context_length)
     return ProxySettings(
         host=_HOST,
         http_host=_HOST,
@@ -108,7 +131,7 @@ def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
         auth_token=token,
         model=options.model,
         backend=options.backend,
-        backend_options=dict(options.backend_options),
+        backend_options=backend_options,
         default_max_tokens=options.default_max_tokens,
         context_length=options.context_length,
         fsync=options.fsync,

@@ -30,7 +30,7 @@ from polar_client import RolloutClient, task_from_mapping
 from polar_core.auth import bearer_metadata
 from polar_core.channels import open_channel
 from polar_core.errors import FailedPrecondition, InvalidArgument
-from polar_run.embedded import EmbeddedStack, StackOptions
+from polar_run.embedded import EmbeddedStack, StackOptions, context_length
 from polar_run.progress import ProgressDisplay, ProgressState
 from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
 from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
@@ -276,6 +276,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         backend_options=prepared.backend_options,
         harness_bin_dir=prepared.harness_bin_dir,
         running_workers=default_workers(prepared.backend, options.workers),
+        context_length=context_length(options.overrides.context_length),
     )
 
 

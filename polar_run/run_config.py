@@ -76,6 +76,8 @@ class RunOverrides:
         timeout_s: ``timeout_seconds`` (the agent's budget).
         max_tokens: Output limit per model call, given to harnesses that take one (pi's ``max_tokens``).
         harness_root: The directory holding ``node_modules/.bin`` with the installed CLIs.
+        context_length: The policy's context in tokens, prompt plus output (``--context-length``; the in-process
+            ``tiny`` and ``smollm2`` models included).
     """
 
     samples: int | None = None
@@ -85,6 +87,7 @@ class RunOverrides:
     timeout_s: float | None = None
     max_tokens: int | None = None
     harness_root: Path | None = None
+    context_length: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from rich.table import Table
 from polar_client import task_from_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
-from polar_run.embedded import EmbeddedStack, StackOptions
+from polar_run.embedded import EmbeddedStack, StackOptions, context_length
 from polar_run.generate import (
     DatasetTask,
     Ledger,
@@ -46,7 +46,7 @@ from polar_run.run import (
     start_logging,
 )
 from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
-from polar_run.run_output import session_row, trace_rows
+from polar_run.run_output import session_row, trace_rows, write_session_files
 
 __all__ = ["GenerateOptions", "generate", "generate_command", "write_parquet"]
 
@@ -165,6 +165,7 @@ async def generate(options: GenerateOptions, console: Console) -> tuple[Ledger, 
         backend_options=first.backend_options,
         harness_bin_dir=next(iter(bin_dirs)) if bin_dirs else None,
         running_workers=default_workers(first.backend, options.workers),
+        context_length=context_length(options.overrides.context_length),
     )
     async with EmbeddedStack.start(stack_options) as stack:
         console.print(f"stack up in {time.monotonic() - started:.1f}s", soft_wrap=True)
@@ -225,6 +226,7 @@ def _write_outputs(
             }
         )
         rows.append(row)
+        write_session_files(out, c.result)
     write_jsonl(out / "sessions.jsonl", rows)
     write_jsonl(out / "traces.jsonl", (t for c in collected for t in trace_rows(c.result)))
     write_jsonl(out / "completions.jsonl", (r for c in collected for r in c.completions))

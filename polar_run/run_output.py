@@ -1,13 +1,16 @@
 """The run directory of ``polar run`` (see ``docs/run.md``) and the summary printed at the end.
 
 Pure functions from session results (protobuf ``SessionResult``), completion records and the rollout server's
-task statistics to JSON rows, so the numbers in the table, ``summary.json`` and the JSONL files agree.
+task statistics to JSON rows, so the numbers in the table, ``summary.json`` and the JSONL files agree. What each
+session's agent did is kept under ``sessions/<session_id>/`` (:func:`write_session_files`).
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import re
+import shutil
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,24 +21,29 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_client.tensors import as_trace
+from polar_core.durations import seconds
 from polar_core.records import write_jsonl
 
 __all__ = [
     "COMPLETIONS_FILE",
+    "SESSIONS_DIR",
     "SESSIONS_FILE",
     "SUMMARY_FILE",
     "TRACES_FILE",
     "print_summary",
+    "session_dir",
     "session_row",
     "summarize",
     "trace_rows",
     "write_run_directory",
+    "write_session_files",
 ]
 
 COMPLETIONS_FILE = "completions.jsonl"
 TRACES_FILE = "traces.jsonl"
 SESSIONS_FILE = "sessions.jsonl"
 SUMMARY_FILE = "summary.json"
+SESSIONS_DIR = "sessions"
 # Sessions without a learning signal, whatever their reward.
 _DROPPED = frozenset({"infra_error", "cancelled"})
 _TRUNCATED = frozenset({"agent_timeout", "eval_timeout"})
@@ -70,7 +78,49 @@ def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
         "policy_lag": int(result.policy_lag),
         "gateway_id": result.gateway_id,
         "error_message": result.error_message,
+        "patch_bytes": len(result.patch),
+        "patch_truncated": result.patch_truncated,
+        "tests": dict(sorted(Counter(t.outcome for t in result.test_outcomes).items())),
+        "eval_log_ref": result.eval_log_ref,
+        "harness_log_truncated": result.harness_log_truncated,
+        "files": session_dir(result.session_id),
     }
+
+
+def session_dir(session_id: str) -> str:
+    """The session's folder in the run directory, ``sessions/<session_id>`` (odd characters made ``_``)."""
+    return f"{SESSIONS_DIR}/{re.sub(r'[^A-Za-z0-9._=-]', '_', session_id) or '_'}"
+
+
+def write_session_files(out: Path, result: session_pb2.SessionResult) -> list[str]:
+    """Write what the session's agent did under :func:`session_dir`; return the names written.
+
+    ``patch.diff`` (the collected patch, as capped by the gateway), ``tests.json`` (the evaluator's per-test
+    outcomes), ``harness.log`` (the tails of the harness's stdout and stderr) and ``eval.log`` (a copy of the
+    evaluation log when ``eval_log_ref`` is a file on this host, as with the embedded stack).
+    """
+    folder = out / session_dir(result.session_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    if result.patch:
+        (folder / "patch.diff").write_bytes(result.patch)
+        written.append("patch.diff")
+    if result.test_outcomes:
+        tests = [
+            {"test_id": t.test_id, "outcome": t.outcome, "duration_s": round(seconds(t.duration), 3)}
+            for t in result.test_outcomes
+        ]
+        (folder / "tests.json").write_text(json.dumps(tests, indent=2) + "\n", encoding="utf-8")
+        written.append("tests.json")
+    if result.harness_stdout or result.harness_stderr:
+        log = f"--- stdout ---\n{result.harness_stdout}\n--- stderr ---\n{result.harness_stderr}\n"
+        (folder / "harness.log").write_text(log, encoding="utf-8")
+        written.append("harness.log")
+    source = Path(result.eval_log_ref) if result.eval_log_ref else None
+    if source is not None and source.is_absolute() and source.is_file():
+        shutil.copyfile(source, folder / "eval.log")
+        written.append("eval.log")
+    return written
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -127,7 +177,7 @@ def write_run_directory(
     completions: Iterable[Mapping[str, Any]],
     summary: Mapping[str, Any],
 ) -> dict[str, int]:
-    """Write the three JSONL files and ``summary.json``; return the line count of each JSONL file."""
+    """Write the three JSONL files, ``summary.json`` and each session's folder; return the JSONL line counts."""
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(results, key=lambda r: (r.task_id, r.sample_index, r.session_id))
     counts = {
@@ -135,6 +185,8 @@ def write_run_directory(
         TRACES_FILE: write_jsonl(out / TRACES_FILE, (t for r in ordered for t in trace_rows(r))),
         SESSIONS_FILE: write_jsonl(out / SESSIONS_FILE, (session_row(r) for r in ordered)),
     }
+    for r in ordered:
+        write_session_files(out, r)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return counts
 

@@ -3,8 +3,13 @@
 The script runs in the repository (when there is one, with the agent's patch applied) or in the session
 directory, with ``POLAR_REWARD_FILE`` (default ``<session>/eval/reward.json``) and ``POLAR_ARTIFACTS_DIR``
 (the agent's files) in its environment. ``reward.json`` is ``{"reward": float, "resolved"?: bool,
-"trace_rewards"?: [float, ...]}``. Without it the reward is 1.0 for exit status 0, else 0.0. The session is
-resolved when ``resolved`` says so or, absent that, when the reward reaches ``resolved_threshold``.
+"trace_rewards"?: [float, ...], "call_rewards"?: {call_id: float}}``. Without it the reward is 1.0 for exit
+status 0, else 0.0. The session is resolved when ``resolved`` says so or, absent that, when the reward reaches
+``resolved_threshold``.
+
+When the gateway sends the session's traces (the task's ``needs_traces: true``), they are written to
+``<session>/eval/traces.json`` (a JSON list of ``traces.jsonl`` objects, ``trace_index`` order) and
+``POLAR_TRACES_FILE`` names it; ``call_rewards`` map to trace rewards as :mod:`evaluator.trace_rewards` says.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from evaluator.errors import InvalidOptions
 from evaluator.models import Artifacts, EvaluationResult
 from evaluator.strategies.base import EvalContext, opt_float, opt_str, prepare_repository
 from evaluator.strategies.patching import apply_patch
-from polar_core.errors import NotFound
+from evaluator.trace_rewards import trace_rewards_from_calls
+from polar_core.errors import InvalidArgument, NotFound
 from polar_core.records import TerminalStatus
 from runtimes import RuntimeDied
 
 __all__ = ["CommandStrategy"]
+
+_TRACES_FILE = "eval/traces.json"
 
 
 class CommandStrategy:
@@ -66,6 +74,11 @@ class CommandStrategy:
             "POLAR_REWARD_FILE": str(reward_path),
             "POLAR_ARTIFACTS_DIR": str(runtime.root / "artifacts"),
         }
+        if artifacts.traces:
+            traces_path = runtime.root / _TRACES_FILE
+            rows = [t.to_dict() for t in sorted(artifacts.traces, key=lambda t: t.trace_index)]
+            await runtime.upload(json.dumps(rows).encode("utf-8"), traces_path)
+            env["POLAR_TRACES_FILE"] = str(traces_path)
         cwd = ctx.repo_dir or runtime.root
         result = await ctx.run(self.command, cwd=cwd, env=env, timeout=ctx.remaining())
         try:
@@ -78,9 +91,17 @@ class CommandStrategy:
             reward = float(data["reward"])
             resolved = bool(data["resolved"]) if "resolved" in data else reward >= self.threshold
             traces = tuple(float(r) for r in data.get("trace_rewards", []))
+            calls = {str(k): float(v) for k, v in dict(data.get("call_rewards") or {}).items()}
         except (ValueError, KeyError, TypeError) as exc:
             # The script is the task author's, not the agent's: a malformed file is an evaluator failure.
             raise RuntimeDied(f"malformed {self.reward_file}: {exc}") from None
+        if calls:
+            if traces:
+                raise RuntimeDied(f"{self.reward_file} gives both trace_rewards and call_rewards")
+            try:
+                traces = trace_rewards_from_calls(artifacts.traces, calls)
+            except InvalidArgument as exc:
+                raise RuntimeDied(f"{self.reward_file}: {exc.message}") from None
         return _result(reward, resolved, traces)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from evaluator.errors import InvalidOptions, UnknownStrategy
 from evaluator.models import Artifacts, EvaluationResult
 from evaluator.strategies.base import EvalContext, prepare_repository
+from evaluator.trace_rewards import trace_rewards_from_calls
 from polar_core.records import TerminalStatus
 from runtimes import Runtime
 
@@ -48,11 +49,17 @@ class CustomEvaluation:
 
 @dataclasses.dataclass(frozen=True)
 class CustomResult:
-    """A custom evaluator's verdict; ``resolved`` defaults to ``reward >= 1.0``."""
+    """A custom evaluator's verdict; ``resolved`` defaults to ``reward >= 1.0``.
+
+    Per-trace rewards come as ``trace_rewards`` (one per trace, by ``trace_index``) or ``call_rewards`` (call id
+    to reward; a trace gets the sum over its calls, see :mod:`evaluator.trace_rewards`), never both; both need
+    the traces, which the evaluator gets when the task sets ``needs_traces: true``.
+    """
 
     reward: float
     resolved: bool | None = None
     trace_rewards: tuple[float, ...] = ()
+    call_rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def load_callable(path: str) -> Callable[..., Any]:
@@ -102,7 +109,12 @@ class CustomStrategy:
         if isinstance(value, CustomResult):
             resolved = value.resolved if value.resolved is not None else value.reward >= 1.0
             status = TerminalStatus.RESOLVED if resolved else TerminalStatus.UNRESOLVED
-            return EvaluationResult(value.reward, status, trace_rewards=tuple(value.trace_rewards))
+            rewards = tuple(value.trace_rewards)
+            if value.call_rewards:
+                if rewards:
+                    raise InvalidOptions("custom evaluator returned both trace_rewards and call_rewards")
+                rewards = trace_rewards_from_calls(artifacts.traces, value.call_rewards)
+            return EvaluationResult(value.reward, status, trace_rewards=rewards)
         if isinstance(value, int | float) and not isinstance(value, bool):
             status = TerminalStatus.RESOLVED if value >= 1.0 else TerminalStatus.UNRESOLVED
             return EvaluationResult(float(value), status)

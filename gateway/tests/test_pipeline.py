@@ -152,11 +152,11 @@ async def test_agent_timeout_keeps_captured_calls() -> None:
     result_task = asyncio.create_task(_run(world, spec(agent_timeout_s=1.5)))
     result = await result_task
     assert result.status is TerminalStatus.AGENT_TIMEOUT
-    assert result.reward == 0.0
+    assert result.reward == 1.0  # a timed-out attempt is still scored (gateway/tests/test_scoring.py)
     assert result.completions == 1
     assert len(result.traces) == 1
     assert result.traces[0].status == "agent_timeout"
-    assert world.evaluator.evaluated == []  # a timed-out attempt is not scored
+    assert len(world.evaluator.evaluated) == 1
     assert world.runtimes.created["s1"].stopped
 
 

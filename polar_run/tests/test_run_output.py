@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from polar.common.v1 import session_pb2, trace_pb2
 from polar.rollout.v1 import rollout_service_pb2
 from rich.console import Console
 
+from polar_core.errors import InvalidArgument
+from polar_run.embedded import context_length
 from polar_run.progress import STAGES, ProgressDisplay, ProgressState
 from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
 
@@ -146,3 +149,46 @@ def test_plain_display_prints_only_changes() -> None:
         display.changed()
     lines = [line for line in console.export_text().splitlines() if line.startswith("[")]
     assert len(lines) == 3  # first state, the change, the final line on exit
+
+
+def test_what_each_agent_did_is_kept_in_its_folder(tmp_path: Path) -> None:
+    evaluation_log = tmp_path / "eval.log"
+    evaluation_log.write_text("evaluate ...\n")
+    kept = _result(0, "agent_timeout", 1.0, calls=1, masks=[[1]])
+    kept.session_id = "t/odd id"
+    kept.patch = b"diff --git a/x b/x\n"
+    kept.patch_truncated = True
+    kept.test_outcomes.add(test_id="tests/t.py::a", outcome="passed").duration.FromMilliseconds(250)
+    kept.test_outcomes.add(test_id="tests/t.py::b", outcome="failed")
+    kept.eval_log_ref = str(evaluation_log)
+    kept.harness_stdout, kept.harness_stderr = "out", "err"
+    bare = _result(1, "infra_error", 0.0, calls=0, masks=[])
+    out = tmp_path / "run"
+    write_run_directory(out, results=[kept, bare], completions=[], summary={})
+    rows = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert rows[0]["files"] == "sessions/t_odd_id"
+    assert rows[0]["patch_bytes"] == len(kept.patch)
+    assert rows[0]["patch_truncated"]
+    assert rows[0]["tests"] == {"failed": 1, "passed": 1}
+    folder = out / rows[0]["files"]
+    assert (folder / "patch.diff").read_bytes() == kept.patch
+    tests = json.loads((folder / "tests.json").read_text())
+    assert tests[0] == {"test_id": "tests/t.py::a", "outcome": "passed", "duration_s": 0.25}
+    assert (folder / "harness.log").read_text() == "--- stdout ---\nout\n--- stderr ---\nerr\n"
+    assert (folder / "eval.log").read_text() == "evaluate ...\n"
+    assert rows[1]["tests"] == {}
+    assert list((out / rows[1]["files"]).iterdir()) == []  # nothing to keep, nothing written
+
+
+def test_context_length_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POLAR_PROXY_CONTEXT_LENGTH", raising=False)
+    assert context_length(None) == 0
+    assert context_length(8192) == 8192
+    monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", "16384")
+    assert context_length(None) == 16384
+    assert context_length(8192) == 8192
+    with pytest.raises(InvalidArgument):
+        context_length(0)
+    monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", "lots")
+    with pytest.raises(InvalidArgument):
+        context_length(None)

@@ -22,6 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from polar.common.v1 import reconstruction_pb2 as polar_dot_common_dot_v1_dot_reconstruction__pb2
 from polar.common.v1 import status_pb2 as polar_dot_common_dot_v1_dot_status__pb2
@@ -29,7 +30,7 @@ from polar.common.v1 import task_pb2 as polar_dot_common_dot_v1_dot_task__pb2
 from polar.common.v1 import trace_pb2 as polar_dot_common_dot_v1_dot_trace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpolar/common/v1/session.proto\x12\x0fpolar.common.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$polar/common/v1/reconstruction.proto\x1a\x1cpolar/common/v1/status.proto\x1a\x1apolar/common/v1/task.proto\x1a\x1bpolar/common/v1/trace.proto\"\xac\x01\n\x0bSessionSpec\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\x05\x12#\n\x04task\x18\x04 \x01(\x0b\x32\x15.polar.common.v1.Task\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"\xd1\x02\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12,\n\x05stage\x18\x05 \x01(\x0e\x32\x1d.polar.common.v1.SessionStage\x12\x38\n\x0fterminal_status\x18\x06 \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x12\n\ngateway_id\x18\x07 \x01(\t\x12\x34\n\x10stage_entered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rerror_message\x18\n \x01(\t\"\x96\x01\n\x11SessionStatistics\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x17\n\x0fresponse_tokens\x18\x03 \x01(\x03\x12<\n\x0ereconstruction\x18\x04 \x01(\x0b\x32$.polar.common.v1.ReconstructionStats\"\xdb\x03\n\rSessionResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x06traces\x18\x05 \x03(\x0b\x32\x16.polar.common.v1.Trace\x12<\n\x07timings\x18\x06 \x03(\x0b\x32+.polar.common.v1.SessionResult.TimingsEntry\x12\x36\n\nstatistics\x18\x07 \x01(\x0b\x32\".polar.common.v1.SessionStatistics\x12\x15\n\rerror_message\x18\x08 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t\x12\x12\n\ngateway_id\x18\n \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\x05\x12\x38\n\x0fterminal_status\x18\x0c \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x14\n\x0csample_index\x18\r \x01(\x05\x12\x12\n\npolicy_lag\x18\x0e \x01(\x05\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpolar/common/v1/session.proto\x12\x0fpolar.common.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$polar/common/v1/reconstruction.proto\x1a\x1cpolar/common/v1/status.proto\x1a\x1apolar/common/v1/task.proto\x1a\x1bpolar/common/v1/trace.proto\"\xac\x01\n\x0bSessionSpec\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\x05\x12#\n\x04task\x18\x04 \x01(\x0b\x32\x15.polar.common.v1.Task\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"\xd1\x02\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12,\n\x05stage\x18\x05 \x01(\x0e\x32\x1d.polar.common.v1.SessionStage\x12\x38\n\x0fterminal_status\x18\x06 \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x12\n\ngateway_id\x18\x07 \x01(\t\x12\x34\n\x10stage_entered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rerror_message\x18\n \x01(\t\"\x96\x01\n\x11SessionStatistics\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x17\n\x0fresponse_tokens\x18\x03 \x01(\x03\x12<\n\x0ereconstruction\x18\x04 \x01(\x0b\x32$.polar.common.v1.ReconstructionStats\"\x9c\x05\n\rSessionResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x06traces\x18\x05 \x03(\x0b\x32\x16.polar.common.v1.Trace\x12<\n\x07timings\x18\x06 \x03(\x0b\x32+.polar.common.v1.SessionResult.TimingsEntry\x12\x36\n\nstatistics\x18\x07 \x01(\x0b\x32\".polar.common.v1.SessionStatistics\x12\x15\n\rerror_message\x18\x08 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t\x12\x12\n\ngateway_id\x18\n \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\x05\x12\x38\n\x0fterminal_status\x18\x0c \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x14\n\x0csample_index\x18\r \x01(\x05\x12\x12\n\npolicy_lag\x18\x0e \x01(\x05\x12\r\n\x05patch\x18\x1e \x01(\x0c\x12\x17\n\x0fpatch_truncated\x18\x1f \x01(\x08\x12\x32\n\rtest_outcomes\x18  \x03(\x0b\x32\x1b.polar.common.v1.TestResult\x12\x14\n\x0c\x65val_log_ref\x18! \x01(\t\x12\x16\n\x0eharness_stdout\x18\" \x01(\t\x12\x16\n\x0eharness_stderr\x18# \x01(\t\x12\x1d\n\x15harness_log_truncated\x18$ \x01(\x08\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\nTestResult\x12\x0f\n\x07test_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Durationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,14 +39,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONRESULT_TIMINGSENTRY']._loaded_options = None
   _globals['_SESSIONRESULT_TIMINGSENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONSPEC']._serialized_start=209
-  _globals['_SESSIONSPEC']._serialized_end=381
-  _globals['_SESSIONSTATE']._serialized_start=384
-  _globals['_SESSIONSTATE']._serialized_end=721
-  _globals['_SESSIONSTATISTICS']._serialized_start=724
-  _globals['_SESSIONSTATISTICS']._serialized_end=874
-  _globals['_SESSIONRESULT']._serialized_start=877
-  _globals['_SESSIONRESULT']._serialized_end=1352
-  _globals['_SESSIONRESULT_TIMINGSENTRY']._serialized_start=1306
-  _globals['_SESSIONRESULT_TIMINGSENTRY']._serialized_end=1352
+  _globals['_SESSIONSPEC']._serialized_start=241
+  _globals['_SESSIONSPEC']._serialized_end=413
+  _globals['_SESSIONSTATE']._serialized_start=416
+  _globals['_SESSIONSTATE']._serialized_end=753
+  _globals['_SESSIONSTATISTICS']._serialized_start=756
+  _globals['_SESSIONSTATISTICS']._serialized_end=906
+  _globals['_SESSIONRESULT']._serialized_start=909
+  _globals['_SESSIONRESULT']._serialized_end=1577
+  _globals['_SESSIONRESULT_TIMINGSENTRY']._serialized_start=1531
+  _globals['_SESSIONRESULT_TIMINGSENTRY']._serialized_end=1577
+  _globals['_TESTRESULT']._serialized_start=1579
+  _globals['_TESTRESULT']._serialized_end=1670
 # @@protoc_insertion_point(module_scope)
