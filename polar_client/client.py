@@ -132,6 +132,35 @@ class RolloutClient:
                     raise
                 await asyncio.sleep(0.5)
 
+    async def update_policy(
+        self,
+        version: int,
+        weights_path: str | Path,
+        *,
+        pause_mode: str = "drain",
+        drain_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> pb.UpdatePolicyResponse:
+        """Move the whole fleet to policy ``version`` loaded from the checkpoint directory ``weights_path``.
+
+        ``pause_mode`` is ``drain`` (in-flight calls finish on the old weights) or ``abort``. Idempotent by
+        version: calling again with the same version and weights returns the stored outcome. ``timeout_s``
+        bounds the call (default: no deadline, since a load can take long; the update runs on regardless).
+        """
+        modes = {"drain": pb.PAUSE_MODE_DRAIN, "abort": pb.PAUSE_MODE_ABORT}
+        if pause_mode not in modes:
+            raise ValueError(f"pause_mode must be 'drain' or 'abort', not {pause_mode!r}")
+        request = pb.UpdatePolicyRequest(version=version, weights_path=str(weights_path), pause_mode=modes[pause_mode])
+        if drain_timeout_s is not None:
+            drain = duration_pb2.Duration()
+            drain.FromNanoseconds(int(drain_timeout_s * 1e9))
+            request.drain_timeout.CopyFrom(drain)
+        return await self._stub.UpdatePolicy(request, timeout=timeout_s)
+
+    async def get_policy(self) -> pb.GetPolicyResponse:
+        """Return the fleet's current policy and every known proxy's state."""
+        return await self._stub.GetPolicy(pb.GetPolicyRequest(), timeout=self._timeout)
+
     async def wait(self, task_id: str, *, poll_s: float = 1.0) -> pb.TaskInfo:
         """Poll until the task is terminal and return its final state."""
         while True:

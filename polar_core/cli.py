@@ -24,7 +24,7 @@ from polar_core.tracing import create_tracer_provider
 __all__ = ["main"]
 
 # Subcommands contributed by service packages: each module has ``add_parser(subparsers)`` setting ``func``.
-_EXTENSIONS = ("reconstructor.cli", "rollout_server.cli")
+_EXTENSIONS = ("reconstructor.cli", "rollout_server.cli", "polar_train.cli")
 
 
 async def _check_health(host: str, port: int, service: str) -> bool:
