@@ -1,0 +1,107 @@
+"""The GRPO loss: advantages over sessions, truncated IS, no gradient through mask-0 positions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from polar_core.model_fixtures import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from polar_core.records import Trace  # noqa: E402
+from polar_train.batch import Batch, LagBoundViolated, SessionSample, build_batch  # noqa: E402
+from polar_train.loss import StepSettings, advantages, policy_loss, train_on_batch  # noqa: E402
+
+
+def _tensors(old: list[list[float]], mask: list[list[float]]) -> dict[str, torch.Tensor]:
+    m = torch.tensor(mask)
+    return {"loss_mask": m, "old_logprobs": torch.tensor(old), "weights": torch.ones(m.shape[0])}
+
+
+def test_mask_zero_positions_carry_no_gradient_even_with_non_finite_placeholders() -> None:
+    new = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.7, -0.2, -1.5, -9.0]], requires_grad=True)
+    mask = [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
+    old = [[math.inf, -2.1, -0.4, math.nan], [-0.8, -math.inf, -1.4, 0.0]]
+    loss, metrics = policy_loss(new, _tensors(old, mask), torch.tensor([1.0, -1.0]), tis_cap=2.0)
+    loss.backward()
+    assert math.isfinite(float(loss.detach()))
+    assert new.grad is not None
+    grad = new.grad
+    assert grad[torch.tensor(mask) == 0].abs().max() == 0.0
+    assert (grad[torch.tensor(mask) == 1] != 0).all()
+    assert metrics["mean_tis_weight"] > 0
+
+
+def test_the_importance_weight_is_truncated_at_c_and_detached() -> None:
+    # Behaviour logprob far below the current one: ratio e^5, truncated at C = 2.
+    new = torch.tensor([[-1.0]], requires_grad=True)
+    loss, metrics = policy_loss(new, _tensors([[-6.0]], [[1.0]]), torch.tensor([1.0]), tis_cap=2.0)
+    loss.backward()
+    assert new.grad is not None
+    assert float(new.grad[0, 0]) == pytest.approx(-2.0)  # -min(ratio, C) * A, no gradient through the ratio
+    assert metrics["tis_truncated_fraction"] == 1.0
+    # Below the cap the weight is the ratio itself.
+    new2 = torch.tensor([[-1.0]], requires_grad=True)
+    loss2, _ = policy_loss(new2, _tensors([[-1.5]], [[1.0]]), torch.tensor([1.0]), tis_cap=2.0)
+    loss2.backward()
+    assert new2.grad is not None
+    assert float(new2.grad[0, 0]) == pytest.approx(-math.exp(0.5))
+
+
+def _trace(session: str, task: str, reward: float, *, index: int = 0, version: str = "0") -> Trace:
+    return Trace(
+        session_id=session,
+        task_id=task,
+        trace_index=index,
+        call_ids=[f"{session}-{index}"],
+        prompt_token_ids=[5, 6, 7],
+        response_token_ids=[8, 9],
+        loss_mask=[1, 1],
+        response_logprobs=[-3.0, -3.0],
+        reward=reward,
+        policy_versions=[version],
+    )
+
+
+def test_advantages_are_relative_within_a_group_and_count_each_session_once() -> None:
+    sessions = [
+        SessionSample("g1", "a", "resolved", 1.0, (_trace("a", "g1", 1.0), _trace("a", "g1", 1.0, index=1)), (0, 0)),
+        SessionSample("g1", "b", "unresolved", 0.0, (_trace("b", "g1", 0.0),), (0,)),
+        SessionSample("g2", "c", "unresolved", 0.2, (_trace("c", "g2", 0.2),), (0,)),
+        SessionSample("g2", "d", "unresolved", 0.2, (_trace("d", "g2", 0.2),), (0,)),
+    ]
+    adv = advantages(build_batch(sessions, current_version=0, max_policy_lag=0))
+    # g1: sessions 1.0 and 0.0 (mean 0.5, std 0.5) whatever a's two traces; g2: no spread, no signal.
+    assert adv.tolist() == pytest.approx([1.0, 1.0, -1.0, 0.0, 0.0], abs=1e-5)
+
+
+def test_one_step_on_the_tiny_model_moves_the_weights_and_rejects_stale_batches() -> None:
+    torch.manual_seed(0)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    sessions = [
+        SessionSample("g", "a", "resolved", 1.0, (_trace("a", "g", 1.0, version="1"),), (0,)),
+        SessionSample("g", "b", "unresolved", 0.0, (_trace("b", "g", 0.0, version="2"),), (0,)),
+    ]
+    batch = build_batch(sessions, current_version=2, max_policy_lag=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = train_on_batch(model, optimizer, batch, StepSettings(pad_token_id=int(tokenizer.pad_token_id)))
+    assert math.isfinite(metrics["loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not model.training
+    stale = Batch(
+        batch.traces,
+        batch.lags,
+        current_version=3,
+        max_policy_lag=1,
+        sessions=(),
+        stale_traces=0,
+        stale_tokens=0,
+        untrainable_traces=0,
+    )
+    with pytest.raises(LagBoundViolated):
+        train_on_batch(model, optimizer, stale, StepSettings())
+    empty = build_batch([], current_version=0, max_policy_lag=0)
+    assert train_on_batch(model, optimizer, empty, StepSettings()) == {"loss": 0.0}
