@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``polar train``; print one line per step and the table at the end."""
     from polar_train.config import load_config
-    from polar_train.metrics import StepMetrics, format_table, read_metrics
+    from polar_train.metrics import StepMetrics, first_and_last, format_table, read_metrics
     from polar_train.run import run_training
     from rollout_server.run import prepare_out_dir
 
@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         )
 
     asyncio.run(run_training(config, on_step=line))
-    print(format_table(read_metrics(config.run_dir / "metrics.jsonl")))
+    rows = read_metrics(config.run_dir / "metrics.jsonl")
+    print(format_table(rows))
+    first, last = first_and_last(rows, config.steps_averaged)
+    print(f"mean reward, first {config.steps_averaged} steps {first:.3f} -> last {config.steps_averaged} {last:.3f}")
     print(f"run directory {config.run_dir}: metrics.jsonl, reward_curve.png, checkpoints/", file=sys.stderr)
     return 0

@@ -46,6 +46,7 @@ class TrainConfig(BaseModel):
         task_timeout_s: Deadline of each task on the rollout server.
         max_length: Truncate training rows to this many tokens (0: no limit).
         steps_averaged: Steps averaged at each end of the curve for the run's first/last comparison.
+        max_seconds: Stop after the step during which this many seconds have passed (0: run every step).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,6 +72,7 @@ class TrainConfig(BaseModel):
     task_timeout_s: float = Field(600.0, gt=0)
     max_length: int = Field(0, ge=0)
     steps_averaged: int = Field(2, ge=1)
+    max_seconds: float = Field(0.0, ge=0)
 
     def model_post_init(self, context: Any, /) -> None:
         """Check what the fields cannot check one by one."""

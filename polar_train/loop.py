@@ -136,8 +136,12 @@ class Trainer:
         """Run every step; return their metrics (also appended to ``metrics.jsonl``)."""
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         rows: list[StepMetrics] = []
+        deadline = time.monotonic() + self.config.max_seconds if self.config.max_seconds else None
         try:
             for step in range(self.config.steps):
+                if deadline is not None and rows and time.monotonic() >= deadline:
+                    _log.info("time budget of %.0fs spent after %d steps", self.config.max_seconds, len(rows))
+                    break
                 for ahead in range(step, min(step + 1 + self.config.prefetch_groups, self.config.steps)):
                     await self._submit(ahead)
                 rows.append(await self._step(step))

@@ -9,7 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StepMetrics", "append_metrics", "format_table", "plot_reward_curve", "read_metrics"]
+__all__ = [
+    "StepMetrics",
+    "append_metrics",
+    "first_and_last",
+    "format_table",
+    "group_spread",
+    "plot_reward_curve",
+    "read_metrics",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,3 +130,12 @@ def group_spread(rewards_by_group: Sequence[Sequence[float]]) -> float:
     """Mean within-group population standard deviation (0.0 without groups)."""
     spreads = [statistics.pstdev(g) for g in rewards_by_group if g]
     return statistics.fmean(spreads) if spreads else 0.0
+
+
+def first_and_last(rows: Sequence[dict[str, Any]], k: int) -> tuple[float, float]:
+    """Mean reward of the first ``k`` and of the last ``k`` steps (the run's before/after comparison)."""
+    means = [float(r["reward_mean"]) for r in rows]
+    if not means:
+        return 0.0, 0.0
+    k = max(1, min(k, len(means)))
+    return statistics.fmean(means[:k]), statistics.fmean(means[-k:])

