@@ -54,25 +54,25 @@ class TrainConfig(BaseModel):
     model: str
     task: Path
     run_dir: Path
-    group_size: int = Field(8, ge=2)
-    groups_per_step: int = Field(2, ge=1)
-    steps: int = Field(4, ge=1)
-    learning_rate: float = Field(1e-2, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    tis_cap: float = Field(2.0, gt=0)
-    max_policy_lag: int = Field(1, ge=0)
+    group_size: int = Field(default=8, ge=2)
+    groups_per_step: int = Field(default=2, ge=1)
+    steps: int = Field(default=4, ge=1)
+    learning_rate: float = Field(default=1e-2, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    tis_cap: float = Field(default=2.0, gt=0)
+    max_policy_lag: int = Field(default=1, ge=0)
     stale_policy: Literal["keep", "resample"] = "keep"
-    prefetch_groups: int = Field(1, ge=0)
+    prefetch_groups: int = Field(default=1, ge=0)
     pause_mode: Literal["drain", "abort"] = "drain"
     seed: int = 0
-    torch_threads: int = Field(1, ge=0)
+    torch_threads: int = Field(default=1, ge=0)
     rollout_address: str = ""
     token: str = ""
-    workers: int = Field(2, ge=1)
-    task_timeout_s: float = Field(600.0, gt=0)
-    max_length: int = Field(0, ge=0)
-    steps_averaged: int = Field(2, ge=1)
-    max_seconds: float = Field(0.0, ge=0)
+    workers: int = Field(default=2, ge=1)
+    task_timeout_s: float = Field(default=600.0, gt=0)
+    max_length: int = Field(default=0, ge=0)
+    steps_averaged: int = Field(default=2, ge=1)
+    max_seconds: float = Field(default=0.0, ge=0)
 
     def model_post_init(self, context: Any, /) -> None:
         """Check what the fields cannot check one by one."""

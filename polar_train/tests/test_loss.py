@@ -6,12 +6,14 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from polar_core.model_fixtures import build_tiny_model, build_tiny_tokenizer  # noqa: E402
-from polar_core.records import Trace  # noqa: E402
-from polar_train.batch import Batch, LagBoundViolated, SessionSample, build_batch  # noqa: E402
-from polar_train.loss import StepSettings, advantages, policy_loss, train_on_batch  # noqa: E402
+import torch
+
+from polar_core.model_fixtures import build_tiny_model, build_tiny_tokenizer
+from polar_core.records import Trace
+from polar_train.batch import Batch, LagBoundViolated, SessionSample, build_batch
+from polar_train.loss import StepSettings, advantages, policy_loss, train_on_batch
 
 
 def _tensors(old: list[list[float]], mask: list[list[float]]) -> dict[str, torch.Tensor]:
@@ -24,7 +26,7 @@ def test_mask_zero_positions_carry_no_gradient_even_with_non_finite_placeholders
     mask = [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
     old = [[math.inf, -2.1, -0.4, math.nan], [-0.8, -math.inf, -1.4, 0.0]]
     loss, metrics = policy_loss(new, _tensors(old, mask), torch.tensor([1.0, -1.0]), tis_cap=2.0)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     assert math.isfinite(float(loss.detach()))
     assert new.grad is not None
     grad = new.grad
@@ -37,14 +39,14 @@ def test_the_importance_weight_is_truncated_at_c_and_detached() -> None:
     # Behaviour logprob far below the current one: ratio e^5, truncated at C = 2.
     new = torch.tensor([[-1.0]], requires_grad=True)
     loss, metrics = policy_loss(new, _tensors([[-6.0]], [[1.0]]), torch.tensor([1.0]), tis_cap=2.0)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     assert new.grad is not None
     assert float(new.grad[0, 0]) == pytest.approx(-2.0)  # -min(ratio, C) * A, no gradient through the ratio
     assert metrics["tis_truncated_fraction"] == 1.0
     # Below the cap the weight is the ratio itself.
     new2 = torch.tensor([[-1.0]], requires_grad=True)
     loss2, _ = policy_loss(new2, _tensors([[-1.5]], [[1.0]]), torch.tensor([1.0]), tis_cap=2.0)
-    loss2.backward()
+    loss2.backward()  # type: ignore[no-untyped-call]
     assert new2.grad is not None
     assert float(new2.grad[0, 0]) == pytest.approx(-math.exp(0.5))
 
