@@ -31,8 +31,25 @@ def initial_checkpoint(model: str, run_dir: Path, *, seed: int = 0) -> Path:
     from polar_core.model_fixtures import load_smollm2
 
     tokenizer, weights = load_smollm2()
-    save_checkpoint(weights, tokenizer, target)
+    save_checkpoint(_dequantized(weights), tokenizer, target)
     return target
+
+
+def _dequantized(model: Any) -> Any:
+    """A plain copy of a model loaded from a GGUF file (its weights are already float32, but transformers
+    refuses to ``save_pretrained`` a model that remembers its quantizer)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    auto: Any = AutoModelForCausalLM
+    plain = auto.from_config(config)
+    plain.load_state_dict(model.state_dict())
+    plain.train(False)
+    return plain
 
 
 def save_checkpoint(model: Any, tokenizer: Any, directory: Path) -> Path:

@@ -34,9 +34,13 @@ class TrainConfig(BaseModel):
             the version being trained reaches the loss (it is also set on every task for the rollout server).
         stale_policy: What the rollout server does with a session beyond the bound (``keep``: the trainer
             drops it and counts it; ``resample``: the server samples it again).
-        prefetch_groups: Steps' worth of groups submitted ahead of the one being trained (1: submit step
-            k + 1 before training on step k). Must not exceed ``max_policy_lag``, or every prefetched
-            session would arrive too stale to use.
+        submit_next: When step k + 1's groups are submitted: ``before_step`` (before training on step k:
+            they sample while the trainer steps, so some are trained one version behind), ``before_update``
+            (after the optimiser step, while the checkpoint is saved and the fleet updated: most calls then
+            wait for the new version) or ``after_update`` (synchronous rounds, lag 0). Anything but
+            ``after_update`` needs ``max_policy_lag`` of at least 1.
+        instructions: Instructions the groups cycle through (group ``g`` of step ``k`` gets entry
+            ``(k * groups_per_step + g) % len``); empty: the template's own.
         pause_mode: ``drain`` or ``abort``, passed to ``UpdatePolicy``.
         seed: Seeds torch (the trainer) and the agent's sampling seeds (through the task ids).
         torch_threads: Threads torch may use for the optimiser step (0: torch's default).
@@ -62,7 +66,8 @@ class TrainConfig(BaseModel):
     tis_cap: float = Field(default=2.0, gt=0)
     max_policy_lag: int = Field(default=1, ge=0)
     stale_policy: Literal["keep", "resample"] = "keep"
-    prefetch_groups: int = Field(default=1, ge=0)
+    submit_next: Literal["before_step", "before_update", "after_update"] = "before_step"
+    instructions: tuple[str, ...] = ()
     pause_mode: Literal["drain", "abort"] = "drain"
     seed: int = 0
     torch_threads: int = Field(default=1, ge=0)
@@ -76,10 +81,10 @@ class TrainConfig(BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         """Check what the fields cannot check one by one."""
-        if self.prefetch_groups > self.max_policy_lag:
+        if self.submit_next != "after_update" and self.max_policy_lag < 1:
             raise ValueError(
-                f"prefetch_groups ({self.prefetch_groups}) above max_policy_lag ({self.max_policy_lag}): "
-                "prefetched sessions would be too stale to train on"
+                f"submit_next {self.submit_next!r} needs max_policy_lag >= 1: sessions submitted before the "
+                "update would be too stale to train on"
             )
 
 

@@ -2,11 +2,13 @@
 
 One step ``k`` (the trainer holds the weights of version ``v``)::
 
-    submit the groups of step k + prefetch_groups      (sampled under v while step k trains: asynchrony)
-    wait for step k's groups (WatchTask results are consumed as they finish, by one watcher per group)
-    drop traces more than max_policy_lag behind v      (counted; asserted before the loss)
-    one AdamW step on the rest                         (group-relative advantages, truncated IS)
-    save run_dir/checkpoints/v{v+1}; UpdatePolicy(v+1)  (the prefetched groups keep sampling meanwhile)
+    [submit_next=before_step]   submit step k+1's groups     they sample under v while step k trains
+    wait for step k's groups    one watcher per group consumes WatchTask results as they finish
+    drop traces more than max_policy_lag behind v            counted; asserted again before the loss
+    one AdamW step on the rest                               group-relative advantages, truncated IS
+    [submit_next=before_update] submit step k+1's groups     they start while the fleet moves
+    save run_dir/checkpoints/v{v+1}; UpdatePolicy(v+1)
+    [submit_next=after_update]  submit step k+1's groups     synchronous rounds
 
 The optimiser step and the checkpoint run in a worker thread, so the event loop keeps consuming results
 (and, with the embedded stack, keeps serving the services living in this process).
@@ -96,6 +98,7 @@ class Trainer:
         tokenizer: Its tokenizer (saved with each checkpoint).
         start_version: The fleet's version when the run starts (the weights ``model`` holds).
         on_step: Called with each step's metrics (e.g. to print a line).
+        on_sessions: Called with each step's index and the sessions it considered (e.g. to audit rewards).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class Trainer:
         tokenizer: Any,
         start_version: int = 0,
         on_step: Callable[[StepMetrics], None] | None = None,
+        on_sessions: Callable[[int, list[SessionSample]], None] | None = None,
     ) -> None:
         import torch
 
@@ -120,6 +124,7 @@ class Trainer:
         self._tokenizer = tokenizer
         self.version = start_version
         self._on_step = on_step
+        self._on_sessions = on_sessions
         self._groups: dict[int, list[_Group]] = {}
         self._optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -142,8 +147,9 @@ class Trainer:
                 if deadline is not None and rows and time.monotonic() >= deadline:
                     _log.info("time budget of %.0fs spent after %d steps", self.config.max_seconds, len(rows))
                     break
-                for ahead in range(step, min(step + 1 + self.config.prefetch_groups, self.config.steps)):
-                    await self._submit(ahead)
+                await self._submit(step)
+                if self.config.submit_next == "before_step":
+                    await self._submit(step + 1)
                 rows.append(await self._step(step))
                 append_metrics(self.metrics_path, rows[-1])
                 if self._on_step is not None:
@@ -153,11 +159,13 @@ class Trainer:
         return rows
 
     async def _submit(self, step: int) -> None:
-        if step in self._groups:
+        if step in self._groups or step >= self.config.steps:
             return
         groups: list[_Group] = []
         for g in range(self.config.groups_per_step):
-            task = self._template.task(self.task_id(step, g), group_size=self.config.group_size)
+            task = self._template.task(
+                self.task_id(step, g), group_size=self.config.group_size, instruction=self._instruction(step, g)
+            )
             reply = await self._client.submit(task, task_timeout_s=self.config.task_timeout_s)
             if reply.already_existed:
                 raise FailedPrecondition(f"task {reply.task_id} already exists: use a new run_dir for a new run")
@@ -166,6 +174,11 @@ class Trainer:
             groups.append(_Group(reply.task_id, step, results, watcher))
         self._groups[step] = groups
         _log.info("step %d: submitted %d groups under version %d", step, len(groups), self.version)
+
+    def _instruction(self, step: int, group: int) -> str | None:
+        """The instruction of group ``group`` of step ``step`` (None: the template's)."""
+        choices = self.config.instructions
+        return choices[(step * self.config.groups_per_step + group) % len(choices)] if choices else None
 
     async def _watch(self, task_id: str, into: list[session_pb2.SessionResult]) -> None:
         async for result in self._client.watch(task_id):
@@ -185,10 +198,14 @@ class Trainer:
         await asyncio.gather(*(g.watcher for g in groups))
         waited = time.monotonic() - started
         sessions = [SessionSample.from_result(r) for g in groups for r in g.results]
+        if self._on_sessions is not None:
+            self._on_sessions(step, sessions)
         batch = build_batch(sessions, current_version=self.version, max_policy_lag=self.config.max_policy_lag)
         t0 = time.monotonic()
         loss = await asyncio.to_thread(train_on_batch, self._model, self._optimizer, batch, self._settings)
         step_s = time.monotonic() - t0
+        if self.config.submit_next == "before_update":
+            await self._submit(step + 1)
         new_version = self.version + 1
         t0 = time.monotonic()
         path = await asyncio.to_thread(
@@ -200,6 +217,8 @@ class Trainer:
         update_s = time.monotonic() - t0
         row = _metrics(step, batch, loss, wait_s=waited, step_s=step_s, save_s=save_s, update_s=update_s)
         self.version = new_version
+        if self.config.submit_next == "after_update":
+            await self._submit(step + 1)
         return row
 
 

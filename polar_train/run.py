@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_client import RolloutClient
+from polar_train.batch import SessionSample
 from polar_train.checkpoints import initial_checkpoint, load_policy_model
 from polar_train.config import TrainConfig
 from polar_train.loop import PolicyUpdater, RolloutUpdater, Trainer
@@ -59,6 +60,7 @@ async def run_training(
     *,
     updater_factory: UpdaterFactory | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
+    on_sessions: Callable[[int, list[SessionSample]], None] | None = None,
 ) -> list[StepMetrics]:
     """Train as ``config`` says; write ``metrics.jsonl`` and ``reward_curve.png`` to ``config.run_dir``.
 
@@ -67,6 +69,7 @@ async def run_training(
         updater_factory: How the fleet is moved after each step; default ``UpdatePolicy`` on the rollout
             server.
         on_step: Called with each step's metrics.
+        on_sessions: Called with each step's index and the sessions it considered.
     """
     import torch
 
@@ -89,6 +92,7 @@ async def run_training(
             tokenizer=tokenizer,
             start_version=await updater.current_version(),
             on_step=on_step,
+            on_sessions=on_sessions,
         )
         rows = await trainer.run()
     curve = config.run_dir / "reward_curve.png"

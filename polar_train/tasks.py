@@ -55,9 +55,12 @@ class GroupTemplate:
     max_policy_lag: int
     stale_policy: str
 
-    def task(self, task_id: str, *, group_size: int) -> task_pb2.Task:
-        """The task of one group: the template with this id and ``group_size`` samples."""
+    def task(self, task_id: str, *, group_size: int, instruction: str | None = None) -> task_pb2.Task:
+        """The task of one group: the template with this id, ``group_size`` samples and, if given, this
+        instruction."""
         data = dict(self.prepared.task, task_id=task_id, num_samples=group_size)
+        if instruction is not None:
+            data["instruction"] = instruction
         message = task_from_mapping(data)
         message.max_policy_lag = self.max_policy_lag
         message.stale_policy = _STALE[self.stale_policy]

