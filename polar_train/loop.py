@@ -17,6 +17,7 @@ The optimiser step and the checkpoint run in a worker thread, so the event loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import grpc
 from polar.common.v1 import session_pb2
 
 from polar_client import RolloutClient
@@ -189,7 +191,8 @@ class Trainer:
             for group in groups:
                 if not group.watcher.done():
                     group.watcher.cancel()
-                    await self._client.cancel(group.task_id, "training run ended")
+                    with contextlib.suppress(grpc.aio.AioRpcError):  # e.g. it finished meanwhile
+                        await self._client.cancel(group.task_id, "training run ended")
         await asyncio.gather(*(g.watcher for gs in self._groups.values() for g in gs), return_exceptions=True)
 
     async def _step(self, step: int) -> StepMetrics:
