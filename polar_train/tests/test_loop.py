@@ -61,7 +61,7 @@ class FakeFleet:
 
     async def cancel(self, task_id: str, reason: str = "") -> pb.TaskInfo:
         self.cancelled.append(task_id)
-        return pb.TaskInfo(task_id=task_id)
+        return pb.TaskInfo()
 
     async def current_version(self) -> int:
         return self.version
