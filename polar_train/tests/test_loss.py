@@ -51,14 +51,16 @@ def test_the_importance_weight_is_truncated_at_c_and_detached() -> None:
     assert float(new2.grad[0, 0]) == pytest.approx(-math.exp(0.5))
 
 
-def _trace(session: str, task: str, reward: float, *, index: int = 0, version: str = "0") -> Trace:
+def _trace(
+    session: str, task: str, reward: float, *, index: int = 0, version: str = "0", response: tuple[int, int] = (8, 9)
+) -> Trace:
     return Trace(
         session_id=session,
         task_id=task,
         trace_index=index,
         call_ids=[f"{session}-{index}"],
         prompt_token_ids=[5, 6, 7],
-        response_token_ids=[8, 9],
+        response_token_ids=list(response),
         loss_mask=[1, 1],
         response_logprobs=[-3.0, -3.0],
         reward=reward,
@@ -85,7 +87,7 @@ def test_one_step_on_the_tiny_model_moves_the_weights_and_rejects_stale_batches(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     sessions = [
         SessionSample("g", "a", "resolved", 1.0, (_trace("a", "g", 1.0, version="1"),), (0,)),
-        SessionSample("g", "b", "unresolved", 0.0, (_trace("b", "g", 0.0, version="2"),), (0,)),
+        SessionSample("g", "b", "unresolved", 0.0, (_trace("b", "g", 0.0, version="2", response=(10, 11)),), (0,)),
     ]
     batch = build_batch(sessions, current_version=2, max_policy_lag=1)
     before = [p.detach().clone() for p in model.parameters()]
@@ -107,3 +109,45 @@ def test_one_step_on_the_tiny_model_moves_the_weights_and_rejects_stale_batches(
         train_on_batch(model, optimizer, stale, StepSettings())
     empty = build_batch([], current_version=0, max_policy_lag=0)
     assert train_on_batch(model, optimizer, empty, StepSettings()) == {"loss": 0.0}
+
+
+def test_accumulating_one_trace_at_a_time_gives_the_batch_gradient() -> None:
+    """train_on_batch's per-row accumulation (response logits only) equals the padded batch loss's gradient."""
+    from reconstructor.export import to_padded_tensors
+    from reconstructor.trainer_example import token_logprobs
+
+    tokenizer = build_tiny_tokenizer()
+    pad = int(tokenizer.pad_token_id)
+    traces = [
+        Trace(
+            "a",
+            "g",
+            0,
+            ["a"],
+            [5, 6, 7, 8],
+            [9, 10, 11],
+            [1, 0, 1],
+            [-3.0, 0.0, -2.5],
+            reward=1.0,
+            policy_versions=["0"],
+        ),
+        Trace(
+            "b", "g", 0, ["b"], [5, 6], [12, 13], [1, 1], [-4.0, -3.5], reward=0.0, weight=0.5, policy_versions=["0"]
+        ),
+    ]
+    sessions = [SessionSample("g", t.session_id, "unresolved", t.reward, (t,), (0,)) for t in traces]
+    batch = build_batch(sessions, current_version=0, max_policy_lag=0)
+    grads = []
+    for mode in ("batch", "rows"):
+        model = build_tiny_model(tokenizer, seed=0)
+        model.train(False)  # no dropout either way
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        if mode == "batch":
+            tensors = to_padded_tensors(traces, pad_token_id=pad)
+            new = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"])
+            loss, _ = policy_loss(new, tensors, advantages(batch), tis_cap=2.0)
+            loss.backward()  # type: ignore[no-untyped-call]
+        else:
+            train_on_batch(model, optimizer, batch, StepSettings(pad_token_id=pad))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
