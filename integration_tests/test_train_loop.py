@@ -30,7 +30,7 @@ pytest.importorskip("openai")
 
 from model_proxy.core.parsing import HermesParser
 from polar_core.model_fixtures import save_tiny_model
-from polar_train import SessionSample, TrainConfig, read_metrics, run_training
+from polar_train import SessionSample, TrainConfig, format_table, read_metrics, run_training
 from polar_train.metrics import first_and_last
 from polar_train.testing import EmbeddedProxySwap, capture_backends
 
@@ -84,6 +84,7 @@ async def test_grpo_through_the_stack_raises_the_reward_within_the_lag_bound(tmp
             for updater in updaters:
                 await updater.close()
 
+    print(format_table([r.to_dict() for r in rows]))  # in the CI log with -s: the curve this run drew
     assert len(rows) == STEPS
     # Six policy updates, in order, each from its own checkpoint.
     assert updaters[0].versions == list(range(1, STEPS + 1))
