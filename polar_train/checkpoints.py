@@ -60,6 +60,7 @@ def save_checkpoint(model: Any, tokenizer: Any, directory: Path) -> Path:
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the backends reading it may run as another user
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
