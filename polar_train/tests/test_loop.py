@@ -110,6 +110,7 @@ async def test_before_step_submits_the_next_group_before_training_and_trains_it_
     assert all(r.stale_traces == 0 and r.trainable_tokens == 8 for r in rows)
     assert [r["step"] for r in read_metrics(trainer.metrics_path)] == [0, 1, 2]
     assert (tmp_path / "run" / "checkpoints" / "v3" / "config.json").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "v3").stat().st_mode & 0o777 == 0o755
 
 
 async def test_after_update_is_synchronous(tmp_path: Path) -> None:
