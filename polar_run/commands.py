@@ -27,7 +27,8 @@ _RUN_HELP = (
     "summary.json. See docs/run.md."
 )
 _GENERATE_HELP = (
-    "Run every task of DATASET on the embedded stack (or, with --server, on a running fleet), retry empty generations, and export accepted (resolved) "
+    "Run every task of DATASET on the embedded stack (or, with --server, on a running fleet), retry empty "
+    "generations, and export accepted (resolved) "
     "trajectories as chat-format SFT records (JSONL and Parquet) with a repository-stratified train/validation "
     "split, plus an attempt ledger. See docs/run.md."
 )
@@ -120,7 +121,10 @@ def _run(coro: Any) -> int:
         return 1
 
 
-def _common(parser: argparse.ArgumentParser, server_help: str = "rollout server host:port (default $POLAR_SERVER)") -> None:
+_SERVER_HELP = "rollout server host:port (default $POLAR_SERVER)"
+
+
+def _common(parser: argparse.ArgumentParser, server_help: str = _SERVER_HELP) -> None:
     parser.add_argument("--server", default=None, help=server_help)
     parser.add_argument("--token", default=None, help="control-plane token (default $POLAR_TOKEN)")
     parser.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate for mTLS")
