@@ -31,7 +31,7 @@ import grpc
 import pytest
 from polar.common.v1 import status_pb2
 
-from integration_tests.support.services import POLAR_ARGV, ServiceProcesses, free_port
+from integration_tests.support.services import CHAT_AGENT, POLAR_ARGV, ServiceProcesses, free_port
 from polar_client import RolloutClient
 
 pytestmark = [
@@ -42,26 +42,8 @@ pytestmark = [
 
 TOKEN = "generate-fleet-token"
 HOST = "127.0.0.1"
-AGENT_PAUSE_S = 2.0
-
-# N chat calls through the proxy (argv[1]), an answer file, then a pause (argv[2]) that grows with the sample
-# index, so that sessions finish staggered and some are in flight when the rollout server dies.
-AGENT = """
-import json, os, re, sys, time, urllib.request
-index = int(re.findall(r"-(\\d{4})(?:/|$)", os.getcwd())[-1])
-messages = []
-for i in range(int(sys.argv[1])):
-    messages.append({"role": "user", "content": f"step {i}"})
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
-    messages.append(reply["choices"][0]["message"])
-open("answer.txt", "w").write("42\\n")
-time.sleep(float(sys.argv[2]) + 1.0 * index)
-"""
+# The agent pauses 2 s plus 1 s per sample index.
+PAUSE = ("2", "1", "100")
 
 # task id -> (samples, model calls, repository)
 DATASET = {"alpha": (3, 2, "repo-a"), "beta": (2, 2, "repo-b"), "quiet": (1, 0, "repo-c")}
@@ -75,7 +57,7 @@ def write_dataset(path: Path) -> Path:
             "instruction": "Answer.",
             "num_samples": samples,
             "timeout_seconds": 30,
-            "harness": {"name": "command", "argv": ["python3", "-c", AGENT, str(calls), str(AGENT_PAUSE_S)]},
+            "harness": {"name": "command", "argv": ["python3", "-c", CHAT_AGENT, str(calls), *PAUSE]},
             "runtime": {"kind": "local"},
             "evaluator": {"strategy": "session_completed"},
             "metadata": {"repository": repository},

@@ -23,7 +23,6 @@ from typing import Any
 
 import grpc
 import pytest
-from model_proxy.models import GenerationChunk, GenerationRequest
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.proxy.v1 import model_proxy_service_pb2 as proxy_pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
@@ -35,6 +34,7 @@ from gateway.server import start_server as start_gateway
 from gateway.settings import GatewaySettings
 from model_proxy.app import ProxyApp
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
+from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
 from polar_core.channels import open_channel

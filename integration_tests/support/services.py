@@ -22,10 +22,32 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["POLAR_ARGV", "Service", "ServiceProcesses", "free_port"]
+__all__ = ["CHAT_AGENT", "POLAR_ARGV", "Service", "ServiceProcesses", "free_port"]
 
 # The ``polar`` command: what the installed script runs (``polar_run.cli:main``), from this checkout.
 POLAR_ARGV = (sys.executable, "-m", "polar_run")
+
+
+# A ``command``-harness agent: ``python3 -c CHAT_AGENT CALLS PAUSE STEP MOD`` makes CALLS chat calls through its
+# host's proxy, writes an answer file, then sleeps PAUSE + STEP * (sample index % MOD) seconds (the index is read
+# from the session directory's name), so that sessions finish staggered and tests can kill things mid-task.
+CHAT_AGENT = """
+import json, os, re, sys, time, urllib.request
+index = int(re.findall(r"-(\\d{4})(?:/|$)", os.getcwd())[-1])
+calls, pause, step, mod = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+messages = []
+for i in range(calls):
+    messages.append({"role": "user", "content": f"step {i}"})
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    messages.append(reply["choices"][0]["message"])
+open("answer.txt", "w").write("42\\n")
+time.sleep(pause + step * (index % mod))
+"""
 
 
 def free_port() -> int:
