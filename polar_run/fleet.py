@@ -68,6 +68,8 @@ _TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EX
 # A stream cut by a dying server may also end INTERNAL ("Socket closed") or UNKNOWN.
 _STREAM_TRANSIENT = _TRANSIENT | {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+# A watch that keeps failing while the server answers other calls is a fault, not an outage.
+_STREAM_FAILURES = 20
 
 
 class FleetLost(Exception):
@@ -259,12 +261,12 @@ class FleetSession:
         """
         seen: set[str] = set()
         next_index = 0
-        lost_since: float | None = None
+        failures = 0  # stream failures in a row, with the server answering in between
         while True:
             try:
                 # The server numbers results 0, 1, ... in completion order and sends them in that order.
                 async for result in self.client.watch(task_id, from_index=next_index, reconnect=False):
-                    lost_since = None
+                    failures = 0
                     next_index += 1
                     if result.session_id in seen:
                         _log.warning("result of %s seen twice; kept once", result.session_id)
@@ -273,13 +275,12 @@ class FleetSession:
                     yield self._finished(result)
                 break
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _STREAM_TRANSIENT:
+                failures += 1
+                if exc.code() not in _STREAM_TRANSIENT or failures > _STREAM_FAILURES:
                     raise
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > RECONNECT_LIMIT_S:
-                    raise FleetLost(f"WatchTask {task_id}: the rollout server stayed unreachable") from None
                 _log.info("WatchTask %s: %s; resuming at result %d", task_id, exc.code().name, next_index)
-                await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)
+            await self.task_info(task_id)  # waits (up to RECONNECT_LIMIT_S) for the server to answer again
         info = await self.task_info(task_id)
         if info.sessions_done != len(seen):
             # Defence in depth: whatever the stream missed, GetTask holds.
