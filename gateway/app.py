@@ -76,7 +76,13 @@ class _Clients:
         if not address:
             return None
         s = self._settings
-        made = cls(address, auth_token=s.auth_token, tracer_provider=self._tracer_provider, tls=s.tls())
+        made = cls(
+            address,
+            auth_token=s.auth_token,
+            tracer_provider=self._tracer_provider,
+            tls=s.tls(),
+            max_message_bytes=s.max_message_bytes,
+        )
         self.closers.append(made.close)
         return made
 

@@ -29,6 +29,7 @@ from gateway.models import (
 )
 from gateway.registration import HeartbeatReply, Lease
 from polar_core.channels import open_channel
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.records import CompletionRecord, TerminalStatus
 from polar_core.rpc_client import rpc
 from polar_core.tls import TlsFiles
@@ -58,10 +59,16 @@ class _Client:
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.target = target
         self._channel = open_channel(
-            target, tracer_provider=tracer_provider, auth_token=auth_token, options=_RECONNECT_OPTIONS, tls=tls
+            target,
+            tracer_provider=tracer_provider,
+            auth_token=auth_token,
+            options=_RECONNECT_OPTIONS,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
         )
 
     async def close(self) -> None:
@@ -80,8 +87,15 @@ class GrpcProxyClient(_Client):
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
         page_size: int = 500,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
+        super().__init__(
+            target,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
         self._stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._channel)
         self._page_size = page_size
 
@@ -124,8 +138,15 @@ class GrpcReconstructorClient(_Client):
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
+        super().__init__(
+            target,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
         self._stub = reconstructor_service_pb2_grpc.ReconstructorServiceStub(self._channel)
 
     async def reconstruct(
@@ -158,8 +179,15 @@ class GrpcEvaluatorClient(_Client):
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
+        super().__init__(
+            target,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
         self._stub = evaluator_service_pb2_grpc.EvaluatorServiceStub(self._channel)
 
     async def prepare(self, spec: SessionSpec, *, request_id: str, timeout_s: float) -> str:
@@ -195,8 +223,15 @@ class _RolloutClient(_Client):
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
         timeout_s: float | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls)
+        super().__init__(
+            target,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
         self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
         self._timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
 

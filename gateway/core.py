@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine
@@ -468,7 +469,15 @@ class SessionPipeline:
             raise SessionNotFound(f"unknown session {session_id!r}", details={"session_id": session_id}) from None
 
     def _remember_done(self, s: Session) -> None:
+        # What grows with a long session is not kept past its end: the records stay in the proxy, and the traces
+        # only in the results of the last ``retained_traces`` sessions (older ones keep every other field).
+        s.completions = []
+        s.reconstruction = None
         self._done_order.append(s.spec.session_id)
+        if len(self._done_order) > self._config.retained_traces:
+            old = self._sessions.get(self._done_order[-self._config.retained_traces - 1])
+            if old is not None and old.result is not None and old.result.traces:
+                old.result = dataclasses.replace(old.result, traces=[])
         while len(self._done_order) > self._config.retained_results:
             self._forget(self._done_order.popleft())
 

@@ -84,6 +84,7 @@ class PipelineConfig:
     teardown_timeout_s: float = 60.0
     step_retries: int = 2
     retained_results: int = 10_000
+    retained_traces: int = 16
     watch_buffer: int = 1024
     default_model: str = "policy"
 

@@ -35,6 +35,9 @@ class GatewaySettings(ServiceSettings):
         teardown_timeout_s: Limit on tearing a runtime down.
         step_retries: Extra attempts of an idempotent step that failed with UNAVAILABLE.
         retained_results: Finished sessions kept for GetSession and WatchSessions before the oldest go.
+        retained_traces: Finished sessions whose results keep their traces for GetSession (the most recent);
+            older retained results keep every other field. The rollout server has them once reported, and a
+            long session's traces are megabytes, so the gateway's memory stays bounded by what is in flight.
         watch_buffer: Events buffered per watcher; a watcher that falls further behind is disconnected.
         proxy_address: gRPC target of the ModelProxyService; empty means none (embedded wiring injects one).
         reconstructor_address: gRPC target of the ReconstructorService.
@@ -76,6 +79,7 @@ class GatewaySettings(ServiceSettings):
     teardown_timeout_s: float = Field(default=60.0, gt=0)
     step_retries: int = Field(default=2, ge=0)
     retained_results: int = Field(default=10_000, ge=1)
+    retained_traces: int = Field(default=16, ge=1)
     watch_buffer: int = Field(default=1024, ge=1)
     proxy_address: str = ""
     reconstructor_address: str = ""

@@ -99,7 +99,11 @@ class ProxyApp:
         self.settings = settings
         self.backend = backend
         store = SessionStore(settings.state_dir / "proxy", fsync=settings.fsync)
-        self.registry = SessionRegistry(store, prefix_cache_entries=settings.prefix_cache_entries)
+        self.registry = SessionRegistry(
+            store,
+            prefix_cache_entries=settings.prefix_cache_entries,
+            closed_in_memory=settings.closed_sessions_in_memory,
+        )
         self.engine = ProxyEngine(
             backend=backend,
             tokenizer=tokenizer,

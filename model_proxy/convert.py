@@ -11,6 +11,7 @@ from model_proxy.models import ServedPolicy
 from polar_core.convert import completion_to_proto, struct_to_dict
 from polar_core.durations import seconds
 from polar_core.errors import InvalidArgument
+from polar_core.limits import DEFAULT_PAGE_BYTES, within_budget
 from polar_core.records import CompletionRecord
 
 __all__ = [
@@ -27,8 +28,8 @@ __all__ = [
 _DEFAULT_PAGE = 100
 _MAX_PAGE = 1000
 
-Page = tuple[int, int]
-"""A page of a session's completions: ``(start, size)``."""
+Page = tuple[int, int, int]
+"""A page of a session's completions: ``(start, size, max_bytes)``."""
 
 
 def session_metadata(request: pb.OpenSessionRequest) -> dict[str, Any]:
@@ -47,10 +48,10 @@ def open_session_response(token: str, base_url: str) -> pb.OpenSessionResponse:
 
 
 def page_from_proto(request: pb.ListCompletionsRequest) -> Page:
-    """The page a ``ListCompletionsRequest`` asks for.
+    """The page a ``ListCompletionsRequest`` asks for (count and byte budget).
 
     Raises:
-        InvalidArgument: A malformed page token or a negative page size.
+        InvalidArgument: A malformed page token, a negative page size or a negative byte budget.
     """
     try:
         start = int(request.page_token) if request.page_token else 0
@@ -61,18 +62,18 @@ def page_from_proto(request: pb.ListCompletionsRequest) -> Page:
     size = min(request.page_size or _DEFAULT_PAGE, _MAX_PAGE)
     if size < 0:
         raise InvalidArgument("page_size must not be negative")
-    return start, size
+    if request.max_page_bytes < 0:
+        raise InvalidArgument("max_page_bytes must not be negative")
+    return start, size, request.max_page_bytes or DEFAULT_PAGE_BYTES
 
 
 def completions_page_to_proto(records: Sequence[CompletionRecord], page: Page) -> pb.ListCompletionsResponse:
-    """One page of ``records``, with the token of the next page (empty after the last)."""
-    start, size = page
-    chosen = records[start : start + size]
+    """One page of ``records``: at most ``size`` completions within the byte budget (at least one), with the
+    token of the next page (empty after the last)."""
+    start, size, max_bytes = page
+    chosen = list(within_budget((completion_to_proto(r) for r in records[start : start + size]), max_bytes))
     end = start + len(chosen)
-    return pb.ListCompletionsResponse(
-        completions=[completion_to_proto(r) for r in chosen],
-        next_page_token=str(end) if end < len(records) else "",
-    )
+    return pb.ListCompletionsResponse(completions=chosen, next_page_token=str(end) if end < len(records) else "")
 
 
 def watch_response(record: CompletionRecord) -> pb.WatchCompletionsResponse:

@@ -15,7 +15,7 @@ from model_proxy.ports import Backend
 from model_proxy.rollout_client import GrpcRolloutRegistrar
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar_core.server import RunningService, run_until_signal, start_service_server
+from polar_core.server import RunningService, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["create_server", "join_fleet", "main", "start_server"]
@@ -43,14 +43,10 @@ async def start_server(
         The running service; stopping it also leaves the fleet, stops the HTTP API and closes the backend.
     """
     app = await ProxyApp.open(settings, tracer_provider=tracer_provider, backend=backend, tokenizer=tokenizer)
-    try:
-        server, port = await start_service_server([registration(app)], settings, tracer_provider=tracer_provider)
-    except BaseException:
-        await app.close()
-        raise
+    running = await serve_app(app, [registration(app)], settings, tracer_provider=tracer_provider)
     if settings.rollout_address:
-        app.membership = join_fleet(app, settings, port, tracer_provider=tracer_provider)
-    return RunningService(server, port, app)
+        app.membership = join_fleet(app, settings, running.port, tracer_provider=tracer_provider)
+    return running
 
 
 async def create_server(

@@ -43,12 +43,14 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
         """Close a session; its completions stay readable."""
         session = await self._app.registry.close(request.session_id)
-        return pb.CloseSessionResponse(completions=len(session.records))
+        return pb.CloseSessionResponse(completions=session.record_count)
 
     async def ListCompletions(self, request: pb.ListCompletionsRequest, context: Context) -> pb.ListCompletionsResponse:
         """Page through a session's completions in seq order."""
-        session = self._app.registry.get(request.session_id)
-        return convert.completions_page_to_proto(session.records, convert.page_from_proto(request))
+        page = convert.page_from_proto(request)
+        registry = self._app.registry
+        records = await registry.records(registry.get(request.session_id))
+        return convert.completions_page_to_proto(records, page)
 
     async def WatchCompletions(
         self, request: pb.WatchCompletionsRequest, context: Context

@@ -32,6 +32,9 @@ class ProxySettings(ServiceSettings):
         tool_call_parser: Output parser for tool calls and reasoning (``hermes``).
         chat_template: A Jinja chat template replacing the tokenizer's own (empty keeps the tokenizer's).
         prefix_cache_entries: Rendered prompts remembered per session for incremental tokenisation (0: off).
+        closed_sessions_in_memory: Closed sessions whose completion records stay in memory (the most recently
+            closed or read); older ones are read back from disk by ListCompletions and WatchCompletions, so the
+            proxy's memory is bounded by the sessions in flight, not by every session recorded.
         verify_prefix_cache: Also tokenise every prompt in full and fail loudly on a mismatch (debugging).
         fsync: Whether each completion record is fsync'd before the call is answered.
         gc_freeze: Move everything alive once the proxy has started (the tokenizer, transformers, torch: some
@@ -71,6 +74,7 @@ class ProxySettings(ServiceSettings):
     tool_call_parser: str = "hermes"
     chat_template: str = ""
     prefix_cache_entries: int = Field(default=4, ge=0)
+    closed_sessions_in_memory: int = Field(default=8, ge=0)
     verify_prefix_cache: bool = False
     fsync: bool = True
     gc_freeze: bool = True

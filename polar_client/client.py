@@ -18,6 +18,7 @@ from polar_client.policy import PauseModeName, PolicyUpdateResult, pause_mode_to
 from polar_client.taskfile import load_task, task_from_mapping
 from polar_core.channels import open_channel
 from polar_core.durations import duration
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_BYTES
 from polar_core.tls import TlsFiles
 
 __all__ = ["RolloutClient", "TaskLike"]
@@ -47,6 +48,8 @@ class RolloutClient:
         token: The control-plane token (sent as ``authorization: Bearer <token>``).
         timeout_s: Deadline of each unary call.
         tracer_provider: Provider for client spans.
+        tls: Client certificate and CA for mutual TLS; ``None`` for plaintext.
+        max_message_bytes: The largest message the channel receives or sends (a task's results carry traces).
     """
 
     def __init__(
@@ -57,8 +60,11 @@ class RolloutClient:
         timeout_s: float = 30.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._channel = open_channel(target, tracer_provider=tracer_provider, auth_token=token, tls=tls)
+        self._channel = open_channel(
+            target, tracer_provider=tracer_provider, auth_token=token, tls=tls, max_message_bytes=max_message_bytes
+        )
         self._stub: rollout_service_pb2_grpc.RolloutServiceAsyncStub = rollout_service_pb2_grpc.RolloutServiceStub(
             self._channel
         )
@@ -92,11 +98,44 @@ class RolloutClient:
             request.task_timeout.CopyFrom(duration(task_timeout_s))
         return await self._stub.SubmitTask(request, timeout=self._timeout)
 
-    async def get(self, task_id: str, *, summary_only: bool = False) -> pb.GetTaskResponse:
-        """Return the task's state, statistics and (unless ``summary_only``) its finished session results."""
-        return await self._stub.GetTask(
-            pb.GetTaskRequest(task_id=task_id, summary_only=summary_only), timeout=self._timeout
+    async def get(
+        self,
+        task_id: str,
+        *,
+        summary_only: bool = False,
+        omit_traces: bool = False,
+        from_index: int = 0,
+        max_results: int = 0,
+        max_page_bytes: int = 0,
+    ) -> pb.GetTaskResponse:
+        """Return the task's state, statistics and (unless ``summary_only``) its finished session results.
+
+        ``omit_traces`` leaves the traces out of every result; ``from_index``, ``max_results`` and
+        ``max_page_bytes`` select one page (its ``next_result_index`` is the next page's ``from_index``, 0 after
+        the last); :meth:`results` pages through them all.
+        """
+        request = pb.GetTaskRequest(
+            task_id=task_id,
+            summary_only=summary_only,
+            omit_traces=omit_traces,
+            from_result_index=from_index,
+            max_results=max_results,
+            max_page_bytes=max_page_bytes,
         )
+        return await self._stub.GetTask(request, timeout=self._timeout)
+
+    async def results(
+        self, task_id: str, *, omit_traces: bool = False, max_page_bytes: int = DEFAULT_PAGE_BYTES
+    ) -> AsyncIterator[session_pb2.SessionResult]:
+        """Yield the task's finished session results, read with GetTask in pages of about ``max_page_bytes``."""
+        index = 0
+        while True:
+            reply = await self.get(task_id, omit_traces=omit_traces, from_index=index, max_page_bytes=max_page_bytes)
+            for result in reply.session_results:
+                yield result
+            if not reply.next_result_index:
+                return
+            index = reply.next_result_index
 
     async def list(self, *, page_size: int = 50, page_token: str = "") -> pb.ListTasksResponse:
         """Return a page of tasks, newest first."""
@@ -110,17 +149,18 @@ class RolloutClient:
         return reply.task
 
     async def watch(
-        self, task_id: str, *, from_index: int = 0, reconnect: bool = True
+        self, task_id: str, *, from_index: int = 0, reconnect: bool = True, omit_traces: bool = False
     ) -> AsyncIterator[session_pb2.SessionResult]:
         """Yield the task's session results as they finish (finished ones first), until the task is terminal.
 
         With ``reconnect``, a dropped stream is resumed from the next result index, so no result is seen twice
-        or missed.
+        or missed. ``omit_traces`` leaves the traces out of every result.
         """
         next_index = from_index
         while True:
             try:
-                stream = self._stub.WatchTask(pb.WatchTaskRequest(task_id=task_id, from_result_index=next_index))
+                request = pb.WatchTaskRequest(task_id=task_id, from_result_index=next_index, omit_traces=omit_traces)
+                stream = self._stub.WatchTask(request)
                 async for event in stream:
                     if event.HasField("session_result"):
                         next_index = event.result_index + 1

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import bearer_metadata
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from polar_core.tls import TlsFiles, client_credentials
 
-__all__ = ["open_channel", "token_interceptors"]
+__all__ = ["StubPool", "open_channel", "token_interceptors"]
 
 
 def _with_token(details: grpc.aio.ClientCallDetails, token_metadata: tuple[tuple[str, str], ...]) -> Any:
@@ -68,8 +69,14 @@ def open_channel(
     auth_token: str = "",
     options: Sequence[tuple[str, int | str]] = (),
     tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.aio.Channel:
-    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS."""
+    """Open a channel to ``target`` that propagates trace context, the control-plane token and, with ``tls``, mTLS.
+
+    Both message limits are ``max_message_bytes`` (generous by default, see :mod:`polar_core.limits`);
+    ``options`` are added after them, so an explicit option still wins.
+    """
+    options = [*message_options(max_message_bytes), *options]
     interceptors: list[Any] = token_interceptors(auth_token) if auth_token else []
     interceptors.extend(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
     if tls is not None:
@@ -77,3 +84,52 @@ def open_channel(
             target, client_credentials(tls), options=list(options), interceptors=interceptors
         )
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+
+
+_StubT = TypeVar("_StubT")
+
+
+class StubPool(Generic[_StubT]):
+    """One channel and stub per address, opened on first use with the caller's token, tracing and mTLS files.
+
+    For clients that talk to many peers by address (the rollout server to gateways, proxies and trainers).
+    """
+
+    def __init__(
+        self,
+        make_stub: Callable[[grpc.aio.Channel], _StubT],
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._make_stub = make_stub
+        self._max_message_bytes = max_message_bytes
+        self._token = auth_token
+        self._tracer_provider = tracer_provider
+        self._tls = tls
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, _StubT] = {}
+
+    def stub(self, address: str) -> _StubT:
+        """The stub for ``address`` (its channel is opened on first use)."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = open_channel(
+                address,
+                tracer_provider=self._tracer_provider,
+                auth_token=self._token,
+                tls=self._tls,
+                max_message_bytes=self._max_message_bytes,
+            )
+            self._channels[address] = channel
+            stub = self._stubs[address] = self._make_stub(channel)
+        return stub
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+        self._stubs.clear()

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import TokenAuthInterceptor
 from polar_core.grpc_errors import ErrorMappingInterceptor
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from polar_core.settings import ServiceSettings
 from polar_core.tls import TlsFiles, server_credentials
 
@@ -26,6 +27,7 @@ __all__ = [
     "ServiceApp",
     "ServiceRegistration",
     "run_until_signal",
+    "serve_app",
     "start_grpc_server",
     "start_service_server",
 ]
@@ -54,6 +56,7 @@ async def start_grpc_server(
     tracer_provider: TracerProvider | None = None,
     auth_token: str = "",
     tls: TlsFiles | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a gRPC server with health checking, reflection, OpenTelemetry and error mapping.
 
@@ -64,6 +67,7 @@ async def start_grpc_server(
         tracer_provider: Provider for server spans; ``None`` uses the global (no-op unless configured).
         auth_token: When set, every call but health checks and reflection must carry it.
         tls: When set, serve mutual TLS: clients must present a certificate signed by ``tls.ca_file``.
+        max_message_bytes: The largest message the server receives or sends.
 
     Returns:
         The started server and the bound port.
@@ -72,7 +76,7 @@ async def start_grpc_server(
     if auth_token:
         interceptors.append(TokenAuthInterceptor(auth_token))
     interceptors.append(ErrorMappingInterceptor())
-    server = grpc.aio.server(interceptors=interceptors)
+    server = grpc.aio.server(interceptors=interceptors, options=message_options(max_message_bytes))
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [r.name for r in registrations]
@@ -187,7 +191,7 @@ async def start_service_server(
     *,
     tracer_provider: TracerProvider | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """:func:`start_grpc_server` with the address, token and mTLS files of a service's settings."""
+    """:func:`start_grpc_server` with the address, token, mTLS files and message limit of a service's settings."""
     return await start_grpc_server(
         registrations,
         host=settings.host,
@@ -195,4 +199,22 @@ async def start_service_server(
         tracer_provider=tracer_provider,
         auth_token=settings.auth_token,
         tls=settings.tls(),
+        max_message_bytes=settings.max_message_bytes,
     )
+
+
+async def serve_app(
+    app: AppT,
+    registrations: Sequence[ServiceRegistration],
+    settings: ServiceSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    drain: Callable[[float], Awaitable[None]] | None = None,
+) -> RunningService[AppT]:
+    """Serve an opened app over gRPC (:func:`start_service_server`); the app is closed if serving fails."""
+    try:
+        server, port = await start_service_server(registrations, settings, tracer_provider=tracer_provider)
+    except BaseException:
+        await app.close()
+        raise
+    return RunningService(server, port, app, drain=drain)

@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from polar_core.errors import InvalidArgument
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.tls import TlsFiles
 
 __all__ = ["ServiceSettings", "TelemetrySettings"]
@@ -58,6 +59,9 @@ class ServiceSettings(BaseSettings):
         tls_cert_file: This server's PEM certificate; with the key and CA below it turns on mutual TLS.
         tls_key_file: This server's PEM private key.
         tls_ca_file: PEM CA that must have signed every client's certificate (clients present one).
+        max_message_bytes: Largest gRPC message this service's server and every channel it opens will
+            receive or send (``POLAR_<SVC>_MAX_MESSAGE_BYTES``); generous by default (256 MiB) because a
+            long session's completions and traces grow with its context.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_", frozen=True, extra="forbid")
@@ -71,6 +75,7 @@ class ServiceSettings(BaseSettings):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=4 * 1024 * 1024, le=2**31 - 1)
 
     def tls(self) -> TlsFiles | None:
         """The mTLS files, or None when mTLS is off."""

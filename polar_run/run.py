@@ -60,7 +60,6 @@ _STAGE_NAMES = {
     status_pb2.SESSION_STAGE_POSTRUN: "postrun",
     status_pb2.SESSION_STAGE_DONE: "done",
 }
-_MAX_MESSAGE = 256 * 1024 * 1024
 _PAGE = 50
 _TICK_S = 1.0
 
@@ -186,10 +185,9 @@ class EmbeddedSession:
         self.stack = stack
         self.state = state
         self._on_change = on_change
-        self._options = [("grpc.max_receive_message_length", _MAX_MESSAGE)]
         self.client = RolloutClient(stack.rollout_address, token=stack.token, timeout_s=60.0)
         self._gateway = open_channel(stack.gateway_address, auth_token=stack.token)
-        self._proxy = open_channel(stack.proxy_address, auth_token=stack.token, options=self._options)
+        self._proxy = open_channel(stack.proxy_address, auth_token=stack.token)
         self._watcher: asyncio.Task[None] | None = None
 
     @classmethod

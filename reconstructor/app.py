@@ -60,6 +60,7 @@ class ReconstructorApp:
             auth_token=settings.auth_token,
             tracer_provider=tracer_provider,
             tls=settings.tls(),
+            max_message_bytes=settings.max_message_bytes,
         )
         return cls(service_defaults(settings), source)
 

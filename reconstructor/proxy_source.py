@@ -9,6 +9,7 @@ from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 from polar_core.channels import open_channel
 from polar_core.convert import completion_from_proto
 from polar_core.errors import Internal, InvalidArgument, PolarError
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.records import CompletionRecord
 from polar_core.rpc_client import error_from_rpc
 from polar_core.tls import TlsFiles
@@ -29,6 +30,7 @@ class ProxyCompletionSource:
         auth_token: The control-plane token the proxy expects (empty: none).
         tracer_provider: Provider for client spans.
         tls: Client certificate and CA for mutual TLS; ``None`` for plaintext.
+        max_message_bytes: The largest message the channel to the proxy receives or sends.
     """
 
     def __init__(
@@ -39,7 +41,9 @@ class ProxyCompletionSource:
         auth_token: str = "",
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
+        self._max_message_bytes = max_message_bytes
         self._tls = tls
         self._page_size = page_size
         self._timeout_s = timeout_s
@@ -59,7 +63,11 @@ class ProxyCompletionSource:
             raise InvalidArgument("proxy source needs both proxy_target and session_id")
         records: list[CompletionRecord] = []
         channel = open_channel(
-            proxy_target, tracer_provider=self._tracer_provider, auth_token=self._auth_token, tls=self._tls
+            proxy_target,
+            tracer_provider=self._tracer_provider,
+            auth_token=self._auth_token,
+            tls=self._tls,
+            max_message_bytes=self._max_message_bytes,
         )
         async with channel:
             stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(channel)

@@ -66,9 +66,13 @@ class RolloutApp:
             timeout_s=settings.gateway_rpc_timeout_s,
             tracer_provider=tracer_provider,
             tls=settings.tls(),
+            max_message_bytes=settings.max_message_bytes,
         )
         sender = callback_sender or CallbackSenders(
-            auth_token=token, timeout_s=settings.callback_timeout_s, tracer_provider=tracer_provider
+            auth_token=token,
+            timeout_s=settings.callback_timeout_s,
+            tracer_provider=tracer_provider,
+            max_message_bytes=settings.max_message_bytes,
         )
         core = RolloutCore(
             store,
@@ -115,6 +119,7 @@ class RolloutApp:
             load_timeout_s=settings.policy_load_timeout_s,
             tracer_provider=tracer_provider,
             tls=settings.tls(),
+            max_message_bytes=settings.max_message_bytes,
         )
         policy = PolicyCoordinator(
             store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock

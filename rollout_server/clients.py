@@ -23,8 +23,9 @@ from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
 from polar_core import errors
-from polar_core.channels import open_channel
+from polar_core.channels import StubPool
 from polar_core.durations import duration, timestamp
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
 from rollout_server.convert import proxy_policy_from_proto, result_from_proto, result_to_json, result_to_proto
@@ -80,23 +81,19 @@ class GrpcGatewayClient:
         timeout_s: float = 10.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._tls = tls
-        self._token = auth_token
         self._timeout = timeout_s
-        self._tracer_provider = tracer_provider
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, gateway_service_pb2_grpc.GatewayServiceAsyncStub] = {}
+        self._stubs: StubPool[gateway_service_pb2_grpc.GatewayServiceAsyncStub] = StubPool(
+            gateway_service_pb2_grpc.GatewayServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
 
     def _stub(self, address: str) -> gateway_service_pb2_grpc.GatewayServiceAsyncStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            channel = open_channel(
-                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
-            )
-            self._channels[address] = channel
-            stub = self._stubs[address] = gateway_service_pb2_grpc.GatewayServiceStub(channel)
-        return stub
+        return self._stubs.stub(address)
 
     async def start_session(self, address: str, dispatch: SessionDispatch) -> None:
         """Call StartSession."""
@@ -141,10 +138,7 @@ class GrpcGatewayClient:
 
     async def close(self) -> None:
         """Close every channel."""
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
-        self._stubs.clear()
+        await self._stubs.close()
 
 
 class CallbackSenders:
@@ -156,13 +150,21 @@ class CallbackSenders:
     """
 
     def __init__(
-        self, *, auth_token: str = "", timeout_s: float = 10.0, tracer_provider: TracerProvider | None = None
+        self,
+        *,
+        auth_token: str = "",
+        timeout_s: float = 10.0,
+        tracer_provider: TracerProvider | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._token = auth_token
         self._timeout = timeout_s
-        self._tracer_provider = tracer_provider
         self._http: httpx.AsyncClient | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: StubPool[trainer_callback_service_pb2_grpc.TrainerCallbackServiceAsyncStub] = StubPool(
+            trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            max_message_bytes=max_message_bytes,
+        )
 
     async def deliver(self, target: CallbackTarget, result: ResultRecord, attempt: int) -> bool:
         """Deliver one result; return whether the trainer had it already."""
@@ -191,11 +193,7 @@ class CallbackSenders:
         raise DeliveryFailed(f"POST {url}: HTTP {reply.status_code}", retryable=retryable)
 
     async def _deliver_grpc(self, target: str, result: ResultRecord, attempt: int) -> bool:
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = open_channel(target, tracer_provider=self._tracer_provider, auth_token=self._token)
-            self._channels[target] = channel
-        stub = trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub(channel)
+        stub = self._stubs.stub(target)
         request = trainer_callback_service_pb2.DeliverSessionResultRequest(
             idempotency_key=result.idempotency_key, session_result=result_to_proto(result), delivery_attempt=attempt
         )
@@ -213,9 +211,7 @@ class CallbackSenders:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._stubs.close()
 
 
 # Extra time a PauseGeneration call gets on top of the drain it asks for.
@@ -241,24 +237,20 @@ class GrpcProxyClient:
         load_timeout_s: float = 600.0,
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._token = auth_token
         self._timeout = timeout_s
         self._load_timeout = load_timeout_s
-        self._tracer_provider = tracer_provider
-        self._tls = tls
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub] = {}
+        self._stubs: StubPool[model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub] = StubPool(
+            model_proxy_service_pb2_grpc.ModelProxyServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+            max_message_bytes=max_message_bytes,
+        )
 
     def _stub(self, address: str) -> model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            channel = open_channel(
-                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
-            )
-            self._channels[address] = channel
-            stub = self._stubs[address] = model_proxy_service_pb2_grpc.ModelProxyServiceStub(channel)
-        return stub
+        return self._stubs.stub(address)
 
     async def check_weights(self, address: str, weights_path: str) -> str:
         """Call CheckWeights; return the checkpoint's architecture."""
@@ -304,7 +296,4 @@ class GrpcProxyClient:
 
     async def close(self) -> None:
         """Close every channel."""
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
-        self._stubs.clear()
+        await self._stubs.close()

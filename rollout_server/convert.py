@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from typing import Any, cast
 
 from google.protobuf import duration_pb2, json_format
@@ -13,6 +14,7 @@ from polar.rollout.v1 import rollout_service_pb2
 
 from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
+from polar_core.limits import within_budget
 from polar_core.records import TerminalStatus
 from rollout_server.models import (
     CallbackTarget,
@@ -42,6 +44,7 @@ __all__ = [
     "result_from_proto",
     "result_to_json",
     "result_to_proto",
+    "results_page_to_proto",
     "summary_to_proto",
     "task_state_from_proto",
     "terminal_status_to_proto",
@@ -179,9 +182,14 @@ def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
     )
 
 
-def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
-    """Turn a stored result back into a SessionResult; the server's bookkeeping fields win over the payload."""
+def result_to_proto(record: ResultRecord, *, omit_traces: bool = False) -> session_pb2.SessionResult:
+    """Turn a stored result back into a SessionResult; the server's bookkeeping fields win over the payload.
+
+    With ``omit_traces`` the result's traces are left out.
+    """
     pb = session_pb2.SessionResult.FromString(record.payload) if record.payload else session_pb2.SessionResult()
+    if omit_traces:
+        del pb.traces[:]
     pb.session_id = record.session_id
     pb.task_id = record.task_id
     pb.sample_index = record.sample_index
@@ -197,6 +205,21 @@ def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
     for trace in pb.traces:
         trace.policy_lag = policy_lag(record.fleet_version, trace.policy_versions)
     return pb
+
+
+def results_page_to_proto(
+    records: Sequence[ResultRecord], *, omit_traces: bool, max_results: int, max_bytes: int
+) -> tuple[list[session_pb2.SessionResult], int]:
+    """A page of ``records`` as SessionResults and the result_index of the next page (0 after the last).
+
+    At most ``max_results`` (0: any number) results whose serialized sizes stay within ``max_bytes`` (0: no
+    budget), and always one when there is one; ``omit_traces`` leaves every result's traces out.
+    """
+    chosen = records[:max_results] if max_results > 0 else records
+    messages = (result_to_proto(r, omit_traces=omit_traces) for r in chosen)
+    page = list(within_budget(messages, max_bytes)) if max_bytes > 0 else list(messages)
+    more = len(page) < len(records)
+    return page, records[len(page)].result_index if more else 0
 
 
 def result_to_json(record: ResultRecord) -> dict[str, Any]:

@@ -185,10 +185,13 @@ class RolloutCore:
         deliveries = await self.store.delivery_counts(task.task_id) if task.callback else {}
         return summarize(task, sessions, results, versions, deliveries)
 
-    async def get_task(self, task_id: str, *, with_results: bool = True) -> tuple[TaskSummary, list[ResultRecord]]:
-        """Return a task's summary and (unless ``with_results`` is false) its results in completion order."""
+    async def get_task(
+        self, task_id: str, *, with_results: bool = True, from_index: int = 0
+    ) -> tuple[TaskSummary, list[ResultRecord]]:
+        """Return a task's summary and (unless ``with_results`` is false) its results from ``from_index`` on,
+        in completion order."""
         task = await self._task(task_id)
-        results = await self.store.task_results(task_id) if with_results else []
+        results = await self.store.task_results(task_id, max(0, from_index)) if with_results else []
         return await self.summary(task), results
 
     async def list_tasks(self, page_size: int, page_token: str, state: TaskState | None) -> TaskPage:

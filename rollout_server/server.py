@@ -8,7 +8,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
 from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
@@ -53,9 +53,9 @@ async def start_server(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
     )
-    server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
+    running = await serve_app(app, [registration], settings, tracer_provider=tracer_provider)
     await app.start()
-    return RunningService(server, port, app)
+    return running
 
 
 async def create_server(

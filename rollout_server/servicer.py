@@ -20,6 +20,7 @@ from rollout_server.convert import (
     proxy_info_to_proto,
     result_from_proto,
     result_to_proto,
+    results_page_to_proto,
     stage_metrics_from_proto,
     summary_to_proto,
     task_state_from_proto,
@@ -49,8 +50,18 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         )
 
     async def GetTask(self, request: pb.GetTaskRequest, context: Context) -> pb.GetTaskResponse:
-        summary, results = await self._core.get_task(request.task_id, with_results=not request.summary_only)
-        return pb.GetTaskResponse(task=summary_to_proto(summary), session_results=[result_to_proto(r) for r in results])
+        if request.from_result_index < 0 or request.max_results < 0 or request.max_page_bytes < 0:
+            raise InvalidArgument("from_result_index, max_results and max_page_bytes must not be negative")
+        summary, results = await self._core.get_task(
+            request.task_id, with_results=not request.summary_only, from_index=request.from_result_index
+        )
+        page, next_index = results_page_to_proto(
+            results,
+            omit_traces=request.omit_traces,
+            max_results=request.max_results,
+            max_bytes=request.max_page_bytes,
+        )
+        return pb.GetTaskResponse(task=summary_to_proto(summary), session_results=page, next_result_index=next_index)
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: Context) -> pb.ListTasksResponse:
         page = await self._core.list_tasks(
@@ -64,7 +75,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         async for result, summary in self._core.watch_task(request.task_id, request.from_result_index):
             reply = pb.WatchTaskResponse(task=summary_to_proto(summary))
             if result is not None:
-                reply.session_result.CopyFrom(result_to_proto(result))
+                reply.session_result.CopyFrom(result_to_proto(result, omit_traces=request.omit_traces))
                 reply.result_index = result.result_index
             yield reply
 

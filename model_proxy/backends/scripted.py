@@ -138,10 +138,12 @@ class ScriptedBackend:
 
     Attributes:
         name: ``"scripted"``.
-        requests: Every request received, in arrival order (for assertions in tests).
+        requests: The requests received, in arrival order (for assertions in tests): the last
+            ``kept_requests`` only, so a long-running scripted proxy (benchmarks) does not keep every prompt.
     """
 
     name = "scripted"
+    kept_requests = 256
 
     def __init__(
         self,
@@ -239,6 +241,8 @@ class ScriptedBackend:
         """
         # Take the turn before the first await so concurrent calls of one session get distinct turns.
         self.requests.append(request)
+        if len(self.requests) > self.kept_requests:
+            del self.requests[: len(self.requests) - self.kept_requests]
         ids, finish = self._next_turn(request)
         max_tokens = request.sampling.max_tokens
         if max_tokens is not None and max_tokens < 1:

@@ -3,6 +3,10 @@
 Tokens are ``secrets.token_urlsafe(32)``; only their SHA-256 digests are kept on disk, so after a restart the
 old tokens still authenticate, and reopening a session returns a fresh token (the old one stays valid).
 Sessions are never created implicitly: an unknown or closed token is :class:`UnknownSession`.
+
+Memory stays bounded by the sessions in flight, not by every session ever recorded: a closed session drops its
+prefix cache at once, and only the ``closed_in_memory`` most recently closed (or read) sessions keep their
+records in memory; the others are *released* and read back from ``completions.jsonl`` when asked for.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -46,6 +51,8 @@ class Session:
     write_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     # The trace context of the OpenSession call (the gateway's session trace); every call's span is its child.
     trace_context: Context | None = None
+    # Records dropped from memory (closed and not read lately): their number, or -1 while they are held.
+    released_count: int = -1
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""
@@ -62,6 +69,11 @@ class Session:
         """Whether the session refuses new calls."""
         return self.meta.closed
 
+    @property
+    def record_count(self) -> int:
+        """How many completions the session recorded (held in memory or not)."""
+        return len(self.records) if self.released_count < 0 else self.released_count
+
 
 class SessionRegistry:
     """All sessions of this proxy, keyed by id and by token digest."""
@@ -71,6 +83,7 @@ class SessionRegistry:
         store: SessionStore,
         *,
         prefix_cache_entries: int,
+        closed_in_memory: int = 8,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """Create an empty registry over ``store``.
@@ -78,6 +91,8 @@ class SessionRegistry:
         Args:
             store: Where sessions and their records are persisted.
             prefix_cache_entries: Rendered prompts remembered per session (0: off).
+            closed_in_memory: Closed sessions whose records stay in memory (the most recently closed or read);
+                older ones are read back from disk when asked for.
             clock: Monotonic seconds, timing durable appends for the inline-or-thread choice (tests inject one).
         """
         self._store = store
@@ -85,6 +100,8 @@ class SessionRegistry:
         self._cache_entries = prefix_cache_entries
         self._by_id: dict[str, Session] = {}
         self._by_digest: dict[str, Session] = {}
+        self._closed_in_memory = closed_in_memory
+        self._recent_closed: OrderedDict[str, None] = OrderedDict()
         # Moving average of one durable append's duration, seconds: it decides whether a write may block the
         # event loop when nothing else is in flight (see ``append``). Starts pessimistic: threads first.
         self.append_seconds = _INLINE_WRITE_LIMIT_S
@@ -96,6 +113,8 @@ class SessionRegistry:
             self._by_id[stored.meta.session_id] = session
             for digest in stored.meta.token_digests:
                 self._by_digest[digest] = session
+            if session.closed:
+                self._touch_closed(session)
         return len(self._by_id)
 
     async def open(
@@ -159,8 +178,37 @@ class SessionRegistry:
             session.meta.closed = True
             session.token = None
             await asyncio.to_thread(self._store.save_meta, session.meta)
+            session.cache = PrefixCache(0)  # no call will extend its prompts again
+            self._touch_closed(session)
         session.notify()
         return session
+
+    async def records(self, session: Session) -> list[CompletionRecord]:
+        """The session's records in seq order, read back from disk if they were released.
+
+        The list returned stays valid (it is never emptied in place) even if the session is released later.
+        """
+        if session.released_count >= 0:
+            session.records = await asyncio.to_thread(self._store.load_records, session.session_id)
+            session.released_count = -1
+        if session.closed:
+            self._touch_closed(session)
+        return session.records
+
+    def _touch_closed(self, session: Session) -> None:
+        """Mark ``session`` the most recently used closed session; release the records of the oldest ones."""
+        self._recent_closed[session.session_id] = None
+        self._recent_closed.move_to_end(session.session_id)
+        for _ in range(len(self._recent_closed) - self._closed_in_memory):
+            oldest_id, _ = self._recent_closed.popitem(last=False)
+            oldest = self._by_id.get(oldest_id)
+            if oldest is None or oldest.released_count >= 0:
+                continue
+            if oldest.in_flight:  # a call still finishing may append: release it on its next use instead
+                self._recent_closed[oldest_id] = None
+                continue
+            oldest.released_count = len(oldest.records)
+            oldest.records = []
 
     async def append(
         self, session: Session, record: CompletionRecord, *, prompt_ids_json: str | None = None, alone: bool = False
@@ -212,8 +260,9 @@ class SessionRegistry:
         session = self.get(session_id)
         next_seq = max(0, from_seq)
         while True:
-            while next_seq < len(session.records):
-                yield session.records[next_seq]
+            records = await self.records(session)
+            while next_seq < len(records):
+                yield records[next_seq]
                 next_seq += 1
             if session.closed and session.in_flight == 0:
                 return

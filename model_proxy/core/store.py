@@ -126,6 +126,10 @@ class SessionStore:
             out.append(StoredSession(meta, self._load_records(directory / "completions.jsonl")))
         return out
 
+    def load_records(self, session_id: str) -> list[CompletionRecord]:
+        """Read one session's records back (a released session's, see ``SessionRegistry.records``)."""
+        return self._load_records(self._dir(session_id) / "completions.jsonl")
+
     @staticmethod
     def _load_records(path: Path) -> list[CompletionRecord]:
         if not path.is_file():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import duration_pb2
-from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.common.v1 import session_pb2, status_pb2, task_pb2, trace_pb2
 
 from polar_core.errors import InvalidArgument
 from polar_core.records import TerminalStatus
-from rollout_server.convert import new_task_from_proto, result_from_proto, result_to_proto
+from rollout_server.convert import new_task_from_proto, result_from_proto, result_to_proto, results_page_to_proto
 from rollout_server.models import ResultRecord, SessionRecord, SessionState, TaskRecord, TaskState
 from rollout_server.stats import Distribution, policy_version_key, summarize
 
@@ -89,3 +89,24 @@ def test_result_conversion_round_trips_and_checks_status() -> None:
         )
     with pytest.raises(InvalidArgument):
         result_from_proto(session_pb2.SessionResult(session_id="s"))
+
+
+def test_task_results_page_by_count_and_bytes_and_may_omit_traces() -> None:
+    def stored(index: int) -> ResultRecord:
+        payload = session_pb2.SessionResult(traces=[trace_pb2.Trace(prompt_token_ids=[1] * 1000)])
+        record = _result(f"s{index}", TerminalStatus.RESOLVED, 1.0, [])
+        record.payload = payload.SerializeToString()
+        record.result_index = index
+        return record
+
+    records = [stored(i) for i in range(5)]
+    size = result_to_proto(records[0]).ByteSize()
+    page, next_index = results_page_to_proto(records, omit_traces=False, max_results=0, max_bytes=2 * size + 1)
+    assert [r.session_id for r in page] == ["s0", "s1"]
+    assert next_index == 2
+    page, next_index = results_page_to_proto(records[4:], omit_traces=False, max_results=0, max_bytes=1)
+    assert [r.session_id for r in page] == ["s4"]  # one even over the budget; the last page
+    assert next_index == 0
+    page, next_index = results_page_to_proto(records, omit_traces=True, max_results=3, max_bytes=0)
+    assert [len(r.traces) for r in page] == [0, 0, 0]
+    assert next_index == 3

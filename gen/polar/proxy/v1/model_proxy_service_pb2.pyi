@@ -48,14 +48,16 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, completions: _Optional[int] = ...) -> None: ...
 
 class ListCompletionsRequest(_message.Message):
-    __slots__ = ("session_id", "page_size", "page_token")
+    __slots__ = ("session_id", "page_size", "page_token", "max_page_bytes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     page_size: int
     page_token: str
-    def __init__(self, session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    max_page_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., max_page_bytes: _Optional[int] = ...) -> None: ...
 
 class ListCompletionsResponse(_message.Message):
     __slots__ = ("completions", "next_page_token")

@@ -243,20 +243,30 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., already_existed: _Optional[bool] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("task_id", "summary_only")
+    __slots__ = ("task_id", "summary_only", "omit_traces", "from_result_index", "max_results", "max_page_bytes")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    OMIT_TRACES_FIELD_NUMBER: _ClassVar[int]
+    FROM_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     summary_only: bool
-    def __init__(self, task_id: _Optional[str] = ..., summary_only: _Optional[bool] = ...) -> None: ...
+    omit_traces: bool
+    from_result_index: int
+    max_results: int
+    max_page_bytes: int
+    def __init__(self, task_id: _Optional[str] = ..., summary_only: _Optional[bool] = ..., omit_traces: _Optional[bool] = ..., from_result_index: _Optional[int] = ..., max_results: _Optional[int] = ..., max_page_bytes: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("task", "session_results")
+    __slots__ = ("task", "session_results", "next_result_index")
     TASK_FIELD_NUMBER: _ClassVar[int]
     SESSION_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
     task: TaskInfo
     session_results: _containers.RepeatedCompositeFieldContainer[_session_pb2.SessionResult]
-    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., session_results: _Optional[_Iterable[_Union[_session_pb2.SessionResult, _Mapping]]] = ...) -> None: ...
+    next_result_index: int
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., session_results: _Optional[_Iterable[_Union[_session_pb2.SessionResult, _Mapping]]] = ..., next_result_index: _Optional[int] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "status_filter")
@@ -277,12 +287,14 @@ class ListTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchTaskRequest(_message.Message):
-    __slots__ = ("task_id", "from_result_index")
+    __slots__ = ("task_id", "from_result_index", "omit_traces")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OMIT_TRACES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     from_result_index: int
-    def __init__(self, task_id: _Optional[str] = ..., from_result_index: _Optional[int] = ...) -> None: ...
+    omit_traces: bool
+    def __init__(self, task_id: _Optional[str] = ..., from_result_index: _Optional[int] = ..., omit_traces: _Optional[bool] = ...) -> None: ...
 
 class WatchTaskResponse(_message.Message):
     __slots__ = ("session_result", "result_index", "task")
