@@ -283,9 +283,8 @@ class FleetSession:
             await self.task_info(task_id)  # waits (up to RECONNECT_LIMIT_S) for the server to answer again
         info = await self.task_info(task_id)
         if info.sessions_done != len(seen):
-            # Defence in depth: whatever the stream missed, GetTask holds.
-            reply = await self._call(lambda: self.client.get(task_id), f"GetTask {task_id}")
-            for result in reply.session_results:
+            # Defence in depth: whatever the stream missed, GetTask holds (read page by page).
+            async for result in self.client.results(task_id):
                 if result.session_id not in seen:
                     seen.add(result.session_id)
                     yield self._finished(result)
