@@ -4,15 +4,20 @@ command-line checks."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from polar.common.v1 import session_pb2
+from polar.rollout.v1 import rollout_service_pb2
 
 from polar_core.errors import InvalidArgument
 from polar_run.cli import _build_parser
 from polar_run.commands import _fleet
-from polar_run.fleet import MANIFEST_FILE, FleetTarget, load_or_create_run_id, prepare_fleet_task
+from polar_run.fleet import MANIFEST_FILE, FleetSession, FleetTarget, load_or_create_run_id, prepare_fleet_task
 from polar_run.generate import DatasetTask, load_dataset
+from polar_run.progress import ProgressState
 from polar_run.run_config import RunOverrides
 from polar_run.run_generate import _prepare_fleet_out
 
@@ -88,3 +93,51 @@ def test_server_options_make_a_fleet_target() -> None:
 def test_embedded_options_are_refused_with_a_server(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         _fleet(_args(*argv))  # type: ignore[arg-type]
+
+
+class _DroppedStream(grpc.aio.AioRpcError):
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "server went away", "")
+
+
+class _FakeClient:
+    """A rollout server whose first watch drops after one result, and whose stream never sends ``lost``."""
+
+    def __init__(self, results: list[session_pb2.SessionResult], lost: str = "") -> None:
+        self.results_ = results
+        self.lost = lost
+        self.watches: list[int] = []
+
+    async def watch(
+        self, task_id: str, *, from_index: int = 0, reconnect: bool = True
+    ) -> AsyncIterator[session_pb2.SessionResult]:
+        self.watches.append(from_index)
+        sent = [r for r in self.results_ if r.session_id != self.lost]
+        for i, result in enumerate(sent[from_index:], start=from_index):
+            if len(self.watches) == 1 and i == 1:
+                raise _DroppedStream()
+            yield result
+
+    async def get(self, task_id: str, *, summary_only: bool = False) -> rollout_service_pb2.GetTaskResponse:
+        info = rollout_service_pb2.TaskInfo(sessions_done=len(self.results_))
+        return rollout_service_pb2.GetTaskResponse(task=info)
+
+    async def results(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]:
+        for result in self.results_:
+            yield result
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("lost", ["", "t-0001"])
+async def test_results_resume_after_a_dropped_stream_and_are_reconciled(lost: str) -> None:
+    results = [session_pb2.SessionResult(session_id=f"t-{i:04d}", status="resolved") for i in range(3)]
+    session = FleetSession(FleetTarget(server="127.0.0.1:1"), ProgressState(3), lambda: None)
+    fake = _FakeClient(results, lost)
+    await session.client.close()
+    session.client = fake  # type: ignore[assignment]
+    seen = [r.session_id async for r in session.results("t")]
+    assert sorted(seen) == ["t-0000", "t-0001", "t-0002"]
+    assert len(seen) == len(set(seen))
+    assert fake.watches == [0, 1]  # resumed at the next result index
