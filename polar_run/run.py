@@ -42,6 +42,7 @@ __all__ = [
     "adopt_library_loggers",
     "default_out_dir",
     "default_workers",
+    "list_completions",
     "make_console",
     "prepare_out_dir",
     "quiet_model_loading",
@@ -241,25 +242,33 @@ class EmbeddedSession:
 
     async def completions(self, session_id: str) -> list[dict[str, Any]]:
         """The session's completion records (``completions.jsonl`` objects), in order of arrival."""
-        from polar_core.convert import completion_from_proto
+        return await list_completions(self._proxy, session_id)
 
-        stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._proxy)
-        rows: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            request = model_proxy_service_pb2.ListCompletionsRequest(
-                session_id=session_id, page_size=_PAGE, page_token=token
-            )
-            try:
-                reply = await stub.ListCompletions(request, timeout=60.0)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    return rows  # the session never reached the proxy (failed before RUNNING)
-                raise
-            rows.extend(completion_from_proto(c).to_dict() for c in reply.completions)
-            token = reply.next_page_token
-            if not token:
-                return sorted(rows, key=lambda r: int(r.get("seq", 0)))
+
+async def list_completions(proxy: grpc.aio.Channel, session_id: str) -> list[dict[str, Any]]:
+    """A session's completion records at one proxy (``completions.jsonl`` objects), in ``seq`` order.
+
+    A session the proxy never saw (it failed before RUNNING, or ran behind another proxy) has none.
+    """
+    from polar_core.convert import completion_from_proto
+
+    stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(proxy)
+    rows: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        request = model_proxy_service_pb2.ListCompletionsRequest(
+            session_id=session_id, page_size=_PAGE, page_token=token
+        )
+        try:
+            reply = await stub.ListCompletions(request, timeout=60.0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return rows
+            raise
+        rows.extend(completion_from_proto(c).to_dict() for c in reply.completions)
+        token = reply.next_page_token
+        if not token:
+            return sorted(rows, key=lambda r: int(r.get("seq", 0)))
 
 
 async def _ticker(display: ProgressDisplay) -> None:

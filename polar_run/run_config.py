@@ -38,6 +38,7 @@ __all__ = [
     "RunOverrides",
     "check_harness",
     "find_harness_root",
+    "harness_overrides",
     "load_task_mapping",
     "parse_backend_options",
     "prepare_task",
@@ -185,6 +186,12 @@ def _harness(data: dict[str, Any], overrides: RunOverrides, backend: str) -> tup
         elif backend == DEFAULT_BACKEND:
             options.setdefault("max_tokens", IN_PROCESS_MAX_TOKENS)
     return name, options
+
+
+def harness_overrides(data: dict[str, Any], overrides: RunOverrides, backend: str) -> tuple[str, dict[str, Any]]:
+    """The task's harness name and options after ``--harness`` and ``--max-tokens`` (pi's calls capped at
+    :data:`IN_PROCESS_MAX_TOKENS` when ``backend`` is the in-process one and nothing else says)."""
+    return _harness(data, overrides, backend)
 
 
 def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> None:

@@ -1,6 +1,7 @@
-"""``polar generate``: offline data generation over a dataset of tasks on the embedded stack.
+"""``polar generate``: offline data generation over a dataset of tasks, on the embedded stack or, with
+``--server``, on a running fleet (:mod:`polar_run.fleet`).
 
-Every task is submitted at once (the rollout server schedules them onto the gateway); a session whose
+Every task is submitted at once (the rollout server schedules them onto the gateways); a session whose
 generation was empty is re-run, up to ``empty_retries`` times, as a new task ``<task_id>.retry<k>``. Output
 (see ``docs/run.md``): ``ledger.json``, ``sessions.jsonl``, ``traces.jsonl``, ``completions.jsonl``,
 ``sft/{train,validation}.{jsonl,parquet}`` and ``summary.json``.
@@ -13,11 +14,12 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from polar.common.v1 import session_pb2
+from polar.common.v1 import session_pb2, task_pb2
+from polar.rollout.v1 import rollout_service_pb2
 from rich.console import Console
 from rich.table import Table
 
@@ -25,6 +27,14 @@ from polar_client import task_from_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
 from polar_run.embedded import EmbeddedStack, StackOptions, context_length
+from polar_run.fleet import (
+    MANIFEST_FILE,
+    FleetLost,
+    FleetSession,
+    FleetTarget,
+    load_or_create_run_id,
+    prepare_fleet_task,
+)
 from polar_run.generate import (
     DatasetTask,
     Ledger,
@@ -67,6 +77,7 @@ class GenerateOptions:
         workers: Harnesses run at once (see :func:`polar_run.run.default_workers`).
         empty_retries: Re-runs of a session whose generation was empty.
         validation_fraction: Share of repositories in the validation split.
+        fleet: Run on this fleet instead of the embedded stack (``--server``).
     """
 
     dataset: Path
@@ -78,6 +89,21 @@ class GenerateOptions:
     workers: int | None = None
     empty_retries: int = 1
     validation_fraction: float = 0.1
+    fleet: FleetTarget | None = None
+
+
+class _Sessions(Protocol):
+    """What generation needs of a stack: :class:`EmbeddedSession` or :class:`FleetSession`."""
+
+    state: ProgressState
+
+    async def submit(self, task: task_pb2.Task) -> str: ...
+
+    def results(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]: ...
+
+    async def completions(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    async def task_info(self, task_id: str) -> rollout_service_pb2.TaskInfo: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,20 +131,22 @@ def _prepare_all(tasks: Sequence[DatasetTask], overrides: RunOverrides) -> list[
 
 
 async def _run_one(
-    session: EmbeddedSession,
+    session: _Sessions,
     task: DatasetTask,
     prepared: PreparedTask,
     empty_retries: int,
     display: ProgressDisplay,
-) -> list[_Collected]:
+) -> tuple[list[_Collected], list[str]]:
     collected: list[_Collected] = []
+    submitted: list[str] = []
     mapping = dict(prepared.task)
     pending = int(mapping.get("num_samples") or 1)
     for round_index in range(empty_retries + 1):
         if round_index:
-            mapping = {**prepared.task, "task_id": f"{task.task_id}.retry{round_index}", "num_samples": pending}
+            mapping = {**prepared.task, "task_id": f"{prepared.task_id}.retry{round_index}", "num_samples": pending}
             session.state.add_sessions(pending)
         task_id = await session.submit(task_from_mapping(mapping))
+        submitted.append(task_id)
         last_round = round_index == empty_retries
         empties = 0
         async for result in session.results(task_id):
@@ -139,20 +167,34 @@ async def _run_one(
         if not empties:
             break
         pending = empties
-    return collected
+    return collected, submitted
 
 
-async def generate(options: GenerateOptions, console: Console) -> tuple[Ledger, dict[str, Any]]:
-    """Run the dataset and write the output directory; return the ledger and the summary."""
-    tasks = load_dataset(options.dataset)
+async def _run_all(
+    session: _Sessions,
+    tasks: Sequence[DatasetTask],
+    prepared: Sequence[PreparedTask],
+    options: GenerateOptions,
+    display: ProgressDisplay,
+) -> tuple[list[_Collected], int]:
+    """Run every task; return what every session left and the attempts the rollout server counted."""
+    per_task = await asyncio.gather(
+        *(_run_one(session, t, p, options.empty_retries, display) for t, p in zip(tasks, prepared, strict=True))
+    )
+    attempts = 0
+    for _, task_ids in per_task:
+        for task_id in task_ids:
+            attempts += int((await session.task_info(task_id)).statistics.attempts_total)
+    return [c for group, _ in per_task for c in group], attempts
+
+
+async def _on_embedded(
+    options: GenerateOptions, console: Console, tasks: Sequence[DatasetTask]
+) -> tuple[list[PreparedTask], list[_Collected], dict[str, Any]]:
     prepared = _prepare_all(tasks, options.overrides)
     first = prepared[0]
-    samples = sum(int(p.task.get("num_samples") or 1) for p in prepared)
-    state = ProgressState(samples)
-    title = (
-        f"polar generate · {options.dataset} · {len(tasks)} tasks · {samples} samples · harness "
-        f"{', '.join(sorted({p.harness for p in prepared}))} · backend {first.backend} ({options.model})"
-    )
+    state = ProgressState(sum(int(p.task.get("num_samples") or 1) for p in prepared))
+    title = _title(options, tasks, prepared, f"backend {first.backend} ({options.model})")
     display = ProgressDisplay(console, title, state, live=options.live)
     started = time.monotonic()
     console.print(f"starting the embedded stack ({options.model} on {first.backend}) ...", soft_wrap=True)
@@ -173,13 +215,40 @@ async def generate(options: GenerateOptions, console: Console) -> tuple[Ledger, 
         state.started = time.monotonic()
         with display:
             async with EmbeddedSession.open(stack, state, display.changed) as session:
-                per_task = await asyncio.gather(
-                    *(
-                        _run_one(session, t, p, options.empty_retries, display)
-                        for t, p in zip(tasks, prepared, strict=True)
-                    )
-                )
-    collected = [c for group in per_task for c in group]
+                collected, attempts = await _run_all(session, tasks, prepared, options, display)
+    return prepared, collected, {"model": options.model, "backend": first.backend, "server_attempts": attempts}
+
+
+async def _on_fleet(
+    options: GenerateOptions, fleet: FleetTarget, console: Console, tasks: Sequence[DatasetTask]
+) -> tuple[list[PreparedTask], list[_Collected], dict[str, Any]]:
+    run_id, resumed = load_or_create_run_id(options.out, fleet.server)
+    prepared = [prepare_fleet_task(t, options.overrides, run_id) for t in tasks]
+    state = ProgressState(sum(int(p.task.get("num_samples") or 1) for p in prepared))
+    where = f"fleet {fleet.server} (run {run_id}{', resumed' if resumed else ''})"
+    display = ProgressDisplay(console, _title(options, tasks, prepared, where), state, live=options.live)
+    async with FleetSession.open(fleet, state, display.changed) as session:
+        console.print(f"{'resuming' if resumed else 'submitting'} run {run_id} on {fleet.server}", soft_wrap=True)
+        with display:
+            collected, attempts = await _run_all(session, tasks, prepared, options, display)
+    return prepared, collected, {"server": fleet.server, "run_id": run_id, "server_attempts": attempts}
+
+
+def _title(options: GenerateOptions, tasks: Sequence[DatasetTask], prepared: Sequence[PreparedTask], where: str) -> str:
+    samples = sum(int(p.task.get("num_samples") or 1) for p in prepared)
+    harnesses = ", ".join(sorted({p.harness for p in prepared}))
+    counts = f"{len(tasks)} tasks · {samples} samples"
+    return f"polar generate · {options.dataset} · {counts} · harness {harnesses} · {where}"
+
+
+async def generate(options: GenerateOptions, console: Console) -> tuple[Ledger, dict[str, Any]]:
+    """Run the dataset and write the output directory; return the ledger and the summary."""
+    started = time.monotonic()
+    tasks = load_dataset(options.dataset)
+    if options.fleet is None:
+        prepared, collected, extra = await _on_embedded(options, console, tasks)
+    else:
+        prepared, collected, extra = await _on_fleet(options, options.fleet, console, tasks)
     ledger = build_ledger(
         ((t.repository, t.task_id, int(p.task.get("num_samples") or 1)) for t, p in zip(tasks, prepared, strict=True)),
         (c.outcome for c in collected),
@@ -194,7 +263,7 @@ async def generate(options: GenerateOptions, console: Console) -> tuple[Ledger, 
         )
         if record is not None:
             records[splits[c.task.repository]].append(record)
-    summary = _write_outputs(options.out, collected, ledger, records, splits)
+    summary = {**extra, **_write_outputs(options.out, collected, ledger, records, splits)}
     summary["wall_seconds"] = round(time.monotonic() - started, 3)
     (options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     _print_ledger(console, ledger)
@@ -316,12 +385,30 @@ def generate_command(options: GenerateOptions, *, verbose: bool = False) -> int:
     if options.empty_retries < 0:
         raise InvalidArgument("--empty-retries must be at least 0")
     console = make_console()
-    _prepare_all(load_dataset(options.dataset), options.overrides)  # fail on a bad dataset before touching --out
-    prepare_out_dir(options.out, overwrite=options.overwrite)
+    tasks = load_dataset(options.dataset)
+    # Fail on a bad dataset before touching --out.
+    if options.fleet is None:
+        _prepare_all(tasks, options.overrides)
+        prepare_out_dir(options.out, overwrite=options.overwrite)
+    else:
+        for t in tasks:
+            prepare_fleet_task(t, options.overrides, "check")
+        _prepare_fleet_out(options.out, overwrite=options.overwrite)
     with start_logging(options.out / "polar.log", verbose=verbose):
-        ledger, _ = asyncio.run(generate(options, console))
+        try:
+            ledger, _ = asyncio.run(generate(options, console))
+        except FleetLost as exc:
+            print(f"polar: generate: {exc}; rerun the same command to resume", file=sys.stderr)
+            return 1
     dropped = sum(ledger.totals.rejected.get(s, 0) for s in _NOT_MODEL_OUTCOMES)
     if ledger.totals.samples and dropped == ledger.totals.samples:
         print("polar: generate: every sample ended without a learning signal (infra_error/cancelled)", file=sys.stderr)
         return 1
     return 0
+
+
+def _prepare_fleet_out(out: Path, *, overwrite: bool) -> None:
+    """Keep an output directory of an earlier ``--server`` run (the rerun resumes it); else as ``polar run``."""
+    if (out / MANIFEST_FILE).is_file() and not overwrite:
+        return
+    prepare_out_dir(out, overwrite=overwrite)
