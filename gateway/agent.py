@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gateway.harness_check import check_program
 from gateway.harnesses import (
     HarnessAdapter,
     HarnessContext,
@@ -68,6 +69,8 @@ class HarnessAgentRunner:
         tunnel: The gateway's proxy tunnel; runtimes with ``network: proxy`` on its socket get it started and
             their endpoints rebased to the in-sandbox forwarder.
         default_model: Model name given to the harness when the task names none.
+        check_programs: Refuse at admission a ``local``-runtime task whose harness program is not on this host
+            (:func:`gateway.harness_check.check_program`).
     """
 
     def __init__(
@@ -79,7 +82,9 @@ class HarnessAgentRunner:
         names: tuple[str, ...] | None = None,
         tunnel: ProxyTunnel | None = None,
         default_model: str = "policy",
+        check_programs: bool = False,
     ) -> None:
+        self._check_programs = check_programs
         self._default_model = default_model
         self._workspace_dir = workspace_dir
         self._bin_dir = bin_dir
@@ -92,6 +97,7 @@ class HarnessAgentRunner:
 
         Raises:
             InvalidArgument: Something in the task would make the session fail at INIT.
+            FailedPrecondition: The harness's CLI is not installed on this gateway (with ``check_programs``).
         """
         name = spec.harness.name
         if name not in self._names:
@@ -109,11 +115,13 @@ class HarnessAgentRunner:
             bin_dir=self._bin_dir,
         )
         try:
-            self._adapters(name).prepare(ctx)
+            launch = self._adapters(name).prepare(ctx)
         except InvalidArgument:
             raise
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgument(f"invalid options for harness {name!r}: {exc}", details={"harness": name}) from None
+        if self._check_programs and spec.runtime.kind in ("", "local") and not spec.runtime.image:
+            check_program(name, launch, session_root=_CHECK_ROOT)
         _string_list(spec.metadata.get("artifact_paths"))
         repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
         if repo:

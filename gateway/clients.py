@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
 from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
@@ -51,6 +53,9 @@ _RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_rec
 
 
 class _Client:
+    # The full name of the service the client calls, as its server registers it with the health service.
+    service = ""
+
     def __init__(
         self,
         target: str,
@@ -64,6 +69,15 @@ class _Client:
             target, tracer_provider=tracer_provider, auth_token=auth_token, options=_RECONNECT_OPTIONS, tls=tls
         )
 
+    async def healthy(self, *, timeout_s: float) -> bool:
+        """Whether the peer's health service reports the service SERVING (a :class:`gateway.ports.HealthProbe`)."""
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
     async def close(self) -> None:
         """Close the channel."""
         await self._channel.close(None)
@@ -71,6 +85,8 @@ class _Client:
 
 class GrpcProxyClient(_Client):
     """A :class:`gateway.ports.ProxyClient` over ``ModelProxyService``."""
+
+    service = "polar.proxy.v1.ModelProxyService"
 
     def __init__(
         self,
@@ -117,6 +133,8 @@ class GrpcProxyClient(_Client):
 class GrpcReconstructorClient(_Client):
     """A :class:`gateway.ports.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
 
+    service = "polar.reconstructor.v1.ReconstructorService"
+
     def __init__(
         self,
         target: str,
@@ -150,6 +168,8 @@ class GrpcReconstructorClient(_Client):
 
 class GrpcEvaluatorClient(_Client):
     """A :class:`gateway.ports.EvaluatorClient` over ``EvaluatorService``."""
+
+    service = "polar.evaluator.v1.EvaluatorService"
 
     def __init__(
         self,
