@@ -138,6 +138,8 @@ def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
         chains=int(len(pb.traces) or stats.reconstruction.chains),
         policy_versions=versions,
         payload=pb.SerializeToString(),
+        harness_exit_code=pb.harness_exit_code if pb.HasField("harness_exit_code") else None,
+        dependency_unavailable=pb.dependency_unavailable,
     )
 
 
@@ -155,6 +157,9 @@ def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
     pb.idempotency_key = record.idempotency_key
     if record.error_message:
         pb.error_message = record.error_message
+    if record.harness_exit_code is not None:
+        pb.harness_exit_code = record.harness_exit_code
+    pb.dependency_unavailable = record.dependency_unavailable
     return pb
 
 

@@ -331,6 +331,8 @@ class RolloutCore:
         """Apply an attempt's result to a session read in ``session``'s state: retry or finish.
 
         Only ``infra_error`` is retried, while attempts remain and the task is active; model outcomes are final.
+        An attempt lost to an unreachable dependency (``dependency_unavailable``) does not use up an attempt:
+        it is retried while the task is active (its deadline bounds it), with a backoff capped at 8 steps.
 
         Returns:
             ``False`` when the session had moved on (nothing was changed).
@@ -339,23 +341,29 @@ class RolloutCore:
         result.recorded_at = now
         task = await self.store.get_task(session.task_id)
         active = task is not None and not task.state.terminal
-        failures = session.infra_failures + (1 if result.status is TerminalStatus.INFRA_ERROR else 0)
-        if result.status is TerminalStatus.INFRA_ERROR and active and session.attempt < self.config.max_attempts:
+        infra = result.status is TerminalStatus.INFRA_ERROR
+        outage = infra and result.dependency_unavailable
+        failures = session.infra_failures + (1 if infra and not outage else 0)
+        outages = session.outages + (1 if outage else 0)
+        if infra and active and session.attempt - outages < self.config.max_attempts:
+            steps = min(2 ** (outages - 1), 8) if outage else 2 ** (failures - 1)
             retry = dataclasses.replace(
                 session,
                 state=SessionState.PENDING,
                 infra_failures=failures,
+                outages=outages,
                 gateway_id="",
-                not_before=now + self.config.retry_backoff_s * 2 ** (failures - 1),
+                not_before=now + self.config.retry_backoff_s * steps,
                 dispatched_at=None,
                 deadline=None,
             )
             if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
                 return False
-            _log.info("session %s attempt %d: infra_error, retrying", session.session_id, session.attempt)
+            why = "a dependency was unreachable" if outage else "infra_error"
+            _log.info("session %s attempt %d: %s, retrying", session.session_id, session.attempt, why)
             self.dispatch_wakeup.set()
             return True
-        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures)
+        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures, outages=outages)
         delivery = None
         if task is not None and task.callback is not None:
             delivery = DeliveryRecord(result.idempotency_key, task.task_id, session.session_id, task.callback)

@@ -56,11 +56,12 @@ TASK_COLS = (
 TASK_SELECT = f"SELECT {TASK_COLS}, seq, results_count FROM tasks"
 SESSION_COLS = (
     "session_id, task_id, sample_index, state, attempt, infra_failures, gateway_id, not_before, dispatched_at, "
-    "deadline, priority, task_seq"
+    "deadline, priority, task_seq, outages"
 )
 RESULT_COLS = (
     "session_id, task_id, sample_index, status, reward, attempt, gateway_id, idempotency_key, error_message, "
-    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at"
+    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at, harness_exit_code, "
+    "dependency_unavailable"
 )
 GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
@@ -134,6 +135,7 @@ def session_row(s: SessionRecord) -> tuple[Any, ...]:
         opt_float(s.deadline),
         s.priority,
         s.task_seq,
+        s.outages,
     )
 
 
@@ -151,6 +153,7 @@ def session_from(r: Row) -> SessionRecord:
         deadline=None if r[9] is None else float(r[9]),
         priority=int(r[10]),
         task_seq=int(r[11]),
+        outages=int(r[12]),
     )
 
 
@@ -172,6 +175,8 @@ def result_from(r: Row) -> ResultRecord:
         payload=bytes(r[13]) if r[13] is not None else b"",
         result_index=int(r[14]),
         recorded_at=float(r[15]),
+        harness_exit_code=None if r[16] is None else int(r[16]),
+        dependency_unavailable=bool(r[17]),
     )
 
 
@@ -235,6 +240,8 @@ def result_row(r: ResultRecord) -> tuple[Any, ...]:
         r.payload,
         r.result_index,
         float(r.recorded_at),
+        r.harness_exit_code,
+        int(r.dependency_unavailable),
     )
 
 

@@ -110,7 +110,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   dispatched_at {real},
   deadline {real},
   priority {int} NOT NULL,
-  task_seq {int} NOT NULL
+  task_seq {int} NOT NULL,
+  outages {int} NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_queue ON sessions (state, priority, task_seq, sample_index);
@@ -131,6 +132,8 @@ CREATE TABLE IF NOT EXISTS results (
   policy_versions TEXT NOT NULL,
   payload {blob} NOT NULL,
   recorded_at {real} NOT NULL,
+  harness_exit_code {int},
+  dependency_unavailable {int} NOT NULL DEFAULT 0,
   UNIQUE (task_id, result_index)
 );
 CREATE TABLE IF NOT EXISTS reports (
@@ -181,12 +184,17 @@ def schema(types: dict[str, str]) -> list[str]:
 
 # Columns added after a table's first release: (table, column, definition). A database made before the
 # column existed gets it by ``ALTER TABLE ... ADD COLUMN`` on start; rows already there take the default.
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),)
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),
+    ("sessions", "outages", "BIGINT NOT NULL DEFAULT 0"),
+    ("results", "harness_exit_code", "BIGINT"),
+    ("results", "dependency_unavailable", "BIGINT NOT NULL DEFAULT 0"),
+)
 
 
 _SESSION_CAS = (
     "UPDATE sessions SET state = ?, attempt = ?, infra_failures = ?, gateway_id = ?, not_before = ?, "
-    "dispatched_at = ?, deadline = ? WHERE session_id = ? AND state = ? AND attempt = ?"
+    "dispatched_at = ?, deadline = ?, outages = ? WHERE session_id = ? AND state = ? AND attempt = ?"
 )
 
 
@@ -201,6 +209,7 @@ def _cas_args(change: SessionChange) -> tuple[Any, ...]:
         float(new.not_before),
         opt_float(new.dispatched_at),
         opt_float(new.deadline),
+        new.outages,
         new.session_id,
         expected_state.value,
         expected_attempt,
@@ -246,7 +255,7 @@ class SqlStore:
             for s in sessions:
                 s.task_seq = seq
             await conn.executemany(
-                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 12)})",
+                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 13)})",
                 [session_row(s) for s in sessions],
             )
         task.seq = seq
@@ -369,7 +378,7 @@ class SqlStore:
             result.result_index = int(rows[0][0]) - 1
             await self._insert_report(conn, result, final=True)
             await conn.execute(
-                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 16)})",
+                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 18)})",
                 result_row(result),
             )
             if result.policy_versions:
