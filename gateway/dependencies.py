@@ -49,7 +49,9 @@ class DependencyMonitor:
     Args:
         probes: Dependency name → its health probe.
         interval_s: Seconds between probe rounds.
-        timeout_s: Limit on each probe; a probe that does not answer in time counts as unreachable.
+        timeout_s: Limit on each probe; a probe that does not answer in time counts as failed.
+        failures_to_down: Consecutive failed probes before a dependency counts as unreachable (a busy host
+            may miss one probe's time limit); the outage is dated from the first of them.
         clock: Unix time, for the outage record.
     """
 
@@ -58,13 +60,16 @@ class DependencyMonitor:
         probes: Mapping[str, HealthProbe],
         *,
         interval_s: float = 1.0,
-        timeout_s: float = 1.0,
+        timeout_s: float = 2.0,
+        failures_to_down: int = 2,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._probes = dict(probes)
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._clock = clock
+        self._failures_to_down = max(failures_to_down, 1)
+        self._failed_since: dict[str, tuple[float, int]] = {}
         self._down: set[str] = set()
         self._outages: dict[str, collections.deque[Outage]] = {
             name: collections.deque(maxlen=_KEPT_OUTAGES) for name in self._probes
@@ -88,14 +93,19 @@ class DependencyMonitor:
         answers = await asyncio.gather(*(self._probe(self._probes[n]) for n in names))
         now = self._clock()
         for name, healthy in zip(names, answers, strict=True):
-            if not healthy and name not in self._down:
+            if healthy:
+                self._failed_since.pop(name, None)
+                if name in self._down:
+                    _log.info("dependency %s is reachable again", name)
+                    self._down.discard(name)
+                    self._outages[name][-1].end = now
+                continue
+            since, count = self._failed_since.get(name, (now, 0))
+            self._failed_since[name] = (since, count + 1)
+            if count + 1 >= self._failures_to_down and name not in self._down:
                 _log.warning("dependency %s is unreachable; the gateway advertises no capacity", name)
                 self._down.add(name)
-                self._outages[name].append(Outage(now))
-            elif healthy and name in self._down:
-                _log.info("dependency %s is reachable again", name)
-                self._down.discard(name)
-                self._outages[name][-1].end = now
+                self._outages[name].append(Outage(since))
 
     async def _probe(self, probe: HealthProbe) -> bool:
         try:

@@ -263,6 +263,7 @@ async def test_proxy_killed_and_restarted_mid_task_loses_no_session(stack: Stack
     finally:
         await gw_channel.close(None)
 
+    print("results:", [(r.session_id, r.attempt, r.status) for r in results], "attempts:", info.statistics.attempts_total)
     assert sorted(r.session_id for r in results) == [f"outage-{i:04d}" for i in range(samples)], stack.logs()
     assert [r.status for r in results] == ["resolved"] * samples, [(r.status, r.error_message) for r in results]
     for r in results:

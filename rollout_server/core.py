@@ -360,7 +360,13 @@ class RolloutCore:
             if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
                 return False
             why = "a dependency was unreachable" if outage else "infra_error"
-            _log.info("session %s attempt %d: %s, retrying", session.session_id, session.attempt, why)
+            _log.info(
+                "session %s attempt %d: %s, retrying: %s",
+                session.session_id,
+                session.attempt,
+                why,
+                result.error_message,
+            )
             self.dispatch_wakeup.set()
             return True
         done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures, outages=outages)

@@ -140,7 +140,7 @@ async def test_every_result_carries_the_exit_code() -> None:
 
 async def test_outage_during_run_is_infra_error_marked_as_outage() -> None:
     proxy, probe = FakeProxy(), SwitchProbe()
-    monitor = DependencyMonitor({PROXY: probe})
+    monitor = DependencyMonitor({PROXY: probe}, failures_to_down=1)
     gateway = pipeline(OutageAgents(proxy, monitor=monitor, probe=probe), proxy, monitor)
     await gateway.start_session(make_spec())
     result = await gateway.wait_done("s1")
@@ -155,6 +155,8 @@ async def test_unreachable_dependency_means_no_capacity_and_refused_admission() 
     proxy, probe = FakeProxy(), SwitchProbe(up=False)
     monitor = DependencyMonitor({"evaluator": probe})
     gateway = pipeline(FakeAgentRunner(proxy), proxy, monitor)
+    await monitor.probe_once()  # one missed probe is not an outage yet (a busy host)
+    assert monitor.unavailable() == []
     await monitor.probe_once()
     assert monitor.unavailable() == ["evaluator"]
     assert gateway.capacity().available == 0
