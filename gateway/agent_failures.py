@@ -5,7 +5,7 @@ Two kinds of RUN are not the policy's doing and are never evaluated:
 * a harness that exits non-zero before its first model call (it could not start: a missing CLI, a bad
   configuration, a crash at start-up) — the message carries its exit code and the tail of its stderr;
 * a harness whose model calls failed because the model proxy was unreachable during RUN — unless it recovered
-  (it exited 0 and its last recorded call ended after the outage).
+  (it exited 0 and the proxy served one of its calls after the outage began).
 
 Both end ``infra_error`` and are retried by the rollout server; the second is marked as a dependency outage,
 which does not use up the session's attempts.
@@ -62,10 +62,15 @@ def agent_failure(
 
 
 def _recovered(run: AgentRun, completions: list[CompletionRecord], outage: Outage) -> bool:
-    """A harness that finished cleanly after calling the model past the outage got through it."""
-    if run.outcome is not AgentStatus.COMPLETED or outage.end is None or not completions:
+    """A harness that finished cleanly, and that the proxy served after the outage began, got through it.
+
+    The proxy records only the calls it served; one received after the outage began was answered once the
+    proxy was back, so the harness retried what failed. (The outage's recorded end is no guide: the gateway
+    sees the proxy again only when its channel reconnects, which may be seconds after the harness does.)
+    """
+    if run.outcome is not AgentStatus.COMPLETED or not completions:
         return False
-    return max(c.ended_at for c in completions) >= outage.end
+    return max(c.started_at for c in completions) >= outage.start
 
 
 def _ending(run: AgentRun) -> str:

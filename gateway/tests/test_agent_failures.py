@@ -108,12 +108,13 @@ def test_classification() -> None:
     # After a model call a non-zero exit is the policy's business (scored), as is a clean exit without calls.
     assert agent_failure(crashed, [record(1.0)], None) is None
     assert agent_failure(AgentRun(AgentStatus.COMPLETED), [], None) is None
-    # A proxy outage during RUN spoils it, unless the harness finished cleanly with a call after the outage.
+    # A proxy outage during RUN spoils it, unless the harness finished cleanly with a call served after it began.
     outage = Outage(10.0, 20.0)
-    spoilt = agent_failure(AgentRun(AgentStatus.COMPLETED), [record(15.0)], outage)
+    spoilt = agent_failure(AgentRun(AgentStatus.COMPLETED), [record(5.0)], outage)
     assert spoilt is not None
     assert spoilt.dependency_unavailable
     assert agent_failure(AgentRun(AgentStatus.COMPLETED), [record(25.0)], outage) is None
+    assert agent_failure(AgentRun(AgentStatus.COMPLETED), [record(5.0), record(12.0)], Outage(10.0)) is None
     assert agent_failure(AgentRun(AgentStatus.ERROR, exit_code=1), [record(25.0)], outage) is not None
 
 
