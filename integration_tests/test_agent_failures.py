@@ -263,7 +263,6 @@ async def test_proxy_killed_and_restarted_mid_task_loses_no_session(stack: Stack
     finally:
         await gw_channel.close(None)
 
-    print("results:", [(r.session_id, r.attempt, r.status) for r in results], "attempts:", info.statistics.attempts_total)
     assert sorted(r.session_id for r in results) == [f"outage-{i:04d}" for i in range(samples)], stack.logs()
     assert [r.status for r in results] == ["resolved"] * samples, [(r.status, r.error_message) for r in results]
     for r in results:
@@ -305,3 +304,20 @@ async def test_missing_harness_cli_is_refused_at_admission(stack: Stack) -> None
     message = refused.value.details() or ""
     assert "'pi'" in message
     assert "bash scripts/setup_harnesses.sh" in message
+
+    # Through the rollout server it is a placement failure: the session waits for a gateway that can run it,
+    # using up no attempt and recording no result.
+    async with RolloutClient(stack.address("rollout"), token=TOKEN, timeout_s=10) as client:
+        task.task_id = "nocli-rollout"
+        await client.submit(task)
+        log = stack.log("services")
+        await until(stack, "the refusal", lambda: _logged(log, "refused session nocli-rollout-0000"), limit_s=30)
+        info = (await client.get("nocli-rollout", summary_only=True)).task
+        assert info.sessions_done == 0
+        assert info.statistics.attempts_total == 0
+        await client.cancel("nocli-rollout")
+
+
+async def _logged(log: Path, text: str) -> bool:
+    content = await asyncio.to_thread(log.read_text, errors="replace")
+    return text in content
