@@ -217,3 +217,13 @@ def test_missing_program_is_refused_naming_it(tmp_path: Path) -> None:
     # Programs in the session's own workspace cannot be checked before it exists.
     check_program("command", dataclasses.replace(launch, argv=(str(root / "workspace/run.sh"),)), session_root=root)
     assert os.access(cli, os.X_OK)
+
+
+def test_harness_bin_dir_defaults_to_the_installed_clis(tmp_path: Path) -> None:
+    from gateway.app import harness_bin_dir
+    from gateway.settings import GatewaySettings
+
+    installed = tmp_path / ".harnesses" / "node_modules" / ".bin"
+    installed.mkdir(parents=True)
+    assert harness_bin_dir(GatewaySettings(), cwd=tmp_path) == installed.resolve()
+    assert harness_bin_dir(GatewaySettings(harness_bin_dir="/opt/clis"), cwd=tmp_path) == Path("/opt/clis")
