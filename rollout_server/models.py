@@ -179,14 +179,14 @@ class SessionRecord:
         state: Where the session is.
         attempt: The current (or last) attempt number, from 1; 0 before the first dispatch.
         infra_failures: Attempts that ended in ``infra_error`` (outages not counted).
-        outages: Attempts lost to an unreachable dependency of the gateway (proxy, evaluator, reconstructor);
-            they do not use up the session's attempts (the task's deadline bounds them instead).
         gateway_id: The gateway of the current attempt.
         not_before: Unix seconds before which the session must not be dispatched (retry backoff).
         dispatched_at: When the current attempt was dispatched.
         deadline: When the current attempt must be done (the gateway enforces it; the server double-checks).
         priority: Copied from the task, for dispatch order.
         task_seq: Copied from the task, for dispatch order.
+        outages: Attempts lost to an unreachable dependency of the gateway (proxy, evaluator, reconstructor);
+            they do not use up the session's attempts (the task's deadline bounds them instead).
     """
 
     session_id: str
@@ -196,12 +196,12 @@ class SessionRecord:
     attempt: int = 0
     infra_failures: int = 0
     gateway_id: str = ""
-    outages: int = 0
     not_before: float = 0.0
     dispatched_at: float | None = None
     deadline: float | None = None
     priority: int = 0
     task_seq: int = 0
+    outages: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -223,10 +223,10 @@ class ResultRecord:
         chains: Traces reconstructed.
         policy_versions: Distinct policy versions among the session's calls.
         payload: The full result as reported (serialised protobuf, traces included); empty when made up.
-        harness_exit_code: The harness's exit code, when it ran to an exit.
-        dependency_unavailable: The attempt was lost to an unreachable dependency (an outage, not the policy).
         result_index: Completion order within the task (assigned by the store; -1 until recorded).
         recorded_at: Unix seconds.
+        harness_exit_code: The harness's exit code, when it ran to an exit.
+        dependency_unavailable: The attempt was lost to an unreachable dependency (an outage, not the policy).
     """
 
     session_id: str
@@ -243,10 +243,10 @@ class ResultRecord:
     chains: int = 0
     policy_versions: list[str] = dataclasses.field(default_factory=list)
     payload: bytes = b""
-    harness_exit_code: int | None = None
-    dependency_unavailable: bool = False
     result_index: int = -1
     recorded_at: float = 0.0
+    harness_exit_code: int | None = None
+    dependency_unavailable: bool = False
 
 
 @dataclasses.dataclass(slots=True)

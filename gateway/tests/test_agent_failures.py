@@ -11,12 +11,14 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from gateway.agent_failures import agent_failure
+from gateway.app import harness_bin_dir
 from gateway.core import SessionPipeline
 from gateway.dependencies import PROXY, DependencyMonitor, Outage
 from gateway.errors import GatewayBusy
 from gateway.harness_check import check_program
 from gateway.harnesses import HarnessLaunch
 from gateway.models import AgentRun, EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec
+from gateway.settings import GatewaySettings
 from gateway.testing import (
     FakeAgentRunner,
     FakeEvaluator,
@@ -220,9 +222,6 @@ def test_missing_program_is_refused_naming_it(tmp_path: Path) -> None:
 
 
 def test_harness_bin_dir_defaults_to_the_installed_clis(tmp_path: Path) -> None:
-    from gateway.app import harness_bin_dir
-    from gateway.settings import GatewaySettings
-
     installed = tmp_path / ".harnesses" / "node_modules" / ".bin"
     installed.mkdir(parents=True)
     assert harness_bin_dir(GatewaySettings(), cwd=tmp_path) == installed.resolve()
