@@ -151,7 +151,9 @@ class GatewayApp:
         evaluator = seams.evaluator or clients.probed(
             probes, "evaluator", settings.evaluator_address, GrpcEvaluatorClient
         )
-        monitor = DependencyMonitor(probes, interval_s=settings.dependency_probe_interval_s)
+        monitor = DependencyMonitor(
+            probes if settings.dependency_probes else {}, interval_s=settings.dependency_probe_interval_s
+        )
         pipeline = SessionPipeline(
             pipeline_config(settings),
             gateway_id=settings.gateway_id,
