@@ -282,6 +282,10 @@ class SessionResult:
     response_tokens: int = 0
     reconstruction: ReconstructionStats | None = None
     error_message: str = ""
+    harness_exit_code: int | None = None
+    """The harness's exit code when it ran to an exit (``None``: it never ran, or was killed at its budget)."""
+    dependency_unavailable: bool = False
+    """The session failed because the proxy, evaluator or reconstructor was unreachable (an outage)."""
 
     @property
     def idempotency_key(self) -> str:

@@ -70,6 +70,8 @@ def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
         "policy_lag": int(result.policy_lag),
         "gateway_id": result.gateway_id,
         "error_message": result.error_message,
+        "harness_exit_code": result.harness_exit_code if result.HasField("harness_exit_code") else None,
+        "dependency_unavailable": result.dependency_unavailable,
     }
 
 
