@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from gateway.harness_check import check_program
 from gateway.harnesses import (
     HarnessAdapter,
     HarnessContext,
@@ -79,6 +80,8 @@ class HarnessAgentRunner:
         default_model: Model name given to the harness when the task names none.
         trees: Where base trees are exported and packed (by default a private directory per user below the
             temporary directory).
+        check_programs: Refuse at admission a ``local``-runtime task whose harness program is not on this host
+            (:func:`gateway.harness_check.check_program`).
     """
 
     def __init__(
@@ -91,7 +94,9 @@ class HarnessAgentRunner:
         tunnel: ProxyTunnel | None = None,
         default_model: str = "policy",
         trees: TreeCache | None = None,
+        check_programs: bool = False,
     ) -> None:
+        self._check_programs = check_programs
         self._default_model = default_model
         self._trees = trees if trees is not None else TreeCache()
         self._bases: collections.OrderedDict[tuple[str, int], WorkspaceBase] = collections.OrderedDict()
@@ -106,6 +111,7 @@ class HarnessAgentRunner:
 
         Raises:
             InvalidArgument: Something in the task would make the session fail at INIT.
+            FailedPrecondition: The harness's CLI is not installed on this gateway (with ``check_programs``).
         """
         name = spec.harness.name
         if name not in self._names:
@@ -123,11 +129,13 @@ class HarnessAgentRunner:
             bin_dir=self._bin_dir,
         )
         try:
-            self._adapters(name).prepare(ctx)
+            launch = self._adapters(name).prepare(ctx)
         except InvalidArgument:
             raise
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgument(f"invalid options for harness {name!r}: {exc}", details={"harness": name}) from None
+        if self._check_programs and spec.runtime.kind in ("", "local") and not spec.runtime.image:
+            check_program(name, launch, session_root=_CHECK_ROOT)
         _string_list(spec.metadata.get("artifact_paths"))
         validate_repository(spec, self._trees)
 

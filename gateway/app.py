@@ -25,9 +25,18 @@ from gateway.clients import (
     GrpcRolloutRegistrar,
 )
 from gateway.core import SessionPipeline
+from gateway.dependencies import PROXY, DependencyMonitor
 from gateway.metrics import GatewayMetrics, MetricsEndpoint
 from gateway.models import PipelineConfig, ProxyEndpoints, SessionSpec
-from gateway.ports import AgentRunner, EvaluatorClient, ProxyClient, ReconstructorClient, ResultSink, RuntimeFactory
+from gateway.ports import (
+    AgentRunner,
+    EvaluatorClient,
+    HealthProbe,
+    ProxyClient,
+    ReconstructorClient,
+    ResultSink,
+    RuntimeFactory,
+)
 from gateway.registration import RegistrationLoop
 from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
@@ -35,7 +44,10 @@ from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
 from runtimes import DefaultRuntimeFactory
 
-__all__ = ["GatewayApp", "GatewaySeams", "pipeline_config"]
+__all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "pipeline_config"]
+
+# The checkout this package runs from (``scripts/setup_harnesses.sh`` installs ``.harnesses`` there).
+_CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass
@@ -86,6 +98,13 @@ class _Clients:
         self.closers.append(made.close)
         return made
 
+    def probed(self, probes: dict[str, HealthProbe], name: str, address: str, cls: Callable[..., Any]) -> Any:
+        """Like :meth:`make`, and add the client to ``probes`` as the health probe of dependency ``name``."""
+        made = self.make(address, cls)
+        if made is not None:
+            probes[name] = made
+        return made
+
 
 class GatewayApp:
     """The session pipeline and what it owns.
@@ -129,18 +148,33 @@ class GatewayApp:
             metrics = GatewayMetrics(endpoint.meter_provider)
         tunnel = _tunnel(settings)
         clients.closers.append(tunnel.close)
+        bin_dir = harness_bin_dir(settings)
+        probes: dict[str, HealthProbe] = {}
+        proxy = seams.proxy or clients.probed(probes, PROXY, settings.proxy_address, GrpcProxyClient)
+        reconstructor = seams.reconstructor or clients.probed(
+            probes, "reconstructor", settings.reconstructor_address, GrpcReconstructorClient
+        )
+        evaluator = seams.evaluator or clients.probed(
+            probes, "evaluator", settings.evaluator_address, GrpcEvaluatorClient
+        )
+        monitor = DependencyMonitor(
+            probes if settings.dependency_probes else {}, interval_s=settings.dependency_probe_interval_s
+        )
         pipeline = SessionPipeline(
             pipeline_config(settings),
             gateway_id=settings.gateway_id,
-            runtimes=seams.runtimes or _runtimes(settings, tunnel),
-            agents=seams.agents or _agents(settings, tunnel),
-            proxy=seams.proxy or clients.make(settings.proxy_address, GrpcProxyClient) or _NoProxy(),
-            reconstructor=seams.reconstructor or clients.make(settings.reconstructor_address, GrpcReconstructorClient),
-            evaluator=seams.evaluator or clients.make(settings.evaluator_address, GrpcEvaluatorClient),
+            runtimes=seams.runtimes or _runtimes(settings, tunnel, bin_dir),
+            agents=seams.agents or _agents(settings, tunnel, bin_dir),
+            proxy=proxy or _NoProxy(),
+            reconstructor=reconstructor,
+            evaluator=evaluator,
             sink=seams.sink or clients.make(settings.rollout_address, GrpcResultSink),
             metrics=metrics,
             tracer=tracer_provider.get_tracer("gateway") if tracer_provider is not None else None,
+            dependencies=monitor,
         )
+        monitor.start()
+        clients.closers.insert(0, monitor.stop)
         app = cls(settings, pipeline, clients, endpoint)
         if endpoint is not None:
             app.metrics_port = endpoint.start(settings.metrics_host, settings.metrics_port)
@@ -189,28 +223,42 @@ def _tunnel(settings: GatewaySettings) -> ProxyTunnel:
     return ProxyTunnel.under(settings.state_dir, sandbox_port=settings.sandbox_proxy_port)
 
 
-def _runtimes(settings: GatewaySettings, tunnel: ProxyTunnel) -> RuntimeFactory:
+def harness_bin_dir(settings: GatewaySettings, *, cwd: Path | None = None) -> Path | None:
+    """The directory of the harness CLIs: the setting, else the ``.harnesses/node_modules/.bin`` that
+    ``scripts/setup_harnesses.sh`` installs, in the working directory or the checkout (as ``polar run`` finds it)."""
+    if settings.harness_bin_dir:
+        return Path(settings.harness_bin_dir)
+    for root in ((cwd or Path.cwd()) / ".harnesses", _CHECKOUT / ".harnesses"):
+        candidate = root / "node_modules" / ".bin"
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+def _runtimes(settings: GatewaySettings, tunnel: ProxyTunnel, bin_dir: Path | None) -> RuntimeFactory:
     return SpecRuntimeFactory(
         DefaultRuntimeFactory(base_dir=settings.state_dir / "runtimes"),
         default_kind=settings.default_runtime,
-        defaults=_runtime_defaults(settings),
+        defaults=_runtime_defaults(settings, bin_dir),
         tunnel=tunnel,
     )
 
 
-def _agents(settings: GatewaySettings, tunnel: ProxyTunnel) -> AgentRunner:
-    bin_dir = PurePosixPath(settings.harness_bin_dir) if settings.harness_bin_dir else None
+def _agents(settings: GatewaySettings, tunnel: ProxyTunnel, bin_dir: Path | None) -> AgentRunner:
     return HarnessAgentRunner(
-        workspace_dir=settings.workspace_dir, bin_dir=bin_dir, tunnel=tunnel, default_model=settings.default_model
+        workspace_dir=settings.workspace_dir,
+        bin_dir=PurePosixPath(bin_dir) if bin_dir is not None else None,
+        tunnel=tunnel,
+        default_model=settings.default_model,
+        check_programs=settings.default_runtime == "local",
     )
 
 
-def _runtime_defaults(settings: GatewaySettings) -> dict[str, Any]:
+def _runtime_defaults(settings: GatewaySettings, bin_dir: Path | None) -> dict[str, Any]:
     """Runtime options every task gets unless its runtime table says otherwise."""
     defaults: dict[str, Any] = {"network": settings.runtime_network}
-    if settings.harness_bin_dir:
+    if bin_dir is not None:
         # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree.
-        bin_dir = Path(settings.harness_bin_dir)
         defaults["read_only_paths"] = [str(bin_dir.parent if bin_dir.name == ".bin" else bin_dir)]
     return defaults
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
 from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
@@ -52,6 +54,9 @@ _RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_rec
 
 
 class _Client:
+    # The full name of the service the client calls, as its server registers it with the health service.
+    service = ""
+
     def __init__(
         self,
         target: str,
@@ -71,6 +76,15 @@ class _Client:
             max_message_bytes=max_message_bytes,
         )
 
+    async def healthy(self, *, timeout_s: float) -> bool:
+        """Whether the peer's health service reports the service SERVING (a :class:`gateway.ports.HealthProbe`)."""
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
     async def close(self) -> None:
         """Close the channel."""
         await self._channel.close(None)
@@ -78,6 +92,8 @@ class _Client:
 
 class GrpcProxyClient(_Client):
     """A :class:`gateway.ports.ProxyClient` over ``ModelProxyService``."""
+
+    service = "polar.proxy.v1.ModelProxyService"
 
     def __init__(
         self,
@@ -131,6 +147,8 @@ class GrpcProxyClient(_Client):
 class GrpcReconstructorClient(_Client):
     """A :class:`gateway.ports.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
 
+    service = "polar.reconstructor.v1.ReconstructorService"
+
     def __init__(
         self,
         target: str,
@@ -171,6 +189,8 @@ class GrpcReconstructorClient(_Client):
 
 class GrpcEvaluatorClient(_Client):
     """A :class:`gateway.ports.EvaluatorClient` over ``EvaluatorService``."""
+
+    service = "polar.evaluator.v1.EvaluatorService"
 
     def __init__(
         self,

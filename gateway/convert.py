@@ -194,6 +194,8 @@ def result_to_proto(result: SessionResult) -> session_pb2.SessionResult:
         attempt=result.attempt,
         terminal_status=status_to_proto(result.status),
         sample_index=result.sample_index,
+        harness_exit_code=result.harness_exit_code,
+        dependency_unavailable=result.dependency_unavailable,
     )
     _put_artifacts(message, result.artifacts)
     return message

@@ -30,6 +30,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from gateway.agent_failures import agent_failure
+from gateway.dependencies import PROXY, DependencyMonitor, Outage
 from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionDeadlinePassed, SessionNotFound
 from gateway.events import Subscription
 from gateway.metrics import GatewayMetrics
@@ -53,7 +55,7 @@ from gateway.rewards import stamp_traces
 from gateway.session import Session, settle
 from gateway.steps import SessionSteps
 from gateway.wrapup import WrapUp
-from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, PolarError
+from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
 
 __all__ = ["Capacity", "SessionPipeline"]
@@ -61,6 +63,8 @@ __all__ = ["Capacity", "SessionPipeline"]
 _log = logging.getLogger(__name__)
 # Extra time a harness gets past its budget to be killed and reaped before the pipeline stops waiting.
 _KILL_GRACE_S = 10.0
+# How soon the rollout server may try again while a dependency is unreachable (the monitor probes every second).
+_OUTAGE_RETRY_S = 1.0
 _STAGES = (Stage.INIT, Stage.READY, Stage.RUNNING, Stage.POSTRUN)
 
 
@@ -80,6 +84,9 @@ class SessionPipeline:
         clock: Unix time, for deadlines and timestamps.
         tracer: Makes one span per stage of each session, children of the context StartSession ran in; every
             side effect (proxy, evaluator, reconstructor calls) runs inside its stage's span.
+        dependencies: Whether proxy, evaluator and reconstructor are reachable; while one is not, the gateway
+            advertises no capacity and refuses new sessions, and a RUN the proxy's outage spoilt is not scored.
+            ``None`` assumes they always are.
     """
 
     def __init__(
@@ -96,8 +103,10 @@ class SessionPipeline:
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.time,
         tracer: trace.Tracer | None = None,
+        dependencies: DependencyMonitor | None = None,
     ) -> None:
         self._config = config
+        self._dependencies = dependencies
         self._runtimes = runtimes
         self._agents = agents
         self._clock = clock
@@ -269,6 +278,13 @@ class SessionPipeline:
     # ----------------------------------------------------------------------------------------- admission
 
     def _admit_or_refuse(self) -> None:
+        down = self._dependencies.unavailable() if self._dependencies is not None else []
+        if down:
+            raise GatewayBusy(
+                f"the gateway's dependencies are unreachable: {', '.join(down)}",
+                retry_after_s=_OUTAGE_RETRY_S,
+                details={"unavailable": ",".join(down)},
+            )
         postrun = self._pools[Stage.POSTRUN]
         backlog = postrun.queue_length
         if backlog > self._config.postrun_backlog_limit:
@@ -330,6 +346,8 @@ class SessionPipeline:
 
     def _fail(self, s: Session, exc: BaseException) -> None:
         where = f"{s.stage.value}{'' if not s.queued else ' (queued)'}"
+        if isinstance(exc, Unavailable):
+            s.dependency_unavailable = True  # an outage, not the policy's failure (retried without using an attempt)
         if isinstance(exc, TimeoutError):
             message = f"session deadline passed in {where}"
         elif isinstance(exc, PolarError):
@@ -398,12 +416,14 @@ class SessionPipeline:
         if s.runtime is None or s.prepared is None:
             raise Internal("RUNNING without a prepared runtime")
         runtime, prepared = s.runtime, s.prepared
-        started = self._clock()
+        started = s.run_started_at = self._clock()
         try:
             async with asyncio.timeout(max(budget, 0.0) + _KILL_GRACE_S):
                 s.agent_run = await self._agents.run(runtime, prepared, timeout_s=max(budget, 0.0))
         except TimeoutError:
             s.agent_run = AgentRun(AgentStatus.TIMEOUT, duration_s=self._clock() - started)
+        finally:
+            s.run_ended_at = self._clock()
 
     async def _score(self, s: Session) -> None:
         """POSTRUN for a session whose agent ran: collect, evaluate, reconstruct (holding a POSTRUN slot).
@@ -418,6 +438,12 @@ class SessionPipeline:
             await self._steps.close_proxy(s)
             await self._steps.list_completions(s)
             run = s.agent_run or AgentRun(AgentStatus.ERROR)
+            failure = agent_failure(run, s.completions, self._proxy_outage(s))
+            if failure is not None:
+                # Not the policy's doing: no verdict; the wrap-up salvages the captured calls.
+                s.dependency_unavailable = failure.dependency_unavailable
+                settle(s, TerminalStatus.INFRA_ERROR, failure.message)
+                return
             traces_first = s.spec.evaluator.enabled and s.spec.evaluator.needs_traces
             if traces_first and not await self._reconstruct(s, provisional=True):
                 return
@@ -438,8 +464,15 @@ class SessionPipeline:
         except (PolarError, TimeoutError) as exc:
             # Without traces the session carries no learning signal, whatever the verdict was.
             s.status, s.error = TerminalStatus.INFRA_ERROR, f"reconstruction failed: {exc}"
+            s.dependency_unavailable = isinstance(exc, Unavailable)
             return False
         return True
+
+    def _proxy_outage(self, s: Session) -> Outage | None:
+        """The latest proxy outage the gateway saw while the session's harness ran."""
+        if self._dependencies is None or s.run_started_at is None:
+            return None
+        return self._dependencies.down_during(PROXY, s.run_started_at, s.run_ended_at or self._clock())
 
     def _stamp_rewards(self, s: Session, evaluation: Evaluation) -> None:
         status = s.status or TerminalStatus.INFRA_ERROR

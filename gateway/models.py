@@ -347,6 +347,10 @@ class SessionResult:
     reconstruction: ReconstructionStats | None = None
     error_message: str = ""
     artifacts: SessionArtifacts = dataclasses.field(default_factory=SessionArtifacts)
+    harness_exit_code: int | None = None
+    """The harness's exit code when it ran to an exit (``None``: it never ran, or was killed at its budget)."""
+    dependency_unavailable: bool = False
+    """The session failed because the proxy, evaluator or reconstructor was unreachable (an outage)."""
 
     @property
     def idempotency_key(self) -> str:

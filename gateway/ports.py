@@ -26,6 +26,7 @@ from runtimes.base import Runtime
 __all__ = [
     "AgentRunner",
     "EvaluatorClient",
+    "HealthProbe",
     "PreparedAgent",
     "ProxyClient",
     "ReconstructorClient",
@@ -122,6 +123,14 @@ class EvaluatorClient(Protocol):
 
     async def release(self, handle: str, *, timeout_s: float) -> None:
         """Free the evaluation environment; idempotent."""
+        ...
+
+
+class HealthProbe(Protocol):
+    """Asks a dependency whether it serves (the gRPC health service every Polar server registers)."""
+
+    async def healthy(self, *, timeout_s: float) -> bool:
+        """Return whether the dependency answered SERVING within ``timeout_s``; never raises for an outage."""
         ...
 
 

@@ -29,6 +29,9 @@ class Session:
     status: TerminalStatus | None = None
     reward: float = 0.0
     error: str = ""
+    dependency_unavailable: bool = False
+    run_started_at: float | None = None
+    run_ended_at: float | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     driver: asyncio.Task[None] | None = None
     work: asyncio.Task[None] | None = None

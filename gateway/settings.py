@@ -55,6 +55,12 @@ class GatewaySettings(ServiceSettings):
         tunnel_dir: Directory of the tunnel's Unix socket; empty means ``state_dir/tunnel`` (or a private
             ``/tmp`` directory when that path is too long for a socket).
         harness_bin_dir: Directory (as runtimes see it) holding installed harness CLIs; prepended to ``PATH``.
+            Empty means the ``.harnesses/node_modules/.bin`` that ``scripts/setup_harnesses.sh`` installs, in
+            the working directory or the checkout, when there is one (as ``polar run`` finds it).
+        dependency_probes: Whether to probe proxy, evaluator and reconstructor; while one is unreachable the
+            gateway advertises no capacity. Off for an embedded stack, whose services share the gateway's
+            process (a busy event loop would look like an outage, and nothing there can be unreachable).
+        dependency_probe_interval_s: Seconds between health probes.
         default_model: Model name the harness asks for when neither harness nor backend options name one.
         workspace_dir: Workspace directory (relative to the runtime's session directory) the agent works in.
         metrics_port: Port of the Prometheus ``/metrics`` endpoint; 0 picks a free one, -1 disables it.
@@ -95,6 +101,8 @@ class GatewaySettings(ServiceSettings):
     sandbox_proxy_port: int = Field(default=18080, ge=1, le=65535)
     tunnel_dir: str = ""
     harness_bin_dir: str = ""
+    dependency_probes: bool = True
+    dependency_probe_interval_s: float = Field(default=1.0, gt=0)
     default_model: str = "policy"
     workspace_dir: str = "workspace"
     metrics_port: int = Field(default=0, ge=-1, le=65535)

@@ -20,13 +20,21 @@ from gateway.ports import ResultSink
 from gateway.session import Session, settle
 from gateway.steps import SessionSteps
 from polar_core.errors import PolarError
-from polar_core.records import TerminalStatus
+from polar_core.records import AgentStatus, TerminalStatus
 
 __all__ = ["WrapUp"]
 
 _log = logging.getLogger(__name__)
 # Results that carry no reward whatever the evaluator said.
 _UNREWARDED = (TerminalStatus.INFRA_ERROR, TerminalStatus.CANCELLED)
+
+
+def _exit_code(s: Session) -> int | None:
+    """The harness's exit code, when it ran to an exit of its own (not killed at its budget, not cancelled)."""
+    run = s.agent_run
+    if run is None or run.outcome in (AgentStatus.TIMEOUT, AgentStatus.CANCELLED):
+        return None
+    return run.exit_code
 
 
 class WrapUp:
@@ -109,6 +117,8 @@ class WrapUp:
             reconstruction=s.reconstruction.stats if s.reconstruction is not None else None,
             error_message=s.error,
             artifacts=kept_artifacts(s, self._config),
+            harness_exit_code=_exit_code(s),
+            dependency_unavailable=s.dependency_unavailable and status is TerminalStatus.INFRA_ERROR,
         )
 
     async def _teardown(self, s: Session) -> None:

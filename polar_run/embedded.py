@@ -155,6 +155,9 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
         postrun_workers=options.postrun_workers,
         harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
         metrics_port=-1,
+        # Every service runs in this process: none can be unreachable, and a loop busy with the in-process
+        # model must not look like an outage.
+        dependency_probes=False,
     )
 
 

@@ -84,6 +84,8 @@ def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
         "eval_log_ref": result.eval_log_ref,
         "harness_log_truncated": result.harness_log_truncated,
         "files": session_dir(result.session_id),
+        "harness_exit_code": result.harness_exit_code if result.HasField("harness_exit_code") else None,
+        "dependency_unavailable": result.dependency_unavailable,
     }
 
 

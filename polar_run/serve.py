@@ -156,6 +156,10 @@ def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], tok
         for peer in ("proxy", "reconstructor", "evaluator", "rollout"):
             if peer in addresses and not getattr(settings, f"{peer}_address", "x"):
                 wiring[f"{peer}_address"] = addresses[peer]
+        if all(f"{peer}_address" in wiring for peer in ("proxy", "reconstructor", "evaluator")):
+            # They share this process: none can be unreachable while the gateway runs, and a loop busy with
+            # an in-process model must not look like an outage.
+            wiring["dependency_probes"] = False
     return wiring
 
 

@@ -134,7 +134,9 @@ class GrpcGatewayClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise GatewayUnreachable(error_from_rpc(exc, address).message) from None
-        return CapacityView(reply.gateway_id, reply.capacity, reply.active_sessions, reply.draining)
+        # What it would hold now (as its heartbeat reports): no free slots while it is full or a dependency is down.
+        capacity = min(reply.capacity, reply.active_sessions + reply.available)
+        return CapacityView(reply.gateway_id, capacity, reply.active_sessions, reply.draining)
 
     async def close(self) -> None:
         """Close every channel."""

@@ -179,6 +179,8 @@ def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
         chains=int(len(pb.traces) or stats.reconstruction.chains),
         policy_versions=versions,
         payload=pb.SerializeToString(),
+        harness_exit_code=pb.harness_exit_code if pb.HasField("harness_exit_code") else None,
+        dependency_unavailable=pb.dependency_unavailable,
     )
 
 
@@ -204,6 +206,9 @@ def result_to_proto(record: ResultRecord, *, omit_traces: bool = False) -> sessi
     pb.policy_lag = record.policy_lag
     for trace in pb.traces:
         trace.policy_lag = policy_lag(record.fleet_version, trace.policy_versions)
+    if record.harness_exit_code is not None:
+        pb.harness_exit_code = record.harness_exit_code
+    pb.dependency_unavailable = record.dependency_unavailable
     return pb
 
 

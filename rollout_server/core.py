@@ -341,6 +341,8 @@ class RolloutCore:
         Only ``infra_error`` is retried, while attempts remain and the task is active; model outcomes are final.
         A result beyond the task's ``max_policy_lag`` is kept with its lag or, with ``resample``, discarded and
         the session dispatched again (see :mod:`rollout_server.staleness`); neither uses up an attempt.
+        An attempt lost to an unreachable dependency (``dependency_unavailable``) does not use up an attempt
+        either: it is retried while the task is active (its deadline bounds it), with a backoff capped at 8 steps.
 
         Returns:
             ``False`` when the session had moved on (nothing was changed).
@@ -349,21 +351,33 @@ class RolloutCore:
         result.recorded_at = now
         task = await self.store.get_task(session.task_id)
         active = task is not None and not task.state.terminal
-        failures = session.infra_failures + (1 if result.status is TerminalStatus.INFRA_ERROR else 0)
-        counted = session.attempt - session.stale_resamples  # stale resamples do not use up attempts
-        if result.status is TerminalStatus.INFRA_ERROR and active and counted < self.config.max_attempts:
+        infra = result.status is TerminalStatus.INFRA_ERROR
+        outage = infra and result.dependency_unavailable
+        failures = session.infra_failures + (1 if infra and not outage else 0)
+        outages = session.outages + (1 if outage else 0)
+        counted = session.attempt - session.stale_resamples - outages  # neither uses up attempts
+        if infra and active and counted < self.config.max_attempts:
+            steps = min(2 ** (outages - 1), 8) if outage else 2 ** (failures - 1)
             retry = dataclasses.replace(
                 session,
                 state=SessionState.PENDING,
                 infra_failures=failures,
+                outages=outages,
                 gateway_id="",
-                not_before=now + self.config.retry_backoff_s * 2 ** (failures - 1),
+                not_before=now + self.config.retry_backoff_s * steps,
                 dispatched_at=None,
                 deadline=None,
             )
             if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
                 return False
-            _log.info("session %s attempt %d: infra_error, retrying", session.session_id, session.attempt)
+            why = "a dependency was unreachable" if outage else "infra_error"
+            _log.info(
+                "session %s attempt %d: %s, retrying: %s",
+                session.session_id,
+                session.attempt,
+                why,
+                result.error_message,
+            )
             self.dispatch_wakeup.set()
             return True
         if result.policy_versions:
@@ -383,7 +397,7 @@ class RolloutCore:
                 result.policy_lag,
                 decision.value,
             )
-        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures)
+        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures, outages=outages)
         delivery = None
         if task is not None and task.callback is not None:
             delivery = DeliveryRecord(result.idempotency_key, task.task_id, session.session_id, task.callback)

@@ -200,7 +200,7 @@ class SessionRecord:
         sample_index: Index within the task.
         state: Where the session is.
         attempt: The current (or last) attempt number, from 1; 0 before the first dispatch.
-        infra_failures: Attempts that ended in ``infra_error``.
+        infra_failures: Attempts that ended in ``infra_error`` (outages not counted).
         gateway_id: The gateway of the current attempt.
         not_before: Unix seconds before which the session must not be dispatched (retry backoff).
         dispatched_at: When the current attempt was dispatched.
@@ -209,6 +209,8 @@ class SessionRecord:
         task_seq: Copied from the task, for dispatch order.
         stale_resamples: Attempts discarded because they were beyond the task's ``max_policy_lag``
             (``resample``); they count in ``attempt`` but not against ``max_attempts``.
+        outages: Attempts lost to an unreachable dependency of the gateway (proxy, evaluator, reconstructor);
+            they do not use up the session's attempts (the task's deadline bounds them instead).
     """
 
     session_id: str
@@ -224,6 +226,7 @@ class SessionRecord:
     priority: int = 0
     task_seq: int = 0
     stale_resamples: int = 0
+    outages: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -250,6 +253,8 @@ class ResultRecord:
         policy_lag: Versions the session's oldest call was behind the fleet when the result was recorded.
         fleet_version: The fleet's version used for ``policy_lag`` (0: unknown); each trace's own lag is
             computed from it when the result is read back.
+        harness_exit_code: The harness's exit code, when it ran to an exit.
+        dependency_unavailable: The attempt was lost to an unreachable dependency (an outage, not the policy).
     """
 
     session_id: str
@@ -270,6 +275,8 @@ class ResultRecord:
     recorded_at: float = 0.0
     policy_lag: int = 0
     fleet_version: int = 0
+    harness_exit_code: int | None = None
+    dependency_unavailable: bool = False
 
 
 @dataclasses.dataclass(slots=True)

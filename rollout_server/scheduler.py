@@ -143,6 +143,9 @@ class Scheduler:
             await self._unassign(session)
         except GatewayRejected as exc:
             if exc.draining:
+                # A placement failure (draining, or this task cannot run there, e.g. its harness CLI is not
+                # installed): the session waits for another gateway, or this one, without using an attempt.
+                _log.warning("gateway %s refused session %s: %s", gateway.gateway_id, session.session_id, exc.message)
                 self.busy_until[gateway.gateway_id] = self.core.clock() + self.core.config.heartbeat_interval_s
                 await self._unassign(session)
             else:

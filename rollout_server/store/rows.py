@@ -65,11 +65,12 @@ TASK_COLS = (
 TASK_SELECT = f"SELECT {TASK_COLS}, seq, results_count FROM tasks"
 SESSION_COLS = (
     "session_id, task_id, sample_index, state, attempt, infra_failures, gateway_id, not_before, dispatched_at, "
-    "deadline, priority, task_seq, stale_resamples"
+    "deadline, priority, task_seq, stale_resamples, outages"
 )
 RESULT_COLS = (
     "session_id, task_id, sample_index, status, reward, attempt, gateway_id, idempotency_key, error_message, "
-    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at, policy_lag, fleet_version"
+    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at, policy_lag, fleet_version, "
+    "harness_exit_code, dependency_unavailable"
 )
 GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
@@ -150,6 +151,7 @@ def session_row(s: SessionRecord) -> tuple[Any, ...]:
         s.priority,
         s.task_seq,
         s.stale_resamples,
+        s.outages,
     )
 
 
@@ -168,6 +170,7 @@ def session_from(r: Row) -> SessionRecord:
         priority=int(r[10]),
         task_seq=int(r[11]),
         stale_resamples=int(r[12]),
+        outages=int(r[13]),
     )
 
 
@@ -191,6 +194,8 @@ def result_from(r: Row) -> ResultRecord:
         recorded_at=float(r[15]),
         policy_lag=int(r[16]),
         fleet_version=int(r[17]),
+        harness_exit_code=None if r[18] is None else int(r[18]),
+        dependency_unavailable=bool(r[19]),
     )
 
 
@@ -256,6 +261,8 @@ def result_row(r: ResultRecord) -> tuple[Any, ...]:
         float(r.recorded_at),
         r.policy_lag,
         r.fleet_version,
+        r.harness_exit_code,
+        int(r.dependency_unavailable),
     )
 
 

@@ -123,7 +123,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   deadline {real},
   priority {int} NOT NULL,
   task_seq {int} NOT NULL,
-  stale_resamples {int} NOT NULL DEFAULT 0
+  stale_resamples {int} NOT NULL DEFAULT 0,
+  outages {int} NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_queue ON sessions (state, priority, task_seq, sample_index);
@@ -146,6 +147,8 @@ CREATE TABLE IF NOT EXISTS results (
   recorded_at {real} NOT NULL,
   policy_lag {int} NOT NULL DEFAULT 0,
   fleet_version {int} NOT NULL DEFAULT 0,
+  harness_exit_code {int},
+  dependency_unavailable {int} NOT NULL DEFAULT 0,
   UNIQUE (task_id, result_index)
 );
 CREATE TABLE IF NOT EXISTS reports (
@@ -216,14 +219,18 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("tasks", "max_policy_lag", "{int}"),
     ("tasks", "stale_policy", "TEXT NOT NULL DEFAULT 'keep'"),
     ("sessions", "stale_resamples", "{int} NOT NULL DEFAULT 0"),
+    ("sessions", "outages", "{int} NOT NULL DEFAULT 0"),
     ("results", "policy_lag", "{int} NOT NULL DEFAULT 0"),
     ("results", "fleet_version", "{int} NOT NULL DEFAULT 0"),
+    ("results", "harness_exit_code", "{int}"),
+    ("results", "dependency_unavailable", "{int} NOT NULL DEFAULT 0"),
 )
 
 
 _SESSION_CAS = (
     "UPDATE sessions SET state = ?, attempt = ?, infra_failures = ?, gateway_id = ?, not_before = ?, "
-    "dispatched_at = ?, deadline = ?, stale_resamples = ? WHERE session_id = ? AND state = ? AND attempt = ?"
+    "dispatched_at = ?, deadline = ?, stale_resamples = ?, outages = ? WHERE session_id = ? AND state = ? "
+    "AND attempt = ?"
 )
 
 
@@ -239,6 +246,7 @@ def _cas_args(change: SessionChange) -> tuple[Any, ...]:
         opt_float(new.dispatched_at),
         opt_float(new.deadline),
         new.stale_resamples,
+        new.outages,
         new.session_id,
         expected_state.value,
         expected_attempt,
@@ -284,7 +292,7 @@ class SqlStore:
             for s in sessions:
                 s.task_seq = seq
             await conn.executemany(
-                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 13)})",
+                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 14)})",
                 [session_row(s) for s in sessions],
             )
         task.seq = seq
@@ -407,7 +415,7 @@ class SqlStore:
             result.result_index = int(rows[0][0]) - 1
             await self._insert_report(conn, result, final=True)
             await conn.execute(
-                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 18)})",
+                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 20)})",
                 result_row(result),
             )
             if result.policy_versions:

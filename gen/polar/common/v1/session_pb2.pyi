@@ -67,7 +67,7 @@ class SessionStatistics(_message.Message):
     def __init__(self, completions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., reconstruction: _Optional[_Union[_reconstruction_pb2.ReconstructionStats, _Mapping]] = ...) -> None: ...
 
 class SessionResult(_message.Message):
-    __slots__ = ("session_id", "task_id", "status", "reward", "traces", "timings", "statistics", "error_message", "idempotency_key", "gateway_id", "attempt", "terminal_status", "sample_index", "policy_lag", "patch", "patch_truncated", "test_outcomes", "eval_log_ref", "harness_stdout", "harness_stderr", "harness_log_truncated")
+    __slots__ = ("session_id", "task_id", "status", "reward", "traces", "timings", "statistics", "error_message", "idempotency_key", "gateway_id", "attempt", "terminal_status", "sample_index", "policy_lag", "harness_exit_code", "dependency_unavailable", "patch", "patch_truncated", "test_outcomes", "eval_log_ref", "harness_stdout", "harness_stderr", "harness_log_truncated")
     class TimingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,8 @@ class SessionResult(_message.Message):
     TERMINAL_STATUS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     PATCH_FIELD_NUMBER: _ClassVar[int]
     PATCH_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     TEST_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +112,8 @@ class SessionResult(_message.Message):
     terminal_status: _status_pb2.TerminalStatus
     sample_index: int
     policy_lag: int
+    harness_exit_code: int
+    dependency_unavailable: bool
     patch: bytes
     patch_truncated: bool
     test_outcomes: _containers.RepeatedCompositeFieldContainer[TestResult]
@@ -117,7 +121,7 @@ class SessionResult(_message.Message):
     harness_stdout: str
     harness_stderr: str
     harness_log_truncated: bool
-    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[str] = ..., reward: _Optional[float] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., timings: _Optional[_Mapping[str, float]] = ..., statistics: _Optional[_Union[SessionStatistics, _Mapping]] = ..., error_message: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., gateway_id: _Optional[str] = ..., attempt: _Optional[int] = ..., terminal_status: _Optional[_Union[_status_pb2.TerminalStatus, str]] = ..., sample_index: _Optional[int] = ..., policy_lag: _Optional[int] = ..., patch: _Optional[bytes] = ..., patch_truncated: _Optional[bool] = ..., test_outcomes: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., eval_log_ref: _Optional[str] = ..., harness_stdout: _Optional[str] = ..., harness_stderr: _Optional[str] = ..., harness_log_truncated: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[str] = ..., reward: _Optional[float] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., timings: _Optional[_Mapping[str, float]] = ..., statistics: _Optional[_Union[SessionStatistics, _Mapping]] = ..., error_message: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., gateway_id: _Optional[str] = ..., attempt: _Optional[int] = ..., terminal_status: _Optional[_Union[_status_pb2.TerminalStatus, str]] = ..., sample_index: _Optional[int] = ..., policy_lag: _Optional[int] = ..., harness_exit_code: _Optional[int] = ..., dependency_unavailable: _Optional[bool] = ..., patch: _Optional[bytes] = ..., patch_truncated: _Optional[bool] = ..., test_outcomes: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., eval_log_ref: _Optional[str] = ..., harness_stdout: _Optional[str] = ..., harness_stderr: _Optional[str] = ..., harness_log_truncated: _Optional[bool] = ...) -> None: ...
 
 class TestResult(_message.Message):
     __slots__ = ("test_id", "outcome", "duration")
