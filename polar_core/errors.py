@@ -11,6 +11,7 @@ Hierarchy::
     ├── NotFound                    -> NOT_FOUND
     ├── AlreadyExists               -> ALREADY_EXISTS
     ├── FailedPrecondition          -> FAILED_PRECONDITION
+    ├── Aborted                     -> ABORTED (a concurrent operation conflicts; retry later)
     ├── ResourceExhausted           -> RESOURCE_EXHAUSTED (with retry info)
     ├── Unavailable                 -> UNAVAILABLE (with retry info)
     ├── Unauthenticated             -> UNAUTHENTICATED
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
+    "Aborted",
     "AlreadyExists",
     "Cancelled",
     "DeadlineExceeded",
@@ -81,6 +83,12 @@ class FailedPrecondition(PolarError):
     """The entity is in the wrong state for the operation."""
 
     code_name = "FAILED_PRECONDITION"
+
+
+class Aborted(PolarError):
+    """A concurrent operation on the same entity conflicts with this one; retry once it has finished."""
+
+    code_name = "ABORTED"
 
 
 class _Retryable(PolarError):

@@ -24,6 +24,7 @@ _ERRORS: dict[grpc.StatusCode, type[errors.PolarError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.ABORTED: errors.Aborted,
     grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,

@@ -66,7 +66,7 @@ class SessionStatistics(_message.Message):
     def __init__(self, completions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., response_tokens: _Optional[int] = ..., reconstruction: _Optional[_Union[_reconstruction_pb2.ReconstructionStats, _Mapping]] = ...) -> None: ...
 
 class SessionResult(_message.Message):
-    __slots__ = ("session_id", "task_id", "status", "reward", "traces", "timings", "statistics", "error_message", "idempotency_key", "gateway_id", "attempt", "terminal_status", "sample_index")
+    __slots__ = ("session_id", "task_id", "status", "reward", "traces", "timings", "statistics", "error_message", "idempotency_key", "gateway_id", "attempt", "terminal_status", "sample_index", "policy_lag")
     class TimingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class SessionResult(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_STATUS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     task_id: str
     status: str
@@ -100,4 +101,5 @@ class SessionResult(_message.Message):
     attempt: int
     terminal_status: _status_pb2.TerminalStatus
     sample_index: int
-    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[str] = ..., reward: _Optional[float] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., timings: _Optional[_Mapping[str, float]] = ..., statistics: _Optional[_Union[SessionStatistics, _Mapping]] = ..., error_message: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., gateway_id: _Optional[str] = ..., attempt: _Optional[int] = ..., terminal_status: _Optional[_Union[_status_pb2.TerminalStatus, str]] = ..., sample_index: _Optional[int] = ...) -> None: ...
+    policy_lag: int
+    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[str] = ..., reward: _Optional[float] = ..., traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., timings: _Optional[_Mapping[str, float]] = ..., statistics: _Optional[_Union[SessionStatistics, _Mapping]] = ..., error_message: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., gateway_id: _Optional[str] = ..., attempt: _Optional[int] = ..., terminal_status: _Optional[_Union[_status_pb2.TerminalStatus, str]] = ..., sample_index: _Optional[int] = ..., policy_lag: _Optional[int] = ...) -> None: ...

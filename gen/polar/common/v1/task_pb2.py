@@ -26,27 +26,29 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from polar.common.v1 import reconstruction_pb2 as polar_dot_common_dot_v1_dot_reconstruction__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apolar/common/v1/task.proto\x12\x0fpolar.common.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a$polar/common/v1/reconstruction.proto\"\xdf\x03\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0binstruction\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\x12-\n\x07harness\x18\x05 \x01(\x0b\x32\x1c.polar.common.v1.HarnessSpec\x12-\n\x07runtime\x18\x06 \x01(\x0b\x32\x1c.polar.common.v1.RuntimeSpec\x12-\n\x07\x62\x61\x63kend\x18\x07 \x01(\x0b\x32\x1c.polar.common.v1.BackendSpec\x12-\n\x07\x62uilder\x18\x08 \x01(\x0b\x32\x1c.polar.common.v1.BuilderSpec\x12\x31\n\tevaluator\x18\t \x01(\x0b\x32\x1e.polar.common.v1.EvaluatorSpec\x12)\n\x08metadata\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08priority\x18\x0b \x01(\x05\x12&\n\x1e\x65\x61rly_stop_min_usable_sessions\x18\x0c \x01(\x05\x12/\n\x08\x63\x61llback\x18\r \x01(\x0b\x32\x1d.polar.common.v1.CallbackSpec\"E\n\x0bHarnessSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"r\n\x0bRuntimeSpec\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.polar.common.v1.RuntimeKind\x12\r\n\x05image\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"E\n\x0b\x42\x61\x63kendSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x91\x01\n\x0b\x42uilderSpec\x12\x39\n\x08strategy\x18\x01 \x01(\x0e\x32\'.polar.common.v1.ReconstructionStrategy\x12\x1d\n\x15\x65nd_of_turn_token_ids\x18\x02 \x03(\x05\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"K\n\rEvaluatorSpec\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"Y\n\x0c\x43\x61llbackSpec\x12\x12\n\x08http_url\x18\x01 \x01(\tH\x00\x12\x15\n\x0bgrpc_target\x18\x02 \x01(\tH\x00\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x42\x08\n\x06target*x\n\x0bRuntimeKind\x12\x1c\n\x18RUNTIME_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12RUNTIME_KIND_LOCAL\x10\x01\x12\x17\n\x13RUNTIME_KIND_DOCKER\x10\x02\x12\x1a\n\x16RUNTIME_KIND_APPTAINER\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apolar/common/v1/task.proto\x12\x0fpolar.common.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a$polar/common/v1/reconstruction.proto\"\xc3\x04\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0binstruction\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\x12-\n\x07harness\x18\x05 \x01(\x0b\x32\x1c.polar.common.v1.HarnessSpec\x12-\n\x07runtime\x18\x06 \x01(\x0b\x32\x1c.polar.common.v1.RuntimeSpec\x12-\n\x07\x62\x61\x63kend\x18\x07 \x01(\x0b\x32\x1c.polar.common.v1.BackendSpec\x12-\n\x07\x62uilder\x18\x08 \x01(\x0b\x32\x1c.polar.common.v1.BuilderSpec\x12\x31\n\tevaluator\x18\t \x01(\x0b\x32\x1e.polar.common.v1.EvaluatorSpec\x12)\n\x08metadata\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08priority\x18\x0b \x01(\x05\x12&\n\x1e\x65\x61rly_stop_min_usable_sessions\x18\x0c \x01(\x05\x12/\n\x08\x63\x61llback\x18\r \x01(\x0b\x32\x1d.polar.common.v1.CallbackSpec\x12\x1b\n\x0emax_policy_lag\x18\x0e \x01(\x05H\x00\x88\x01\x01\x12\x32\n\x0cstale_policy\x18\x0f \x01(\x0e\x32\x1c.polar.common.v1.StalePolicyB\x11\n\x0f_max_policy_lag\"E\n\x0bHarnessSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"r\n\x0bRuntimeSpec\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.polar.common.v1.RuntimeKind\x12\r\n\x05image\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"E\n\x0b\x42\x61\x63kendSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x91\x01\n\x0b\x42uilderSpec\x12\x39\n\x08strategy\x18\x01 \x01(\x0e\x32\'.polar.common.v1.ReconstructionStrategy\x12\x1d\n\x15\x65nd_of_turn_token_ids\x18\x02 \x03(\x05\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"K\n\rEvaluatorSpec\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"Y\n\x0c\x43\x61llbackSpec\x12\x12\n\x08http_url\x18\x01 \x01(\tH\x00\x12\x15\n\x0bgrpc_target\x18\x02 \x01(\tH\x00\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x42\x08\n\x06target*x\n\x0bRuntimeKind\x12\x1c\n\x18RUNTIME_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12RUNTIME_KIND_LOCAL\x10\x01\x12\x17\n\x13RUNTIME_KIND_DOCKER\x10\x02\x12\x1a\n\x16RUNTIME_KIND_APPTAINER\x10\x03*]\n\x0bStalePolicy\x12\x1c\n\x18STALE_POLICY_UNSPECIFIED\x10\x00\x12\x15\n\x11STALE_POLICY_KEEP\x10\x01\x12\x19\n\x15STALE_POLICY_RESAMPLE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'polar.common.v1.task_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNTIMEKIND']._serialized_start=1171
-  _globals['_RUNTIMEKIND']._serialized_end=1291
+  _globals['_RUNTIMEKIND']._serialized_start=1271
+  _globals['_RUNTIMEKIND']._serialized_end=1391
+  _globals['_STALEPOLICY']._serialized_start=1393
+  _globals['_STALEPOLICY']._serialized_end=1486
   _globals['_TASK']._serialized_start=116
-  _globals['_TASK']._serialized_end=595
-  _globals['_HARNESSSPEC']._serialized_start=597
-  _globals['_HARNESSSPEC']._serialized_end=666
-  _globals['_RUNTIMESPEC']._serialized_start=668
-  _globals['_RUNTIMESPEC']._serialized_end=782
-  _globals['_BACKENDSPEC']._serialized_start=784
-  _globals['_BACKENDSPEC']._serialized_end=853
-  _globals['_BUILDERSPEC']._serialized_start=856
-  _globals['_BUILDERSPEC']._serialized_end=1001
-  _globals['_EVALUATORSPEC']._serialized_start=1003
-  _globals['_EVALUATORSPEC']._serialized_end=1078
-  _globals['_CALLBACKSPEC']._serialized_start=1080
-  _globals['_CALLBACKSPEC']._serialized_end=1169
+  _globals['_TASK']._serialized_end=695
+  _globals['_HARNESSSPEC']._serialized_start=697
+  _globals['_HARNESSSPEC']._serialized_end=766
+  _globals['_RUNTIMESPEC']._serialized_start=768
+  _globals['_RUNTIMESPEC']._serialized_end=882
+  _globals['_BACKENDSPEC']._serialized_start=884
+  _globals['_BACKENDSPEC']._serialized_end=953
+  _globals['_BUILDERSPEC']._serialized_start=956
+  _globals['_BUILDERSPEC']._serialized_end=1101
+  _globals['_EVALUATORSPEC']._serialized_start=1103
+  _globals['_EVALUATORSPEC']._serialized_end=1178
+  _globals['_CALLBACKSPEC']._serialized_start=1180
+  _globals['_CALLBACKSPEC']._serialized_end=1269
 # @@protoc_insertion_point(module_scope)

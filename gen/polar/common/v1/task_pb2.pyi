@@ -15,13 +15,22 @@ class RuntimeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUNTIME_KIND_LOCAL: _ClassVar[RuntimeKind]
     RUNTIME_KIND_DOCKER: _ClassVar[RuntimeKind]
     RUNTIME_KIND_APPTAINER: _ClassVar[RuntimeKind]
+
+class StalePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STALE_POLICY_UNSPECIFIED: _ClassVar[StalePolicy]
+    STALE_POLICY_KEEP: _ClassVar[StalePolicy]
+    STALE_POLICY_RESAMPLE: _ClassVar[StalePolicy]
 RUNTIME_KIND_UNSPECIFIED: RuntimeKind
 RUNTIME_KIND_LOCAL: RuntimeKind
 RUNTIME_KIND_DOCKER: RuntimeKind
 RUNTIME_KIND_APPTAINER: RuntimeKind
+STALE_POLICY_UNSPECIFIED: StalePolicy
+STALE_POLICY_KEEP: StalePolicy
+STALE_POLICY_RESAMPLE: StalePolicy
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "instruction", "num_samples", "timeout_seconds", "harness", "runtime", "backend", "builder", "evaluator", "metadata", "priority", "early_stop_min_usable_sessions", "callback")
+    __slots__ = ("task_id", "instruction", "num_samples", "timeout_seconds", "harness", "runtime", "backend", "builder", "evaluator", "metadata", "priority", "early_stop_min_usable_sessions", "callback", "max_policy_lag", "stale_policy")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +44,8 @@ class Task(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     EARLY_STOP_MIN_USABLE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    STALE_POLICY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     instruction: str
     num_samples: int
@@ -48,7 +59,9 @@ class Task(_message.Message):
     priority: int
     early_stop_min_usable_sessions: int
     callback: CallbackSpec
-    def __init__(self, task_id: _Optional[str] = ..., instruction: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., harness: _Optional[_Union[HarnessSpec, _Mapping]] = ..., runtime: _Optional[_Union[RuntimeSpec, _Mapping]] = ..., backend: _Optional[_Union[BackendSpec, _Mapping]] = ..., builder: _Optional[_Union[BuilderSpec, _Mapping]] = ..., evaluator: _Optional[_Union[EvaluatorSpec, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., priority: _Optional[int] = ..., early_stop_min_usable_sessions: _Optional[int] = ..., callback: _Optional[_Union[CallbackSpec, _Mapping]] = ...) -> None: ...
+    max_policy_lag: int
+    stale_policy: StalePolicy
+    def __init__(self, task_id: _Optional[str] = ..., instruction: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., harness: _Optional[_Union[HarnessSpec, _Mapping]] = ..., runtime: _Optional[_Union[RuntimeSpec, _Mapping]] = ..., backend: _Optional[_Union[BackendSpec, _Mapping]] = ..., builder: _Optional[_Union[BuilderSpec, _Mapping]] = ..., evaluator: _Optional[_Union[EvaluatorSpec, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., priority: _Optional[int] = ..., early_stop_min_usable_sessions: _Optional[int] = ..., callback: _Optional[_Union[CallbackSpec, _Mapping]] = ..., max_policy_lag: _Optional[int] = ..., stale_policy: _Optional[_Union[StalePolicy, str]] = ...) -> None: ...
 
 class HarnessSpec(_message.Message):
     __slots__ = ("name", "options")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from polar.common.v1 import status_pb2 as polar_dot_common_dot_v1_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpolar/common/v1/trace.proto\x12\x0fpolar.common.v1\x1a\x1cpolar/common/v1/status.proto\"\xd1\x02\n\x05Trace\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0btrace_index\x18\x03 \x01(\x05\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x06 \x03(\x05\x12\x11\n\tloss_mask\x18\x07 \x03(\x05\x12\x19\n\x11response_logprobs\x18\x08 \x03(\x01\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x0e\n\x06weight\x18\n \x01(\x01\x12\x0e\n\x06status\x18\x0b \x01(\t\x12\x15\n\rexact_context\x18\x0c \x01(\x08\x12\x17\n\x0fpolicy_versions\x18\r \x03(\t\x12\x38\n\x0fterminal_status\x18\x0e \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpolar/common/v1/trace.proto\x12\x0fpolar.common.v1\x1a\x1cpolar/common/v1/status.proto\"\xe5\x02\n\x05Trace\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0btrace_index\x18\x03 \x01(\x05\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x06 \x03(\x05\x12\x11\n\tloss_mask\x18\x07 \x03(\x05\x12\x19\n\x11response_logprobs\x18\x08 \x03(\x01\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x0e\n\x06weight\x18\n \x01(\x01\x12\x0e\n\x06status\x18\x0b \x01(\t\x12\x15\n\rexact_context\x18\x0c \x01(\x08\x12\x17\n\x0fpolicy_versions\x18\r \x03(\t\x12\x38\n\x0fterminal_status\x18\x0e \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x12\n\npolicy_lag\x18\x0f \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'polar.common.v1.trace_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRACE']._serialized_start=79
-  _globals['_TRACE']._serialized_end=416
+  _globals['_TRACE']._serialized_end=436
 # @@protoc_insertion_point(module_scope)

@@ -111,3 +111,47 @@ class ResumeGenerationResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class CheckWeightsRequest(_message.Message):
+    __slots__ = ("weights_path",)
+    WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
+    weights_path: str
+    def __init__(self, weights_path: _Optional[str] = ...) -> None: ...
+
+class CheckWeightsResponse(_message.Message):
+    __slots__ = ("architecture",)
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    architecture: str
+    def __init__(self, architecture: _Optional[str] = ...) -> None: ...
+
+class LoadWeightsRequest(_message.Message):
+    __slots__ = ("policy_version", "weights_path")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
+    policy_version: str
+    weights_path: str
+    def __init__(self, policy_version: _Optional[str] = ..., weights_path: _Optional[str] = ...) -> None: ...
+
+class LoadWeightsResponse(_message.Message):
+    __slots__ = ("previous_policy_version", "load_seconds")
+    PREVIOUS_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    previous_policy_version: str
+    load_seconds: float
+    def __init__(self, previous_policy_version: _Optional[str] = ..., load_seconds: _Optional[float] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPolicyResponse(_message.Message):
+    __slots__ = ("policy_version", "weights_path", "paused", "in_flight")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    policy_version: str
+    weights_path: str
+    paused: bool
+    in_flight: int
+    def __init__(self, policy_version: _Optional[str] = ..., weights_path: _Optional[str] = ..., paused: _Optional[bool] = ..., in_flight: _Optional[int] = ...) -> None: ...

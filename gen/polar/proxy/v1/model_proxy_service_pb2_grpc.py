@@ -71,6 +71,21 @@ class ModelProxyServiceStub:
                 request_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationRequest.SerializeToString,
                 response_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationResponse.FromString,
                 _registered_method=True)
+        self.CheckWeights = channel.unary_unary(
+                '/polar.proxy.v1.ModelProxyService/CheckWeights',
+                request_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsRequest.SerializeToString,
+                response_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsResponse.FromString,
+                _registered_method=True)
+        self.LoadWeights = channel.unary_unary(
+                '/polar.proxy.v1.ModelProxyService/LoadWeights',
+                request_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsRequest.SerializeToString,
+                response_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/polar.proxy.v1.ModelProxyService/GetPolicy',
+                request_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class ModelProxyServiceServicer:
@@ -136,6 +151,34 @@ class ModelProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckWeights(self, request, context):
+        """CheckWeights checks that the backend could load a checkpoint (readable, a known layout, the
+        architecture and vocabulary of the served model) without loading it. Returns FAILED_PRECONDITION
+        naming the problem, or naming what the backend needs when it cannot load weights at all. Idempotent
+        (read-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadWeights(self, request, context):
+        """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
+        paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+        weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+        policy_version and weights_path: loading what is already loaded returns at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """GetPolicy returns the version and weights the proxy serves and whether it is paused. Returns only
+        OK. Idempotent (read-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +216,21 @@ def add_ModelProxyServiceServicer_to_server(servicer, server):
                     servicer.ResumeGeneration,
                     request_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationRequest.FromString,
                     response_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationResponse.SerializeToString,
+            ),
+            'CheckWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckWeights,
+                    request_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsRequest.FromString,
+                    response_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsResponse.SerializeToString,
+            ),
+            'LoadWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadWeights,
+                    request_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsRequest.FromString,
+                    response_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyRequest.FromString,
+                    response_serializer=polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -366,6 +424,87 @@ class ModelProxyService:
             '/polar.proxy.v1.ModelProxyService/ResumeGeneration',
             polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationRequest.SerializeToString,
             polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.ResumeGenerationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.proxy.v1.ModelProxyService/CheckWeights',
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsRequest.SerializeToString,
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.CheckWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.proxy.v1.ModelProxyService/LoadWeights',
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsRequest.SerializeToString,
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.LoadWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.proxy.v1.ModelProxyService/GetPolicy',
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyRequest.SerializeToString,
+            polar_dot_proxy_dot_v1_dot_model__proxy__service__pb2.GetPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,22 @@ class ModelProxyServiceStub:
     """
     ResumeGeneration: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.ResumeGenerationRequest, _model_proxy_service_pb2.ResumeGenerationResponse]
     """ResumeGeneration releases the calls held by PauseGeneration. Returns only OK. Idempotent."""
+    CheckWeights: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.CheckWeightsRequest, _model_proxy_service_pb2.CheckWeightsResponse]
+    """CheckWeights checks that the backend could load a checkpoint (readable, a known layout, the
+    architecture and vocabulary of the served model) without loading it. Returns FAILED_PRECONDITION
+    naming the problem, or naming what the backend needs when it cannot load weights at all. Idempotent
+    (read-only).
+    """
+    LoadWeights: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.LoadWeightsRequest, _model_proxy_service_pb2.LoadWeightsResponse]
+    """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
+    paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+    weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+    policy_version and weights_path: loading what is already loaded returns at once.
+    """
+    GetPolicy: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.GetPolicyRequest, _model_proxy_service_pb2.GetPolicyResponse]
+    """GetPolicy returns the version and weights the proxy serves and whether it is paused. Returns only
+    OK. Idempotent (read-only).
+    """
 
 @_typing.type_check_only
 class ModelProxyServiceAsyncStub(ModelProxyServiceStub):
@@ -101,6 +117,22 @@ class ModelProxyServiceAsyncStub(ModelProxyServiceStub):
     """
     ResumeGeneration: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.ResumeGenerationRequest, _model_proxy_service_pb2.ResumeGenerationResponse]  # type: ignore[assignment]
     """ResumeGeneration releases the calls held by PauseGeneration. Returns only OK. Idempotent."""
+    CheckWeights: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.CheckWeightsRequest, _model_proxy_service_pb2.CheckWeightsResponse]  # type: ignore[assignment]
+    """CheckWeights checks that the backend could load a checkpoint (readable, a known layout, the
+    architecture and vocabulary of the served model) without loading it. Returns FAILED_PRECONDITION
+    naming the problem, or naming what the backend needs when it cannot load weights at all. Idempotent
+    (read-only).
+    """
+    LoadWeights: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.LoadWeightsRequest, _model_proxy_service_pb2.LoadWeightsResponse]  # type: ignore[assignment]
+    """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
+    paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+    weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+    policy_version and weights_path: loading what is already loaded returns at once.
+    """
+    GetPolicy: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.GetPolicyRequest, _model_proxy_service_pb2.GetPolicyResponse]  # type: ignore[assignment]
+    """GetPolicy returns the version and weights the proxy serves and whether it is paused. Returns only
+    OK. Idempotent (read-only).
+    """
 
 class ModelProxyServiceServicer(metaclass=_abc_1.ABCMeta):
     """ModelProxyService manages the model proxy's sessions: the proxy serves provider HTTP APIs to
@@ -177,5 +209,39 @@ class ModelProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_model_proxy_service_pb2.ResumeGenerationResponse, _abc.Awaitable[_model_proxy_service_pb2.ResumeGenerationResponse]]:
         """ResumeGeneration releases the calls held by PauseGeneration. Returns only OK. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def CheckWeights(
+        self,
+        request: _model_proxy_service_pb2.CheckWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_proxy_service_pb2.CheckWeightsResponse, _abc.Awaitable[_model_proxy_service_pb2.CheckWeightsResponse]]:
+        """CheckWeights checks that the backend could load a checkpoint (readable, a known layout, the
+        architecture and vocabulary of the served model) without loading it. Returns FAILED_PRECONDITION
+        naming the problem, or naming what the backend needs when it cannot load weights at all. Idempotent
+        (read-only).
+        """
+
+    @_abc_1.abstractmethod
+    def LoadWeights(
+        self,
+        request: _model_proxy_service_pb2.LoadWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_proxy_service_pb2.LoadWeightsResponse, _abc.Awaitable[_model_proxy_service_pb2.LoadWeightsResponse]]:
+        """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
+        paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+        weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+        policy_version and weights_path: loading what is already loaded returns at once.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPolicy(
+        self,
+        request: _model_proxy_service_pb2.GetPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_proxy_service_pb2.GetPolicyResponse, _abc.Awaitable[_model_proxy_service_pb2.GetPolicyResponse]]:
+        """GetPolicy returns the version and weights the proxy serves and whether it is paused. Returns only
+        OK. Idempotent (read-only).
+        """
 
 def add_ModelProxyServiceServicer_to_server(servicer: ModelProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

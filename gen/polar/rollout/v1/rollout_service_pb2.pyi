@@ -7,12 +7,127 @@ from polar.common.v1 import session_pb2 as _session_pb2
 from polar.common.v1 import status_pb2 as _status_pb2
 from polar.common.v1 import task_pb2 as _task_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
+    PAUSE_MODE_DRAIN: _ClassVar[PauseMode]
+    PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+
+class ProxyUpdateState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROXY_UPDATE_STATE_UNSPECIFIED: _ClassVar[ProxyUpdateState]
+    PROXY_UPDATE_STATE_UPDATED: _ClassVar[ProxyUpdateState]
+    PROXY_UPDATE_STATE_FAILED: _ClassVar[ProxyUpdateState]
+PAUSE_MODE_UNSPECIFIED: PauseMode
+PAUSE_MODE_DRAIN: PauseMode
+PAUSE_MODE_ABORT: PauseMode
+PROXY_UPDATE_STATE_UNSPECIFIED: ProxyUpdateState
+PROXY_UPDATE_STATE_UPDATED: ProxyUpdateState
+PROXY_UPDATE_STATE_FAILED: ProxyUpdateState
+
+class PolicyInfo(_message.Message):
+    __slots__ = ("version", "weights_path", "updated_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    weights_path: str
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, version: _Optional[int] = ..., weights_path: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ProxyUpdate(_message.Message):
+    __slots__ = ("proxy_id", "address", "state", "error", "load_seconds", "aborted_calls")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    address: str
+    state: ProxyUpdateState
+    error: str
+    load_seconds: float
+    aborted_calls: int
+    def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ProxyUpdateState, str]] = ..., error: _Optional[str] = ..., load_seconds: _Optional[float] = ..., aborted_calls: _Optional[int] = ...) -> None: ...
+
+class UpdatePolicyRequest(_message.Message):
+    __slots__ = ("version", "weights_path", "pause_mode", "drain_timeout")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    weights_path: str
+    pause_mode: PauseMode
+    drain_timeout: _duration_pb2.Duration
+    def __init__(self, version: _Optional[int] = ..., weights_path: _Optional[str] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class UpdatePolicyResponse(_message.Message):
+    __slots__ = ("policy", "proxies", "complete", "replayed", "seconds")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    policy: PolicyInfo
+    proxies: _containers.RepeatedCompositeFieldContainer[ProxyUpdate]
+    complete: bool
+    replayed: bool
+    seconds: float
+    def __init__(self, policy: _Optional[_Union[PolicyInfo, _Mapping]] = ..., proxies: _Optional[_Iterable[_Union[ProxyUpdate, _Mapping]]] = ..., complete: _Optional[bool] = ..., replayed: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProxyInfo(_message.Message):
+    __slots__ = ("proxy_id", "address", "version", "paused", "error", "registered_at")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    address: str
+    version: int
+    paused: bool
+    error: str
+    registered_at: _timestamp_pb2.Timestamp
+    def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ..., paused: _Optional[bool] = ..., error: _Optional[str] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetPolicyResponse(_message.Message):
+    __slots__ = ("policy", "proxies")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    policy: PolicyInfo
+    proxies: _containers.RepeatedCompositeFieldContainer[ProxyInfo]
+    def __init__(self, policy: _Optional[_Union[PolicyInfo, _Mapping]] = ..., proxies: _Optional[_Iterable[_Union[ProxyInfo, _Mapping]]] = ...) -> None: ...
+
+class RegisterProxyRequest(_message.Message):
+    __slots__ = ("proxy_id", "address", "backend")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    address: str
+    backend: str
+    def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class RegisterProxyResponse(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: PolicyInfo
+    def __init__(self, policy: _Optional[_Union[PolicyInfo, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("task", "status", "sessions_total", "sessions_done", "sessions_usable", "sessions_running", "sessions_by_status", "mean_reward", "submitted_at", "finished_at", "error_message", "statistics", "deadline")
@@ -76,7 +191,7 @@ class PolicyAgeBucket(_message.Message):
     def __init__(self, policy_age: _Optional[int] = ..., sessions: _Optional[int] = ..., mean_reward: _Optional[float] = ...) -> None: ...
 
 class TaskStatistics(_message.Message):
-    __slots__ = ("session_duration_seconds", "calls", "chains", "policy_age", "reward_by_policy_age", "sessions_dropped", "sessions_retried", "sessions_truncated", "attempts_total", "deliveries_pending", "deliveries_dead_lettered", "deliveries_delivered")
+    __slots__ = ("session_duration_seconds", "calls", "chains", "policy_age", "reward_by_policy_age", "sessions_dropped", "sessions_retried", "sessions_truncated", "attempts_total", "deliveries_pending", "deliveries_dead_lettered", "deliveries_delivered", "policy_lag", "sessions_stale_resampled", "sessions_stale_kept")
     SESSION_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     CHAINS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +204,9 @@ class TaskStatistics(_message.Message):
     DELIVERIES_PENDING_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_STALE_RESAMPLED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_STALE_KEPT_FIELD_NUMBER: _ClassVar[int]
     session_duration_seconds: Distribution
     calls: Distribution
     chains: Distribution
@@ -101,7 +219,10 @@ class TaskStatistics(_message.Message):
     deliveries_pending: int
     deliveries_dead_lettered: int
     deliveries_delivered: int
-    def __init__(self, session_duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ..., calls: _Optional[_Union[Distribution, _Mapping]] = ..., chains: _Optional[_Union[Distribution, _Mapping]] = ..., policy_age: _Optional[_Union[Distribution, _Mapping]] = ..., reward_by_policy_age: _Optional[_Iterable[_Union[PolicyAgeBucket, _Mapping]]] = ..., sessions_dropped: _Optional[int] = ..., sessions_retried: _Optional[int] = ..., sessions_truncated: _Optional[int] = ..., attempts_total: _Optional[int] = ..., deliveries_pending: _Optional[int] = ..., deliveries_dead_lettered: _Optional[int] = ..., deliveries_delivered: _Optional[int] = ...) -> None: ...
+    policy_lag: Distribution
+    sessions_stale_resampled: int
+    sessions_stale_kept: int
+    def __init__(self, session_duration_seconds: _Optional[_Union[Distribution, _Mapping]] = ..., calls: _Optional[_Union[Distribution, _Mapping]] = ..., chains: _Optional[_Union[Distribution, _Mapping]] = ..., policy_age: _Optional[_Union[Distribution, _Mapping]] = ..., reward_by_policy_age: _Optional[_Iterable[_Union[PolicyAgeBucket, _Mapping]]] = ..., sessions_dropped: _Optional[int] = ..., sessions_retried: _Optional[int] = ..., sessions_truncated: _Optional[int] = ..., attempts_total: _Optional[int] = ..., deliveries_pending: _Optional[int] = ..., deliveries_dead_lettered: _Optional[int] = ..., deliveries_delivered: _Optional[int] = ..., policy_lag: _Optional[_Union[Distribution, _Mapping]] = ..., sessions_stale_resampled: _Optional[int] = ..., sessions_stale_kept: _Optional[int] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("task", "task_timeout")

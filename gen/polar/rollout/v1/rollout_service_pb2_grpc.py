@@ -81,6 +81,21 @@ class RolloutServiceStub:
                 request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.SerializeToString,
                 response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.FromString,
                 _registered_method=True)
+        self.UpdatePolicy = channel.unary_unary(
+                '/polar.rollout.v1.RolloutService/UpdatePolicy',
+                request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyRequest.SerializeToString,
+                response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/polar.rollout.v1.RolloutService/GetPolicy',
+                request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyResponse.FromString,
+                _registered_method=True)
+        self.RegisterProxy = channel.unary_unary(
+                '/polar.rollout.v1.RolloutService/RegisterProxy',
+                request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyRequest.SerializeToString,
+                response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -164,6 +179,40 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePolicy(self, request, context):
+        """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
+        checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
+        loads the weights into its backend, sets the version and resumes. The new version and weights are
+        stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
+        A proxy that fails to load stays paused and is named in the response (complete is false): no
+        serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
+        version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
+        current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
+        version was applied with other weights, and ABORTED while another version's update is in progress.
+        Idempotent by version: the same version and weights again returns the stored outcome, after retrying
+        the proxies that failed. The update runs to its end even if the caller disconnects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """GetPolicy returns the fleet's current policy and the state of every known model proxy. Returns only
+        OK. Idempotent (read-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterProxy(self, request, context):
+        """RegisterProxy adds a model proxy to the fleet, or refreshes its registration, and returns the policy
+        the proxy must load before it admits a call. Returns INVALID_ARGUMENT for a missing id or address.
+        Idempotent by proxy_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +260,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ReportSessionResult,
                     request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.FromString,
                     response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.SerializeToString,
+            ),
+            'UpdatePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePolicy,
+                    request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyRequest.FromString,
+                    response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyRequest.FromString,
+                    response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyResponse.SerializeToString,
+            ),
+            'RegisterProxy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterProxy,
+                    request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyRequest.FromString,
+                    response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -458,6 +522,87 @@ class RolloutService:
             '/polar.rollout.v1.RolloutService/ReportSessionResult',
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.SerializeToString,
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.rollout.v1.RolloutService/UpdatePolicy',
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyRequest.SerializeToString,
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.rollout.v1.RolloutService/GetPolicy',
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyRequest.SerializeToString,
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.GetPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterProxy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.rollout.v1.RolloutService/RegisterProxy',
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyRequest.SerializeToString,
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.RegisterProxyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,28 @@ class RolloutServiceStub:
     INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
     for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
     """
+    UpdatePolicy: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]
+    """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
+    checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
+    loads the weights into its backend, sets the version and resumes. The new version and weights are
+    stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
+    A proxy that fails to load stays paused and is named in the response (complete is false): no
+    serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
+    version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
+    current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
+    version was applied with other weights, and ABORTED while another version's update is in progress.
+    Idempotent by version: the same version and weights again returns the stored outcome, after retrying
+    the proxies that failed. The update runs to its end even if the caller disconnects.
+    """
+    GetPolicy: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.GetPolicyRequest, _rollout_service_pb2.GetPolicyResponse]
+    """GetPolicy returns the fleet's current policy and the state of every known model proxy. Returns only
+    OK. Idempotent (read-only).
+    """
+    RegisterProxy: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.RegisterProxyRequest, _rollout_service_pb2.RegisterProxyResponse]
+    """RegisterProxy adds a model proxy to the fleet, or refreshes its registration, and returns the policy
+    the proxy must load before it admits a call. Returns INVALID_ARGUMENT for a missing id or address.
+    Idempotent by proxy_id.
+    """
 
 @_typing.type_check_only
 class RolloutServiceAsyncStub(RolloutServiceStub):
@@ -122,6 +144,28 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """ReportSessionResult records a session's result from the gateway that ran it. Returns
     INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
     for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
+    """
+    UpdatePolicy: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]  # type: ignore[assignment]
+    """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
+    checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
+    loads the weights into its backend, sets the version and resumes. The new version and weights are
+    stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
+    A proxy that fails to load stays paused and is named in the response (complete is false): no
+    serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
+    version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
+    current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
+    version was applied with other weights, and ABORTED while another version's update is in progress.
+    Idempotent by version: the same version and weights again returns the stored outcome, after retrying
+    the proxies that failed. The update runs to its end even if the caller disconnects.
+    """
+    GetPolicy: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.GetPolicyRequest, _rollout_service_pb2.GetPolicyResponse]  # type: ignore[assignment]
+    """GetPolicy returns the fleet's current policy and the state of every known model proxy. Returns only
+    OK. Idempotent (read-only).
+    """
+    RegisterProxy: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.RegisterProxyRequest, _rollout_service_pb2.RegisterProxyResponse]  # type: ignore[assignment]
+    """RegisterProxy adds a model proxy to the fleet, or refreshes its registration, and returns the policy
+    the proxy must load before it admits a call. Returns INVALID_ARGUMENT for a missing id or address.
+    Idempotent by proxy_id.
     """
 
 class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -221,6 +265,46 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReportSessionResult records a session's result from the gateway that ran it. Returns
         INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
         for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdatePolicy(
+        self,
+        request: _rollout_service_pb2.UpdatePolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_service_pb2.UpdatePolicyResponse, _abc.Awaitable[_rollout_service_pb2.UpdatePolicyResponse]]:
+        """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
+        checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
+        loads the weights into its backend, sets the version and resumes. The new version and weights are
+        stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
+        A proxy that fails to load stays paused and is named in the response (complete is false): no
+        serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
+        version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
+        current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
+        version was applied with other weights, and ABORTED while another version's update is in progress.
+        Idempotent by version: the same version and weights again returns the stored outcome, after retrying
+        the proxies that failed. The update runs to its end even if the caller disconnects.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPolicy(
+        self,
+        request: _rollout_service_pb2.GetPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_service_pb2.GetPolicyResponse, _abc.Awaitable[_rollout_service_pb2.GetPolicyResponse]]:
+        """GetPolicy returns the fleet's current policy and the state of every known model proxy. Returns only
+        OK. Idempotent (read-only).
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterProxy(
+        self,
+        request: _rollout_service_pb2.RegisterProxyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_service_pb2.RegisterProxyResponse, _abc.Awaitable[_rollout_service_pb2.RegisterProxyResponse]]:
+        """RegisterProxy adds a model proxy to the fleet, or refreshes its registration, and returns the policy
+        the proxy must load before it admits a call. Returns INVALID_ARGUMENT for a missing id or address.
+        Idempotent by proxy_id.
         """
 
 def add_RolloutServiceServicer_to_server(servicer: RolloutServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
