@@ -42,3 +42,23 @@ class Backend(Protocol):
     async def healthy(self) -> bool:
         """Whether the backend can serve a call now."""
         ...
+
+    async def check_weights(self, path: str) -> str:
+        """Check that the checkpoint directory ``path`` could be loaded, without touching the served model.
+
+        Returns:
+            The checkpoint's architecture name (empty when the backend does not read it).
+
+        Raises:
+            FailedPrecondition: The checkpoint is unreadable or foreign (architecture, vocabulary, sizes), or
+                the backend cannot load weights at all; the message says which.
+        """
+        ...
+
+    async def load_weights(self, path: str) -> None:
+        """Serve the checkpoint directory ``path`` from now on (generation is paused while this runs).
+
+        Raises:
+            FailedPrecondition: As :meth:`check_weights`, or the load failed; the served model is unchanged.
+        """
+        ...

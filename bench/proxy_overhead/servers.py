@@ -30,6 +30,7 @@ from model_proxy.backends.factory import create_backend
 from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
+from polar_core.errors import FailedPrecondition
 from polar_core.model_fixtures import build_tiny_tokenizer
 
 __all__ = ["LITELLM", "Child", "InstantBackend", "LiteLLM", "canned_ids", "start_child", "start_litellm"]
@@ -62,6 +63,12 @@ class InstantBackend:
 
     async def healthy(self) -> bool:
         return True
+
+    async def check_weights(self, path: str) -> str:
+        raise FailedPrecondition("the instant backend cannot load weights")
+
+    async def load_weights(self, path: str) -> None:
+        raise FailedPrecondition("the instant backend cannot load weights")
 
 
 class Child:

@@ -118,6 +118,16 @@ class BackendPool:
         for replica in self._replicas:
             await replica.close()
 
+    async def check_weights(self, path: str) -> str:
+        """Check the checkpoint on every replica; return the first one's architecture."""
+        names = [await replica.check_weights(path) for replica in self._replicas]
+        return names[0]
+
+    async def load_weights(self, path: str) -> None:
+        """Load the checkpoint into every replica, one after another."""
+        for replica in self._replicas:
+            await replica.load_weights(path)
+
     async def healthy(self) -> bool:
         """Check every replica (updating rotation); true when at least one is healthy."""
         any_up = False

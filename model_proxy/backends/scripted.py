@@ -14,6 +14,7 @@ single script gives every session a copy of it. Running out of turns raises
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from model_proxy.errors import MalformedRequest, ScriptExhausted
 from model_proxy.models import GenerationChunk, GenerationRequest
+from polar_core.errors import FailedPrecondition
 
 __all__ = ["ScriptTurn", "ScriptedBackend", "TextEncoder", "load_script", "scripted_logprob"]
 
@@ -265,6 +267,16 @@ class ScriptedBackend:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+    async def check_weights(self, path: str) -> str:
+        """Accept any existing directory: a script has no weights, only the version changes."""
+        if not await asyncio.to_thread(Path(path).is_dir):
+            raise FailedPrecondition(f"weights path {path!r} is not a directory")
+        return ""
+
+    async def load_weights(self, path: str) -> None:
+        """Nothing to load (see :meth:`check_weights`)."""
+        await self.check_weights(path)
 
     async def healthy(self) -> bool:
         """Always ready."""

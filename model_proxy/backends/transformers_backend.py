@@ -25,7 +25,7 @@ import torch
 
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
-from polar_core.errors import Internal
+from polar_core.errors import FailedPrecondition, Internal
 
 __all__ = ["TransformersBackend", "sample_next"]
 
@@ -143,6 +143,14 @@ class TransformersBackend:
             if self._executor is not None:
                 executor, self._executor = self._executor, None
                 executor.shutdown(wait=True)
+
+    async def check_weights(self, path: str) -> str:
+        """Refuse (placeholder: the p13-fleet branch implements loading for this backend)."""
+        raise FailedPrecondition(f"{self.name} cannot load weights in this build")
+
+    async def load_weights(self, path: str) -> None:
+        """Refuse (placeholder: the p13-fleet branch implements loading for this backend)."""
+        raise FailedPrecondition(f"{self.name} cannot load weights in this build")
 
     async def healthy(self) -> bool:
         """Whether the model is loaded."""

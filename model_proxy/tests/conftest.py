@@ -20,6 +20,7 @@ class FakeBackend:
     """Answers every call with the next text of ``replies`` (tokenised, end-of-turn appended).
 
     ``error`` is raised instead when set; ``hold`` (an Event) makes each call wait before its last chunk.
+    ``load_error`` makes CheckWeights/LoadWeights fail; ``loaded`` lists the paths loaded.
     """
 
     name = "fake"
@@ -33,6 +34,8 @@ class FakeBackend:
         self.hold: asyncio.Event | None = None
         self.requests: list[GenerationRequest] = []
         self.calls = 0
+        self.load_error: Exception | None = None
+        self.loaded: list[str] = []
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.requests.append(request)
@@ -62,6 +65,15 @@ class FakeBackend:
 
     async def healthy(self) -> bool:
         return True
+
+    async def check_weights(self, path: str) -> str:
+        if self.load_error is not None:
+            raise self.load_error
+        return "FakeForCausalLM"
+
+    async def load_weights(self, path: str) -> None:
+        await self.check_weights(path)
+        self.loaded.append(path)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ class _Fake:
         self.up = True
         self.calls = 0
         self.gate: asyncio.Event | None = None
+        self.loaded: list[str] = []
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.calls += 1
@@ -54,6 +55,20 @@ class _Fake:
 
     async def healthy(self) -> bool:
         return self.up
+
+    async def check_weights(self, path: str) -> str:
+        return f"{self.label}:{path}"
+
+    async def load_weights(self, path: str) -> None:
+        self.loaded.append(path)
+
+
+async def test_pool_checks_and_loads_weights_on_every_replica() -> None:
+    a, b = _Fake("a"), _Fake("b")
+    pool = BackendPool([a, b])
+    assert await pool.check_weights("/ckpt") == "a:/ckpt"
+    await pool.load_weights("/ckpt")
+    assert a.loaded == b.loaded == ["/ckpt"]
 
 
 def _request(key: str = "") -> GenerationRequest:
