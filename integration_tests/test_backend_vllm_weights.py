@@ -65,7 +65,7 @@ def vllm_url(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     assert VENV_PYTHON is not None
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
     env = {"VLLM_SERVER_DEV_MODE": "1"}
-    with run_vllm(VENV_PYTHON, checkpoints["a"], log, max_model_len=512, env=env) as (url, startup_s):
+    with run_vllm(VENV_PYTHON, checkpoints["a"], log, max_model_len=512, env=env, timeout_s=900) as (url, startup_s):
         print(f"vllm started in {startup_s:.1f} s", file=sys.stderr)
         yield url
 
@@ -131,7 +131,7 @@ def _distance(model: Any, record: Any) -> float:
     return float(max(abs(a - b) for a, b in zip(record.response_logprobs, expected, strict=True)))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 async def test_load_weights_moves_sampling_to_the_new_checkpoint(proxy: Proxy, checkpoints: dict[str, Path]) -> None:
     model_a, model_b = _model(checkpoints["a"]), _model(checkpoints["b"])
     assert await proxy.backend.check_weights(str(checkpoints["b"])) == "Qwen2ForCausalLM"
@@ -153,7 +153,7 @@ async def test_load_weights_moves_sampling_to_the_new_checkpoint(proxy: Proxy, c
     print(f"vllm seconds per update (tiny model): {[round(s, 3) for s in seconds]}", file=sys.stderr)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 async def test_unfit_checkpoints_are_refused_and_the_server_keeps_serving(
     proxy: Proxy, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
