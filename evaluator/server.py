@@ -12,7 +12,7 @@ from evaluator.app import EvaluatorApp
 from evaluator.ports import RuntimeFactory
 from evaluator.servicer import EvaluatorServicer
 from evaluator.settings import EvaluatorSettings
-from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["create_server", "main", "start_server"]
@@ -36,12 +36,7 @@ async def start_server(
         _SERVICE.full_name,
         lambda server: evaluator_service_pb2_grpc.add_EvaluatorServiceServicer_to_server(servicer, server),
     )
-    try:
-        server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
-    except BaseException:
-        await app.close()
-        raise
-    return RunningService(server, port, app)
+    return await serve_app(app, [registration], settings, tracer_provider=tracer_provider)
 
 
 async def create_server(

@@ -1,21 +1,26 @@
 """The real agent runner and runtime factory: harness adapters launched inside :mod:`runtimes` sandboxes.
 
-:class:`HarnessAgentRunner` implements :class:`gateway.ports.AgentRunner`: it lays out the workspace (a copy of
-the task's repository, committed as the initial state), asks the harness adapter for its launch, writes the
-adapter's files below ``HOME``, runs the command under the agent budget, and afterwards collects the workspace
-patch and any named files for the evaluator. :class:`SpecRuntimeFactory` implements
+:class:`HarnessAgentRunner` implements :class:`gateway.ports.AgentRunner`: it lays out the workspace (the tree
+of the task's repository at its base commit, without history, committed once as the initial state), asks the
+harness adapter for its launch, writes the adapter's files below ``HOME``, runs the command under the agent
+budget, and afterwards collects the workspace patch (against the base kept on the gateway's host, see
+:mod:`gateway.workspace`) and any named files for the evaluator. :class:`SpecRuntimeFactory` implements
 :class:`gateway.ports.RuntimeFactory` over :func:`runtimes.create_runtime`.
 
 Task keys read here (free-form ``metadata``, so neither the harness nor the evaluator options need them):
-``metadata.repo`` (or ``evaluator.options.repo``): host directory copied in as the workspace;
+``metadata.repo`` / ``metadata.base_commit`` (or the ``evaluator.options`` keys): the workspace's base, see
+:mod:`gateway.workspace`;
 ``metadata.artifact_paths``: files (relative to the workspace) sent to the evaluator besides the patch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
+import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from gateway.harnesses import (
@@ -30,7 +35,9 @@ from gateway.harnesses.patch import PATCH_SCRIPT, init_workspace_argv
 from gateway.models import AgentRun, Artifacts, ProxyEndpoints, SessionSpec
 from gateway.ports import PreparedAgent
 from gateway.tunnel import ProxyTunnel
+from gateway.workspace import WorkspaceBase, validate_repository, workspace_base
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from polar_core.git_trees import TreeCache
 from polar_core.records import AgentStatus
 from runtimes import NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
 
@@ -38,6 +45,8 @@ __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
 _SETUP_TIMEOUT_S = 120.0
 _PATCH_FILE = ".polar/agent.patch"
+# Bases of prepared sessions not yet collected; a session that never reaches collect leaves one small entry.
+_MAX_BASES = 4096
 # A made-up session used to check a task's harness options at admission (adapters are pure).
 _CHECK_ROOT = PurePosixPath("/polar-admission-check")
 _CHECK_ENDPOINTS = ProxyEndpoints(
@@ -68,6 +77,8 @@ class HarnessAgentRunner:
         tunnel: The gateway's proxy tunnel; runtimes with ``network: proxy`` on its socket get it started and
             their endpoints rebased to the in-sandbox forwarder.
         default_model: Model name given to the harness when the task names none.
+        trees: Where base trees are exported and packed (by default a private directory per user below the
+            temporary directory).
     """
 
     def __init__(
@@ -79,8 +90,11 @@ class HarnessAgentRunner:
         names: tuple[str, ...] | None = None,
         tunnel: ProxyTunnel | None = None,
         default_model: str = "policy",
+        trees: TreeCache | None = None,
     ) -> None:
         self._default_model = default_model
+        self._trees = trees if trees is not None else TreeCache()
+        self._bases: collections.OrderedDict[tuple[str, int], WorkspaceBase] = collections.OrderedDict()
         self._workspace_dir = workspace_dir
         self._bin_dir = bin_dir
         self._adapters = adapters
@@ -115,9 +129,7 @@ class HarnessAgentRunner:
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgument(f"invalid options for harness {name!r}: {exc}", details={"harness": name}) from None
         _string_list(spec.metadata.get("artifact_paths"))
-        repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
-        if repo:
-            _repository(str(repo), must_exist=False)
+        validate_repository(spec, self._trees)
 
     async def _sandbox_endpoints(self, runtime: Runtime, endpoints: ProxyEndpoints) -> ProxyEndpoints:
         """The endpoints as the harness inside ``runtime`` reaches them (through the tunnel in proxy mode)."""
@@ -133,9 +145,12 @@ class HarnessAgentRunner:
         """Lay out the workspace and the harness's files; see :class:`gateway.ports.AgentRunner`."""
         endpoints = await self._sandbox_endpoints(runtime, endpoints)
         workspace = runtime.root / self._workspace_dir
-        repo = spec.metadata.get("repo") or spec.evaluator.options.get("repo")
-        if repo:
-            await runtime.upload(_repository(str(repo)), self._workspace_dir)
+        base = await asyncio.to_thread(workspace_base, spec, self._trees)
+        self._bases[(spec.session_id, spec.attempt)] = base
+        while len(self._bases) > _MAX_BASES:
+            self._bases.popitem(last=False)
+        if base.directory is not None:
+            await runtime.upload(base.directory, self._workspace_dir)
         else:
             await _check(runtime, ["mkdir", "-p", str(workspace)], "creating the workspace")
         await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
@@ -174,12 +189,20 @@ class HarnessAgentRunner:
         """Return the workspace patch and the files named by ``metadata.artifact_paths``."""
         workspace = runtime.root / self._workspace_dir
         out = runtime.root / _PATCH_FILE
+        base = self._bases.pop((spec.session_id, spec.attempt), None)
+        if base is None:
+            base = await asyncio.to_thread(workspace_base, spec, self._trees)
+        # Uploaded only now, after the agent ended, under a fresh name: the agent never had it to change.
+        pack = ""
+        if base.pack is not None:
+            pack = str(runtime.root / f".polar/base-{uuid.uuid4().hex}.pack")
+            await runtime.upload(base.pack, pack)
         # Written to a file and downloaded, because exec output is truncated and decoded as text.
-        await _check(
-            runtime,
-            ["sh", "-c", 'sh -c "$1" polar-patch "$2" > "$3"', "polar-collect", PATCH_SCRIPT, str(workspace), str(out)],
-            "collecting the workspace patch",
-        )
+        script = 'sh -c "$1" polar-patch "$2" "$3" "$4" > "$5"'
+        argv = ["sh", "-c", script, "polar-collect", PATCH_SCRIPT, str(workspace), base.tree, pack, str(out)]
+        await _check(runtime, argv, "collecting the workspace patch")
+        if pack:
+            await runtime.exec(["rm", "-f", "--", pack], timeout=_SETUP_TIMEOUT_S)
         patch = await runtime.download(out)
         files: dict[str, bytes] = {}
         for rel in _string_list(spec.metadata.get("artifact_paths")):
@@ -256,19 +279,3 @@ class SpecRuntimeFactory:
             InvalidArgument: The task's runtime table is malformed.
         """
         return self.inner.create(self.runtime_spec(spec), session_id=spec.session_id)
-
-
-def _repository(repo: str, *, must_exist: bool = True) -> Path:
-    """The task's repository snapshot on this host, or a clear error naming what is wrong with the path."""
-    path = Path(repo)
-    if not path.is_absolute():
-        raise InvalidArgument(
-            f"the task's repository {repo!r} is a relative path: a task must name it absolutely "
-            "(polar submit, polar run and polar_client.load_task resolve a task file's paths against its folder)",
-            details={"repo": repo},
-        )
-    if must_exist and not path.exists():
-        raise FailedPrecondition(
-            f"the task's repository {repo} does not exist on this gateway's host", details={"repo": repo}
-        )
-    return path

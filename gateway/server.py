@@ -11,7 +11,7 @@ from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 from gateway.app import GatewayApp, GatewaySeams
 from gateway.servicer import GatewayServicer
 from gateway.settings import GatewaySettings
-from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 
 __all__ = ["GatewaySeams", "create_server", "main", "start_server"]
@@ -37,13 +37,9 @@ async def start_server(
         _SERVICE.full_name,
         lambda server: gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server),
     )
-    try:
-        server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
-    except BaseException:
-        await app.close()
-        raise
-    app.serving(port)
-    return RunningService(server, port, app, drain=app.shut_down)
+    running = await serve_app(app, [registration], settings, tracer_provider=tracer_provider, drain=app.shut_down)
+    app.serving(running.port)
+    return running
 
 
 async def create_server(

@@ -51,11 +51,16 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     async def WatchSessions(
         self, request: pb.WatchSessionsRequest, context: Context
     ) -> AsyncIterator[pb.WatchSessionsResponse]:
-        """Stream state changes until the client goes away."""
+        """Stream state changes until the client goes away.
+
+        The response headers are sent as soon as the watcher is subscribed, before any event: a client that
+        awaits them (``await call.initial_metadata()``) misses no change made after that.
+        """
         if any(not s for s in request.session_ids):
             raise InvalidArgument("session_ids must not contain empty ids")
         sub = self._pipeline.watch(request.task_id, list(request.session_ids), request.include_current)
         try:
+            await context.send_initial_metadata(())
             async for event in sub:
                 yield event_to_proto(event)
         finally:

@@ -100,8 +100,27 @@ async def wait_done(stub: Any, session_id: str) -> Any:
             await asyncio.sleep(0.02)
 
 
+async def test_watch_headers_arrive_once_subscribed(gateway: Gateway) -> None:
+    # Regression: the headers used to come with the first event, so a client could not know when its watcher
+    # was subscribed; one that started a session meanwhile missed its first changes (or all of them, and
+    # then waited forever for DONE).
+    watch = gateway.stub.WatchSessions(pb.WatchSessionsRequest(session_ids=["a"]))
+    try:
+        async with asyncio.timeout(10):
+            await watch.initial_metadata()
+        await gateway.stub.StartSession(pb.StartSessionRequest(spec=session("a")))
+        async with asyncio.timeout(10):
+            first = await watch.read()
+        assert isinstance(first, pb.WatchSessionsResponse)
+        assert first.state.stage == status_pb2.SESSION_STAGE_INIT
+        assert not first.HasField("result")
+    finally:
+        watch.cancel()
+
+
 async def test_start_get_watch_and_result(gateway: Gateway) -> None:
     watch = gateway.stub.WatchSessions(pb.WatchSessionsRequest(session_ids=["a"]))
+    await watch.initial_metadata()  # subscribed: no change of "a" can be missed from here on
     first = await gateway.stub.StartSession(pb.StartSessionRequest(spec=session("a")))
     assert not first.already_started
     assert first.state.gateway_id == "gw-1"
@@ -122,7 +141,8 @@ async def test_start_get_watch_and_result(gateway: Gateway) -> None:
             assert event.previous_stage == status_pb2.SESSION_STAGE_POSTRUN
             break
     watch.cancel()
-    assert stages[-4:] == [
+    assert stages == [
+        status_pb2.SESSION_STAGE_INIT,
         status_pb2.SESSION_STAGE_READY,
         status_pb2.SESSION_STAGE_RUNNING,
         status_pb2.SESSION_STAGE_POSTRUN,

@@ -229,18 +229,22 @@ async def test_restart_reattaches_running_sessions_and_retries_lost_ones(
 ) -> None:
     s = settings(tmp_path, store_url)
     await stack.start_rollout(s)
-    gateway = await stack.add_gateway("g", capacity=4, delay_s=1.5)
+    release = asyncio.Event()
+    gateway = await stack.add_gateway("g", capacity=4, release=release)
     async with RolloutClient(stack.target, token=TOKEN) as client:
         await client.submit(task("t", 3))
-        for _ in range(200):
+        for _ in range(3000):
             if len(gateway.started) == 3:
                 break
             await asyncio.sleep(0.02)
     assert stack.rollout is not None
     await stack.rollout.stop(None)
     stack.rollout = None
-    del gateway.held["t-0002"]  # the gateway loses one session while the server is down
+    lost = gateway.held.pop("t-0002")  # the gateway loses one session while the server is down
+    assert lost.runner is not None
+    lost.runner.cancel()
     await stack.start_rollout(s)  # reconciles: two re-attached, one lost -> retried as attempt 2
+    release.set()
     async with RolloutClient(stack.target, token=TOKEN) as client:
         results = [r async for r in client.watch("t")]
     assert sorted((r.session_id, r.attempt) for r in results) == [("t-0000", 1), ("t-0001", 1), ("t-0002", 2)]

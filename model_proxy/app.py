@@ -18,11 +18,13 @@ import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.core import ChatRenderer, ProxyEngine, SessionRegistry, SessionStore, build_rules, create_parser
+from model_proxy.fleet import FleetMembership
 from model_proxy.http.app import ProxyHttp
 from model_proxy.models import EngineConfig
 from model_proxy.policy import load_policy, make_backend
 from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
+from model_proxy.weights import WeightManager
 from polar_core.errors import FailedPrecondition
 
 __all__ = ["ProxyApp", "engine_config", "resolve_context_length", "stop_token_ids"]
@@ -109,6 +111,8 @@ class ProxyApp:
             policy_version=settings.policy_version,
             tracer=tracer_provider.get_tracer("model_proxy") if tracer_provider is not None else None,
         )
+        self.weights = WeightManager(self.engine, backend)
+        self.membership: FleetMembership | None = None  # set by model_proxy.server when rollout_address is set
         self.http = ProxyHttp(
             self.engine,
             retry_after_s=settings.retry_after_s,
@@ -143,6 +147,9 @@ class ProxyApp:
             tokenizer = policy.tokenizer if tokenizer is None else tokenizer
             backend = make_backend(settings.backend, settings.backend_options, policy) if backend is None else backend
         app = cls(settings, backend, tokenizer, tracer_provider=tracer_provider)
+        if settings.rollout_address:
+            # Hold every call until the fleet's policy is served (model_proxy.server joins the fleet).
+            await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1.0)
         await app.start()
         return app
 
@@ -194,7 +201,10 @@ class ProxyApp:
         return self.http_port
 
     async def close(self) -> None:
-        """Stop the HTTP server and close the backend (idempotent)."""
+        """Leave the fleet, stop the HTTP server and close the backend (idempotent)."""
+        membership, self.membership = self.membership, None
+        if membership is not None:
+            await membership.stop()
         server, self._server = self._server, None
         if server is not None:
             server.should_exit = True

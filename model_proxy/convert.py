@@ -7,15 +7,19 @@ from typing import Any
 
 from polar.proxy.v1 import model_proxy_service_pb2 as pb
 
+from model_proxy.models import ServedPolicy
 from polar_core.convert import completion_to_proto, struct_to_dict
+from polar_core.durations import seconds
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
 
 __all__ = [
     "Page",
     "completions_page_to_proto",
+    "drain_timeout_from_proto",
     "open_session_response",
     "page_from_proto",
+    "served_policy_to_proto",
     "session_metadata",
     "watch_response",
 ]
@@ -74,3 +78,21 @@ def completions_page_to_proto(records: Sequence[CompletionRecord], page: Page) -
 def watch_response(record: CompletionRecord) -> pb.WatchCompletionsResponse:
     """One streamed completion of ``WatchCompletions``."""
     return pb.WatchCompletionsResponse(completion=completion_to_proto(record))
+
+
+def drain_timeout_from_proto(request: pb.PauseGenerationRequest) -> float | None:
+    """The drain limit a PauseGeneration request asks for; ``None`` when it names none (the proxy's default)."""
+    if not request.HasField("drain_timeout"):
+        return None
+    drain = seconds(request.drain_timeout)
+    return drain if drain > 0 else None
+
+
+def served_policy_to_proto(served: ServedPolicy) -> pb.GetPolicyResponse:
+    """A proxy's GetPolicy answer."""
+    return pb.GetPolicyResponse(
+        policy_version=served.policy_version,
+        weights_path=served.weights_path,
+        paused=served.paused,
+        in_flight=served.in_flight,
+    )

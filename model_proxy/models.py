@@ -5,7 +5,7 @@ renderer turns it into prompt token IDs with the policy model's chat template; a
 :class:`GenerationRequest` (token IDs in) into :class:`GenerationChunk` s (token IDs and log-probabilities out);
 the output parser turns sampled IDs into a :class:`ParsedOutput` (text, reasoning, tool calls), which the
 adapter renders back in the provider's shape. :class:`EngineConfig` is the engine's typed configuration
-(``model_proxy.app`` builds it from the settings).
+(``model_proxy.app`` builds it from the settings). :class:`ServedPolicy` is what a proxy reports serving.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "InternalRequest",
     "ParsedOutput",
     "SamplingParams",
+    "ServedPolicy",
     "ToolCall",
     "ToolSpec",
 ]
@@ -184,3 +185,20 @@ class EngineConfig:
     default_max_tokens: int
     backend_timeout_s: float
     stop_token_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServedPolicy:
+    """What the proxy serves now.
+
+    Attributes:
+        policy_version: The version stamped on new calls.
+        weights_path: The checkpoint last loaded; empty while the configured weights are served.
+        paused: Whether generation is paused.
+        in_flight: Calls between the generation gate and their answer.
+    """
+
+    policy_version: str
+    weights_path: str
+    paused: bool
+    in_flight: int

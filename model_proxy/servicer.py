@@ -70,8 +70,9 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
 
     async def PauseGeneration(self, request: pb.PauseGenerationRequest, context: Context) -> pb.PauseGenerationResponse:
         """Hold new calls and drain (or abort) the ones in flight."""
+        drain = convert.drain_timeout_from_proto(request)
         in_flight, aborted = await self._app.engine.gate.pause(
-            abort_in_flight=request.abort_in_flight, drain_timeout_s=self._app.drain_timeout_s
+            abort_in_flight=request.abort_in_flight, drain_timeout_s=drain or self._app.drain_timeout_s
         )
         return pb.PauseGenerationResponse(in_flight=in_flight, aborted=aborted)
 
@@ -80,6 +81,19 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     ) -> pb.ResumeGenerationResponse:
         """Release held calls."""
         return pb.ResumeGenerationResponse(released=self._app.engine.gate.resume())
+
+    async def CheckWeights(self, request: pb.CheckWeightsRequest, context: Context) -> pb.CheckWeightsResponse:
+        """Check a checkpoint without loading it."""
+        return pb.CheckWeightsResponse(architecture=await self._app.weights.check(request.weights_path))
+
+    async def LoadWeights(self, request: pb.LoadWeightsRequest, context: Context) -> pb.LoadWeightsResponse:
+        """Load a checkpoint (generation paused), then set the version."""
+        previous, load_s = await self._app.weights.load(request.policy_version, request.weights_path)
+        return pb.LoadWeightsResponse(previous_policy_version=previous, load_seconds=load_s)
+
+    async def GetPolicy(self, request: pb.GetPolicyRequest, context: Context) -> pb.GetPolicyResponse:
+        """Report the served version and weights and the gate's state."""
+        return convert.served_policy_to_proto(self._app.weights.served())
 
 
 def registration(app: ProxyApp) -> ServiceRegistration:

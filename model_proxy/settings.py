@@ -45,6 +45,13 @@ class ProxySettings(ServiceSettings):
         backend: The inference backend: ``transformers`` (in process), ``triton``, ``vllm``, ``sglang`` or
             ``scripted``.
         backend_options: The backend's options (URLs, script, ...; see ``docs/backends.md``).
+        rollout_address: gRPC target of the RolloutService whose fleet this proxy joins: at start it registers
+            there (RegisterProxy) and holds every call until it serves the fleet's current policy; empty means
+            no fleet (the configured weights and ``policy_version``). The control-plane ``auth_token`` is sent.
+        proxy_id: The id this proxy registers under; keep it stable across restarts. Empty means
+            ``proxy-<advertised address>``.
+        advertise_address: ``host:port`` the rollout server reaches this proxy's gRPC service at; empty means
+            ``host:port`` of the gRPC server (the machine's host name when it binds every interface).
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_PROXY_", frozen=True, extra="forbid")
@@ -72,3 +79,6 @@ class ProxySettings(ServiceSettings):
     model: str = "smollm2"
     backend: str = "transformers"
     backend_options: dict[str, Any] = Field(default_factory=dict)
+    rollout_address: str = ""
+    proxy_id: str = ""
+    advertise_address: str = ""

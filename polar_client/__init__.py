@@ -7,18 +7,23 @@ Example::
     async with RolloutClient("rollout:50051", token=TOKEN) as client:
         reply = await client.submit("TASK.yaml")
         traces = [t async for r in client.watch(reply.task_id) for t in r.traces]
+        # ... train, save a checkpoint, then move the whole fleet (update.failed names any proxy left paused):
+        update = await client.update_policy(1, "/ckpt/v1")
     batch = traces_to_tensors(traces, pad_token_id=0)
 """
 
 from __future__ import annotations
 
 from polar_client.client import RolloutClient, TaskLike
+from polar_client.policy import PolicyUpdateResult, ProxyUpdateResult
 from polar_client.settings import ClientSettings
 from polar_client.taskfile import load_task, task_from_mapping
 from polar_client.tensors import as_trace, traces_to_tensors
 
 __all__ = [
     "ClientSettings",
+    "PolicyUpdateResult",
+    "ProxyUpdateResult",
     "RolloutClient",
     "TaskLike",
     "as_trace",

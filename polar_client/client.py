@@ -14,6 +14,7 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
+from polar_client.policy import PauseModeName, PolicyUpdateResult, pause_mode_to_proto
 from polar_client.taskfile import load_task, task_from_mapping
 from polar_core.channels import open_channel
 from polar_core.durations import duration
@@ -137,3 +138,38 @@ class RolloutClient:
             if info.status in _TERMINAL:
                 return info
             await asyncio.sleep(poll_s)
+
+    async def update_policy(
+        self,
+        version: int,
+        weights_path: str | Path,
+        *,
+        pause_mode: PauseModeName = "drain",
+        drain_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> PolicyUpdateResult:
+        """Move every model proxy of the fleet to policy ``version`` served from the checkpoint ``weights_path``.
+
+        ``pause_mode="drain"`` lets calls in flight finish on the old weights (for up to ``drain_timeout_s``,
+        default the server's); ``"abort"`` cuts them (the harness gets its provider's retryable error). Safe to
+        repeat: the same version and weights return the stored outcome (``replayed``), after retrying proxies
+        that had failed. The call waits for the whole update unless ``timeout_s`` is given; the update goes on
+        when the caller goes away, so calling again with the same version picks up its outcome.
+
+        Raises:
+            grpc.aio.AioRpcError: INVALID_ARGUMENT (version < 1, empty path), FAILED_PRECONDITION (version not
+                above the current one, no proxy registered, checkpoint rejected before anything was paused),
+                ALREADY_EXISTS (version applied with other weights), ABORTED (another version's update runs).
+            ValueError: An unknown ``pause_mode``.
+        """
+        request = pb.UpdatePolicyRequest(
+            version=version, weights_path=str(weights_path), pause_mode=pause_mode_to_proto(pause_mode)
+        )
+        if drain_timeout_s is not None:
+            request.drain_timeout.CopyFrom(duration(drain_timeout_s))
+        reply = await self._stub.UpdatePolicy(request, timeout=timeout_s)
+        return PolicyUpdateResult.from_proto(reply)
+
+    async def get_policy(self) -> pb.GetPolicyResponse:
+        """Return the fleet's current policy (version 0 before the first update) and every proxy's state."""
+        return await self._stub.GetPolicy(pb.GetPolicyRequest(), timeout=self._timeout)

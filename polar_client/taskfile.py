@@ -11,12 +11,14 @@ from google.protobuf import json_format, struct_pb2
 from polar.common.v1 import reconstruction_pb2, task_pb2
 
 from polar_core.errors import InvalidArgument
+from polar_core.git_trees import TreeCache, check_revision, is_git_repository
 from polar_core.task_paths import resolve_task_paths
 
 __all__ = ["load_task", "task_from_mapping"]
 
 _RUNTIME_KINDS = {"local": 1, "docker": 2, "apptainer": 3}
 _SCALARS = ("task_id", "instruction", "num_samples", "timeout_seconds", "priority", "early_stop_min_usable_sessions")
+_STALE_POLICIES = {"keep": task_pb2.STALE_POLICY_KEEP, "resample": task_pb2.STALE_POLICY_RESAMPLE}
 
 
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -30,22 +32,65 @@ def _named(section: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
     return str(options.pop(key, "")), options
 
 
+def _with_base_commit(section: Mapping[str, Any]) -> dict[str, Any]:
+    """``section`` with its ``base_commit`` checked (and a sha YAML read as a number turned back into text)."""
+    out = dict(section)
+    value = out.get("base_commit")
+    if value is None:
+        out.pop("base_commit", None)
+        return out
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise InvalidArgument("base_commit must be a commit sha or a ref name")
+    out["base_commit"] = check_revision(value)
+    return out
+
+
+def _check_local_base_commit(data: Mapping[str, Any]) -> None:
+    """When the task's git repository is on this host, its ``base_commit`` must name one of its commits."""
+    for section in (data.get("evaluator"), data.get("metadata")):
+        if not isinstance(section, Mapping) or not isinstance(section.get("repo"), str):
+            continue
+        repo = Path(section["repo"])
+        if section.get("base_commit") is not None and is_git_repository(repo):
+            TreeCache().resolve(repo, str(section["base_commit"]))
+
+
+def _staleness(task: task_pb2.Task, data: Mapping[str, Any]) -> None:
+    """Set ``max_policy_lag`` (an integer >= 0) and ``stale_policy`` (``keep`` or ``resample``) when given."""
+    lag = data.get("max_policy_lag")
+    if lag is not None:
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+            raise InvalidArgument(f"max_policy_lag must be an integer >= 0, not {lag!r}")
+        task.max_policy_lag = lag
+    policy = data.get("stale_policy")
+    if policy is not None:
+        if policy not in _STALE_POLICIES:
+            raise InvalidArgument(f"stale_policy must be one of {', '.join(_STALE_POLICIES)}, not {policy!r}")
+        task.stale_policy = _STALE_POLICIES[policy]
+
+
 def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
     """Build a Task from the parsed YAML mapping.
 
     ``harness``, ``backend`` and ``evaluator`` take a name (``strategy`` for the evaluator) plus free-form
     options; ``runtime`` takes ``kind``, ``image`` and options; ``builder`` takes ``strategy``
     (``per-request``, ``prefix-merge``, ``exact``) and ``end_of_turn_token_ids``; ``callback`` takes
-    ``http_url`` or ``grpc_target`` and ``max_attempts``.
+    ``http_url`` or ``grpc_target`` and ``max_attempts``; ``max_policy_lag`` (an integer >= 0) and
+    ``stale_policy`` (``keep`` or ``resample``) bound staleness (unset: the rollout server's defaults).
+    ``evaluator.base_commit`` (or ``metadata.base_commit``) must be a hex sha or a plain ref name.
 
     Raises:
         InvalidArgument: Unknown keys or malformed values.
     """
     known = {*_SCALARS, "harness", "runtime", "backend", "builder", "evaluator", "metadata", "callback"}
+    known |= {"max_policy_lag", "stale_policy"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InvalidArgument(f"unknown task field(s): {', '.join(unknown)}")
     task = task_pb2.Task()
+    _staleness(task, data)
     try:
         for key in _SCALARS:
             if key in data and data[key] is not None:
@@ -77,9 +122,10 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
             )
         if "evaluator" in data:
             strategy, options = _named(data["evaluator"], "strategy")
+            options = _with_base_commit(options)
             task.evaluator.CopyFrom(task_pb2.EvaluatorSpec(strategy=strategy, options=_struct(options)))
         if "metadata" in data:
-            task.metadata.CopyFrom(_struct(data["metadata"] or {}))
+            task.metadata.CopyFrom(_struct(_with_base_commit(data["metadata"] or {})))
         if "callback" in data:
             json_format.ParseDict(data["callback"], task.callback)
     except (TypeError, ValueError, AttributeError, json_format.ParseError) as exc:
@@ -88,11 +134,21 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
 
 
 def load_task(path: Path | str) -> task_pb2.Task:
-    """Read a ``TASK.yaml`` file; paths in it (``evaluator.repo``, ...) are made absolute against its folder."""
+    """Read a ``TASK.yaml`` file; paths in it (``evaluator.repo``, ...) are made absolute against its folder.
+
+    A ``base_commit`` of a git repository found on this host must name one of its commits (checked here, so a
+    typo fails at submission rather than at every session's admission).
+
+    Raises:
+        InvalidArgument: The file is unreadable or malformed, or its ``base_commit`` names no commit.
+    """
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise InvalidArgument(f"cannot read task file {path}: {exc}") from None
     if not isinstance(data, Mapping):
         raise InvalidArgument(f"{path}: a task file must be a mapping")
-    return task_from_mapping(resolve_task_paths(data, Path(path).parent.resolve()))
+    resolved = resolve_task_paths(data, Path(path).parent.resolve())
+    task = task_from_mapping(resolved)
+    _check_local_base_commit(resolved)
+    return task

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar_core.auth import bearer_metadata
 from polar_core.tls import TlsFiles, client_credentials
 
-__all__ = ["open_channel", "token_interceptors"]
+__all__ = ["StubPool", "open_channel", "token_interceptors"]
 
 
 def _with_token(details: grpc.aio.ClientCallDetails, token_metadata: tuple[tuple[str, str], ...]) -> Any:
@@ -77,3 +77,46 @@ def open_channel(
             target, client_credentials(tls), options=list(options), interceptors=interceptors
         )
     return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+
+
+_StubT = TypeVar("_StubT")
+
+
+class StubPool(Generic[_StubT]):
+    """One channel and stub per address, opened on first use with the caller's token, tracing and mTLS files.
+
+    For clients that talk to many peers by address (the rollout server to gateways, proxies and trainers).
+    """
+
+    def __init__(
+        self,
+        make_stub: Callable[[grpc.aio.Channel], _StubT],
+        *,
+        auth_token: str = "",
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        self._make_stub = make_stub
+        self._token = auth_token
+        self._tracer_provider = tracer_provider
+        self._tls = tls
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, _StubT] = {}
+
+    def stub(self, address: str) -> _StubT:
+        """The stub for ``address`` (its channel is opened on first use)."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = open_channel(
+                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
+            )
+            self._channels[address] = channel
+            stub = self._stubs[address] = self._make_stub(channel)
+        return stub
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+        self._stubs.clear()

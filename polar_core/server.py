@@ -26,6 +26,7 @@ __all__ = [
     "ServiceApp",
     "ServiceRegistration",
     "run_until_signal",
+    "serve_app",
     "start_grpc_server",
     "start_service_server",
 ]
@@ -196,3 +197,20 @@ async def start_service_server(
         auth_token=settings.auth_token,
         tls=settings.tls(),
     )
+
+
+async def serve_app(
+    app: AppT,
+    registrations: Sequence[ServiceRegistration],
+    settings: ServiceSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    drain: Callable[[float], Awaitable[None]] | None = None,
+) -> RunningService[AppT]:
+    """Serve an opened app over gRPC (:func:`start_service_server`); the app is closed if serving fails."""
+    try:
+        server, port = await start_service_server(registrations, settings, tracer_provider=tracer_provider)
+    except BaseException:
+        await app.close()
+        raise
+    return RunningService(server, port, app, drain=drain)

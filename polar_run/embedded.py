@@ -217,6 +217,9 @@ class EmbeddedStack:
                 tracer_provider=create_tracer_provider("rollout"),
             )
             stopping(rollout)
+            # The proxy started first (its address is known only now), so it is registered here: UpdatePolicy
+            # reaches it. It serves its configured weights until the first update.
+            await rollout.app.policy.register_proxy("embedded-proxy", f"{_HOST}:{ports['proxy']}", options.backend)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink

@@ -365,7 +365,7 @@ def _result_line(result: session_pb2.SessionResult) -> str:
     error = f"  ({result.error_message.splitlines()[0][:120]})" if result.error_message else ""
     return (
         f"{result.session_id}  {result.status:<14} reward={result.reward:g}  calls={stats.completions}  "
-        f"tokens={stats.response_tokens}  {result.timings.get('total', 0.0):.1f}s{error}"
+        f"tokens={stats.response_tokens}  lag={result.policy_lag}  {result.timings.get('total', 0.0):.1f}s{error}"
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from polar_client.taskfile import task_from_mapping
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_core.task_paths import absolute_path, resolve_task_paths
 
@@ -281,6 +282,7 @@ def prepare_task(
                 runtime["read_only_paths"] = [*paths, str(root)]
     if runtime:
         task["runtime"] = runtime
+    task_from_mapping(task)  # every field checked (max_policy_lag, stale_policy, ...) before anything starts
     return PreparedTask(
         task=task,
         task_dir=task_dir,

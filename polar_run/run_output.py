@@ -67,6 +67,7 @@ def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
         "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
         "exact_context": all(t.exact_context for t in traces),
         "policy_versions": versions,
+        "policy_lag": int(result.policy_lag),
         "gateway_id": result.gateway_id,
         "error_message": result.error_message,
     }
@@ -83,7 +84,8 @@ def summarize(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` object: totals and per-status rows computed from ``rows``, plus the server's
-    ``TaskStatistics`` (durations, calls, chains, policy age, dropped/retried/truncated) when given."""
+    ``TaskStatistics`` (durations, calls, chains, policy age and lag, dropped/retried/truncated, stale sessions)
+    when given."""
     by_status: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_status[str(row["status"])].append(row)
@@ -109,6 +111,8 @@ def summarize(
         "mean": round(_mean(durations), 3),
         "max": round(max(durations, default=0.0), 3),
     }
+    lags = [int(r.get("policy_lag", 0)) for r in rows]
+    summary["policy_lag"] = {"mean": round(_mean([float(v) for v in lags]), 3), "max": max(lags, default=0)}
     if statistics is not None:
         summary["statistics"] = json_format.MessageToDict(
             statistics, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -177,6 +181,11 @@ def print_summary(console: Console, summary: Mapping[str, Any], *, title: str) -
         ("calls per session", _dist(stats, "calls")),
         ("chains per session", _dist(stats, "chains")),
         ("policy age", _dist(stats, "policy_age")),
+        ("policy lag", _dist(stats, "policy_lag")),
+        (
+            "stale resampled / kept",
+            f"{stats.get('sessions_stale_resampled', 0)} / {stats.get('sessions_stale_kept', 0)}",
+        ),
         (
             "dropped / retried / truncated",
             f"{stats.get('sessions_dropped', summary['sessions_dropped'])} / "

@@ -151,7 +151,7 @@ class ChainBuilder:
         strategy: The reconstruction strategy.
         end_of_turn_ids: Token IDs that close an assistant turn; needed by ``prefix-merge`` only.
         split_on_policy_version: Start a new chain when the chosen chain's last call was sampled by a
-            different policy version.
+            different policy version (the default; ``False`` merges across versions).
         prefer_exact_context: (``prefix-merge``) after the parent preference, prefer a chain whose merge
             would be context-exact. Off by default: Polar's rule does not look at context exactness.
 
@@ -169,7 +169,7 @@ class ChainBuilder:
         strategy: ReconstructionStrategy,
         end_of_turn_ids: Iterable[int],
         *,
-        split_on_policy_version: bool = False,
+        split_on_policy_version: bool = True,
         prefer_exact_context: bool = False,
     ) -> None:
         self._strategy = strategy

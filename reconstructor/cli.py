@@ -53,7 +53,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     eot.add_argument("--tokenizer", type=Path, help="tokenizer directory naming the end-of-turn token")
     parser.add_argument("--sessions", type=Path, help="sessions.jsonl with session_id, task_id, status, reward")
     parser.add_argument("--weighting", choices=[w.value for w in WeightingMode], default=WeightingMode.SESSION.value)
-    parser.add_argument("--split-on-policy-version", action="store_true", help="never merge across versions")
+    parser.add_argument(
+        "--split-on-policy-version",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="never merge calls of different policy versions into one trace (default; --no-... opts out)",
+    )
     parser.add_argument(
         "--prefer-exact-context",
         action="store_true",

@@ -20,7 +20,8 @@ class ReconstructionOptions:
         end_of_turn_ids: Token IDs that close an assistant turn. Empty means: detect them from the session's
             completions (only ``prefix-merge`` needs them).
         weighting: How trace weights are normalised.
-        split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+        split_on_policy_version: Keep calls sampled by different policy versions in different traces (on by
+            default: a trace never mixes weights; ``False`` opts out).
         prefer_exact_context: (``prefix-merge``) when several chains qualify, prefer one whose merge keeps
             the call's context exact before comparing prefix lengths. Off by default: Polar's order is
             parent, longest prefix, most recent.
@@ -29,7 +30,7 @@ class ReconstructionOptions:
     strategy: ReconstructionStrategy = ReconstructionStrategy.PREFIX_MERGE
     end_of_turn_ids: tuple[int, ...] = ()
     weighting: WeightingMode = WeightingMode.SESSION
-    split_on_policy_version: bool = False
+    split_on_policy_version: bool = True
     prefer_exact_context: bool = False
 
 
@@ -58,12 +59,13 @@ class ServiceDefaults:
         strategy: Strategy for ``RECONSTRUCTION_STRATEGY_UNSPECIFIED``.
         end_of_turn_ids: End-of-turn IDs when the request gives none (empty: detect them).
         weighting: Weighting for ``WEIGHTING_MODE_UNSPECIFIED``.
-        split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+        split_on_policy_version: Keep calls sampled by different policy versions in different traces (on by
+            default: a trace never mixes weights; ``False`` opts out).
         prefer_exact_context: (prefix-merge) prefer context-exact merges when several chains qualify.
     """
 
     strategy: ReconstructionStrategy = ReconstructionStrategy.PREFIX_MERGE
     end_of_turn_ids: tuple[int, ...] = ()
     weighting: WeightingMode = WeightingMode.SESSION
-    split_on_policy_version: bool = False
+    split_on_policy_version: bool = True
     prefer_exact_context: bool = False

@@ -8,7 +8,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
 
-from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 from reconstructor.app import ReconstructorApp
 from reconstructor.ports import CompletionSource
@@ -33,12 +33,7 @@ async def start_server(
         _SERVICE.full_name,
         lambda server: reconstructor_service_pb2_grpc.add_ReconstructorServiceServicer_to_server(servicer, server),
     )
-    try:
-        server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
-    except BaseException:
-        await app.close()
-        raise
-    return RunningService(server, port, app)
+    return await serve_app(app, [registration], settings, tracer_provider=tracer_provider)
 
 
 async def create_server(

@@ -25,7 +25,8 @@ class ReconstructorSettings(ServiceSettings):
             the request nor ``end_of_turn_ids`` gives them. Without either, they are detected from the
             session's completions.
         default_weighting: Weighting used when a request leaves it unspecified.
-        split_on_policy_version: Keep calls sampled by different policy versions in different traces.
+        split_on_policy_version: Keep calls sampled by different policy versions in different traces (default
+            on; ``false`` opts out and merges across versions).
         prefer_exact_context: (prefix-merge) prefer context-exact merges when several chains qualify; off by
             default (Polar's order: parent, longest prefix, most recent).
         proxy_page_size: Completions fetched per ``ListCompletions`` page when reading from a proxy.
@@ -39,7 +40,7 @@ class ReconstructorSettings(ServiceSettings):
     end_of_turn_ids: tuple[int, ...] = ()
     tokenizer_dir: Path | None = None
     default_weighting: WeightingMode = WeightingMode.SESSION
-    split_on_policy_version: bool = False
+    split_on_policy_version: bool = True
     prefer_exact_context: bool = False
     proxy_page_size: int = Field(default=500, ge=1, le=10_000)
     proxy_timeout_s: float = Field(default=60.0, gt=0)

@@ -4,7 +4,8 @@ It serves ``polar.rollout.v1.RolloutService`` (see ``docs/rollout.md``). The dom
 :class:`RolloutCore` (plain asyncio, no grpc) with the :class:`~rollout_server.scheduler.Scheduler` and the
 :class:`~rollout_server.delivery.Deliverer` around it; its seams are in :mod:`rollout_server.ports`, their gRPC
 and HTTP implementations in :mod:`rollout_server.clients`, the store in :mod:`rollout_server.store`, the wiring
-in :mod:`rollout_server.app` and :mod:`rollout_server.server`, fakes in :mod:`rollout_server.testing`.
+in :mod:`rollout_server.app` and :mod:`rollout_server.server`, fakes in :mod:`rollout_server.testing`; policy
+lag and the staleness bound in :mod:`rollout_server.staleness`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,20 @@ from rollout_server.models import (
     SchedulerConfig,
     SessionRecord,
     SessionState,
+    StalePolicy,
     TaskRecord,
     TaskState,
 )
-from rollout_server.ports import CallbackSender, CapacityView, GatewayClient, GatewaySessionView, SessionDispatch
+from rollout_server.ports import (
+    CallbackSender,
+    CapacityView,
+    CurrentPolicyVersion,
+    GatewayClient,
+    GatewaySessionView,
+    SessionDispatch,
+)
 from rollout_server.settings import RolloutSettings
+from rollout_server.staleness import StoreCurrentPolicyVersion
 from rollout_server.stats import TaskStatistics, TaskSummary
 
 __all__ = [
@@ -42,6 +52,7 @@ __all__ = [
     "CallbackTarget",
     "CapacityView",
     "CoreConfig",
+    "CurrentPolicyVersion",
     "DeliveryConfig",
     "DeliveryFailed",
     "DeliveryRecord",
@@ -62,6 +73,8 @@ __all__ = [
     "SessionRecord",
     "SessionState",
     "StaleAttempt",
+    "StalePolicy",
+    "StoreCurrentPolicyVersion",
     "TaskPage",
     "TaskRecord",
     "TaskState",

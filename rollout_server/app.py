@@ -1,4 +1,4 @@
-"""Wiring of one rollout server process: store, domain core, scheduler, deliverer and their loops."""
+"""Wiring of one rollout server process: store, domain core, scheduler, deliverer, policy coordinator, loops."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from rollout_server.clients import CallbackSenders, GrpcGatewayClient
+from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
-from rollout_server.models import CoreConfig, DeliveryConfig, SchedulerConfig
-from rollout_server.ports import CallbackSender, GatewayClient
+from rollout_server.models import CoreConfig, DeliveryConfig, PolicyConfig, SchedulerConfig, StalePolicy
+from rollout_server.policy import PolicyCoordinator
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
@@ -29,12 +30,14 @@ class RolloutApp:
         core: RolloutCore,
         scheduler: Scheduler,
         deliverer: Deliverer,
-        closers: list[GatewayClient | CallbackSender],
+        closers: list[GatewayClient | CallbackSender | ProxyClient],
+        policy: PolicyCoordinator | None = None,
     ) -> None:
         self.store = store
         self.core = core
         self.scheduler = scheduler
         self.deliverer = deliverer
+        self.policy = policy or PolicyCoordinator(store, GrpcProxyClient())
         self._closers = closers
         self._loops: list[asyncio.Task[None]] = []
 
@@ -47,9 +50,15 @@ class RolloutApp:
         store: Store | None = None,
         gateway_client: GatewayClient | None = None,
         callback_sender: CallbackSender | None = None,
+        proxy_client: ProxyClient | None = None,
         clock: Callable[[], float] = time.time,
+        current_policy: CurrentPolicyVersion | None = None,
     ) -> RolloutApp:
-        """Build the app from settings; ``store``, ``gateway_client`` and ``callback_sender`` override the defaults."""
+        """Build the app from settings; ``store`` and the ``..._client``/``..._sender`` seams override the defaults.
+
+        ``current_policy`` says the fleet's policy version for staleness; by default the fleet's current version
+        (from UpdatePolicy), or the highest integer version recorded in results before any update.
+        """
         store = store or await open_store(settings.store_url, settings.state_dir)
         token = settings.gateway_auth_token or settings.auth_token
         gateways = gateway_client or GrpcGatewayClient(
@@ -73,8 +82,11 @@ class RolloutApp:
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 lease_ttl_s=settings.lease_ttl_s,
                 callback_max_attempts=settings.callback_max_attempts,
+                default_max_policy_lag=settings.default_max_policy_lag,
+                default_stale_policy=StalePolicy(settings.default_stale_policy),
             ),
             clock=clock,
+            current_policy=current_policy,
         )
         scheduler = Scheduler(
             core,
@@ -97,7 +109,17 @@ class RolloutApp:
             clock=clock,
             wakeup=core.delivery_wakeup,
         )
-        return cls(store, core, scheduler, deliverer, [gateways, sender])
+        proxies = proxy_client or GrpcProxyClient(
+            auth_token=token,
+            timeout_s=settings.proxy_rpc_timeout_s,
+            load_timeout_s=settings.policy_load_timeout_s,
+            tracer_provider=tracer_provider,
+            tls=settings.tls(),
+        )
+        policy = PolicyCoordinator(
+            store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock
+        )
+        return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy)
 
     async def start(self) -> None:
         """Reconcile with gateways and the store, then start the dispatch, watchdog and delivery loops."""
@@ -118,6 +140,7 @@ class RolloutApp:
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await self.scheduler.close()
+        await self.policy.close()
         await self.core.close()
         closers, self._closers = self._closers, []
         for closer in closers:

@@ -1,6 +1,8 @@
-"""The clients the rollout server calls out with: gateways (GatewayService) and trainer callbacks (gRPC or HTTP).
+"""The clients the rollout server calls out with: gateways, trainer callbacks (gRPC or HTTP), model proxies.
 
-They implement :class:`~rollout_server.ports.GatewayClient` and :class:`~rollout_server.ports.CallbackSender`.
+They implement :class:`~rollout_server.ports.GatewayClient`, :class:`~rollout_server.ports.CallbackSender` and
+:class:`~rollout_server.ports.ProxyClient` (ModelProxyService's policy RPCs; its errors are
+:func:`polar_core.rpc_client.rpc`'s).
 A failed gateway call becomes one of the :mod:`rollout_server.errors` gateway errors (on top of
 :func:`polar_core.rpc_client.error_from_rpc`); a failed delivery becomes
 :class:`~rollout_server.errors.DeliveryFailed`.
@@ -17,14 +19,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar.common.v1 import session_pb2, task_pb2
 from polar.common.v1 import status_pb2 as polar_status_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
+from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
 from polar_core import errors
-from polar_core.channels import open_channel
-from polar_core.durations import timestamp
-from polar_core.rpc_client import error_from_rpc
+from polar_core.channels import StubPool
+from polar_core.durations import duration, timestamp
+from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
-from rollout_server.convert import result_from_proto, result_to_json, result_to_proto
+from rollout_server.convert import proxy_policy_from_proto, result_from_proto, result_to_json, result_to_proto
 from rollout_server.errors import (
     DeliveryFailed,
     GatewayBusy,
@@ -33,9 +36,9 @@ from rollout_server.errors import (
     GatewayUnreachable,
 )
 from rollout_server.models import CallbackTarget, ResultRecord
-from rollout_server.ports import CapacityView, GatewaySessionView, SessionDispatch
+from rollout_server.ports import CapacityView, GatewaySessionView, ProxyPolicyView, SessionDispatch
 
-__all__ = ["IDEMPOTENCY_HEADER", "CallbackSenders", "GrpcGatewayClient"]
+__all__ = ["IDEMPOTENCY_HEADER", "CallbackSenders", "GrpcGatewayClient", "GrpcProxyClient"]
 
 _T = TypeVar("_T")
 
@@ -78,22 +81,13 @@ class GrpcGatewayClient:
         tracer_provider: TracerProvider | None = None,
         tls: TlsFiles | None = None,
     ) -> None:
-        self._tls = tls
-        self._token = auth_token
         self._timeout = timeout_s
-        self._tracer_provider = tracer_provider
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, gateway_service_pb2_grpc.GatewayServiceAsyncStub] = {}
+        self._stubs: StubPool[gateway_service_pb2_grpc.GatewayServiceAsyncStub] = StubPool(
+            gateway_service_pb2_grpc.GatewayServiceStub, auth_token=auth_token, tracer_provider=tracer_provider, tls=tls
+        )
 
     def _stub(self, address: str) -> gateway_service_pb2_grpc.GatewayServiceAsyncStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            channel = open_channel(
-                address, tracer_provider=self._tracer_provider, auth_token=self._token, tls=self._tls
-            )
-            self._channels[address] = channel
-            stub = self._stubs[address] = gateway_service_pb2_grpc.GatewayServiceStub(channel)
-        return stub
+        return self._stubs.stub(address)
 
     async def start_session(self, address: str, dispatch: SessionDispatch) -> None:
         """Call StartSession."""
@@ -138,10 +132,7 @@ class GrpcGatewayClient:
 
     async def close(self) -> None:
         """Close every channel."""
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
-        self._stubs.clear()
+        await self._stubs.close()
 
 
 class CallbackSenders:
@@ -155,11 +146,13 @@ class CallbackSenders:
     def __init__(
         self, *, auth_token: str = "", timeout_s: float = 10.0, tracer_provider: TracerProvider | None = None
     ) -> None:
-        self._token = auth_token
         self._timeout = timeout_s
-        self._tracer_provider = tracer_provider
         self._http: httpx.AsyncClient | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: StubPool[trainer_callback_service_pb2_grpc.TrainerCallbackServiceAsyncStub] = StubPool(
+            trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+        )
 
     async def deliver(self, target: CallbackTarget, result: ResultRecord, attempt: int) -> bool:
         """Deliver one result; return whether the trainer had it already."""
@@ -188,11 +181,7 @@ class CallbackSenders:
         raise DeliveryFailed(f"POST {url}: HTTP {reply.status_code}", retryable=retryable)
 
     async def _deliver_grpc(self, target: str, result: ResultRecord, attempt: int) -> bool:
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = open_channel(target, tracer_provider=self._tracer_provider, auth_token=self._token)
-            self._channels[target] = channel
-        stub = trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub(channel)
+        stub = self._stubs.stub(target)
         request = trainer_callback_service_pb2.DeliverSessionResultRequest(
             idempotency_key=result.idempotency_key, session_result=result_to_proto(result), delivery_attempt=attempt
         )
@@ -210,6 +199,87 @@ class CallbackSenders:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._stubs.close()
+
+
+# Extra time a PauseGeneration call gets on top of the drain it asks for.
+_PAUSE_SLACK_S = 10.0
+
+
+class GrpcProxyClient:
+    """Calls ModelProxyService's policy RPCs.
+
+    Args:
+        auth_token: The control-plane token.
+        timeout_s: Deadline of the short calls (check, resume, get).
+        load_timeout_s: Deadline of LoadWeights (a large checkpoint takes minutes).
+        tracer_provider: Provider for client spans.
+        tls: mTLS files, when mTLS is on.
+    """
+
+    def __init__(
+        self,
+        *,
+        auth_token: str = "",
+        timeout_s: float = 10.0,
+        load_timeout_s: float = 600.0,
+        tracer_provider: TracerProvider | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        self._timeout = timeout_s
+        self._load_timeout = load_timeout_s
+        self._stubs: StubPool[model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub] = StubPool(
+            model_proxy_service_pb2_grpc.ModelProxyServiceStub,
+            auth_token=auth_token,
+            tracer_provider=tracer_provider,
+            tls=tls,
+        )
+
+    def _stub(self, address: str) -> model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub:
+        return self._stubs.stub(address)
+
+    async def check_weights(self, address: str, weights_path: str) -> str:
+        """Call CheckWeights; return the checkpoint's architecture."""
+        reply = await rpc(
+            self._stub(address).CheckWeights(
+                model_proxy_service_pb2.CheckWeightsRequest(weights_path=weights_path), timeout=self._timeout
+            ),
+            address,
+        )
+        return reply.architecture
+
+    async def pause(self, address: str, *, abort_in_flight: bool, drain_timeout_s: float) -> tuple[int, int]:
+        """Call PauseGeneration with the drain limit; return (in flight, aborted)."""
+        request = model_proxy_service_pb2.PauseGenerationRequest(
+            abort_in_flight=abort_in_flight, drain_timeout=duration(drain_timeout_s)
+        )
+        call = self._stub(address).PauseGeneration(request, timeout=drain_timeout_s + _PAUSE_SLACK_S)
+        reply = await rpc(call, address)
+        return reply.in_flight, reply.aborted
+
+    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+        """Call LoadWeights; return the backend's load seconds."""
+        request = model_proxy_service_pb2.LoadWeightsRequest(policy_version=policy_version, weights_path=weights_path)
+        reply = await rpc(self._stub(address).LoadWeights(request, timeout=self._load_timeout), address)
+        return reply.load_seconds
+
+    async def resume(self, address: str) -> int:
+        """Call ResumeGeneration; return the released calls."""
+        reply = await rpc(
+            self._stub(address).ResumeGeneration(
+                model_proxy_service_pb2.ResumeGenerationRequest(), timeout=self._timeout
+            ),
+            address,
+        )
+        return reply.released
+
+    async def get_policy(self, address: str) -> ProxyPolicyView:
+        """Call GetPolicy."""
+        reply = await rpc(
+            self._stub(address).GetPolicy(model_proxy_service_pb2.GetPolicyRequest(), timeout=self._timeout), address
+        )
+        return proxy_policy_from_proto(reply)
+
+    async def close(self) -> None:
+        """Close every channel."""
+        await self._stubs.close()

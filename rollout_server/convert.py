@@ -8,17 +8,37 @@ from typing import Any, cast
 
 from google.protobuf import duration_pb2, json_format
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
+from polar.proxy.v1 import model_proxy_service_pb2
 from polar.rollout.v1 import rollout_service_pb2
 
 from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
 from polar_core.records import TerminalStatus
-from rollout_server.models import CallbackTarget, GatewayRecord, NewTask, ResultRecord, TaskState
+from rollout_server.models import (
+    CallbackTarget,
+    GatewayRecord,
+    NewTask,
+    PauseMode,
+    PolicyRecord,
+    ProxyRecord,
+    ProxyUpdateState,
+    ResultRecord,
+    StalePolicy,
+    TaskState,
+    UpdateOutcome,
+)
+from rollout_server.ports import ProxyPolicyView
+from rollout_server.staleness import policy_lag
 from rollout_server.stats import Distribution, TaskSummary
 
 __all__ = [
     "gateway_from_register",
     "new_task_from_proto",
+    "outcome_to_proto",
+    "pause_mode_from_proto",
+    "policy_to_proto",
+    "proxy_info_to_proto",
+    "proxy_policy_from_proto",
     "result_from_proto",
     "result_to_json",
     "result_to_proto",
@@ -37,6 +57,11 @@ _TASK_STATES = {
     TaskState.FAILED: status_pb2.TASK_STATUS_FAILED,
 }
 _TASK_STATES_BACK = {v: k for k, v in _TASK_STATES.items()}
+_STALE_POLICIES = {
+    task_pb2.STALE_POLICY_UNSPECIFIED: None,
+    task_pb2.STALE_POLICY_KEEP: StalePolicy.KEEP,
+    task_pb2.STALE_POLICY_RESAMPLE: StalePolicy.RESAMPLE,
+}
 
 
 def terminal_status_to_proto(status: TerminalStatus) -> status_pb2.TerminalStatus:
@@ -77,6 +102,7 @@ def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration
         callback = CallbackTarget("http", task.callback.http_url, task.callback.max_attempts)
     elif which == "grpc_target":
         callback = CallbackTarget("grpc", task.callback.grpc_target, task.callback.max_attempts)
+    max_lag, stale_policy = _staleness_from_proto(task)
     timeout_s = seconds(task_timeout) if task_timeout is not None else 0.0
     if timeout_s < 0:
         raise InvalidArgument("task_timeout must not be negative")
@@ -92,7 +118,19 @@ def new_task_from_proto(task: task_pb2.Task, task_timeout: duration_pb2.Duration
         session_timeout_s=task.timeout_seconds or _DEFAULT_SESSION_TIMEOUT_S,
         callback=callback,
         task_timeout_s=timeout_s or None,
+        max_policy_lag=max_lag,
+        stale_policy=stale_policy,
     )
+
+
+def _staleness_from_proto(task: task_pb2.Task) -> tuple[int | None, StalePolicy | None]:
+    """The task's ``max_policy_lag`` (``None``: unset) and stale policy (``None``: unspecified), validated."""
+    max_lag = task.max_policy_lag if task.HasField("max_policy_lag") else None
+    if max_lag is not None and max_lag < 0:
+        raise InvalidArgument("max_policy_lag must not be negative", details={"task_id": task.task_id})
+    if task.stale_policy not in _STALE_POLICIES:
+        raise InvalidArgument(f"unknown stale_policy {task.stale_policy}", details={"task_id": task.task_id})
+    return max_lag, _STALE_POLICIES[task.stale_policy]
 
 
 def result_from_proto(pb: session_pb2.SessionResult) -> ResultRecord:
@@ -155,6 +193,9 @@ def result_to_proto(record: ResultRecord) -> session_pb2.SessionResult:
     pb.idempotency_key = record.idempotency_key
     if record.error_message:
         pb.error_message = record.error_message
+    pb.policy_lag = record.policy_lag
+    for trace in pb.traces:
+        trace.policy_lag = policy_lag(record.fleet_version, trace.policy_versions)
     return pb
 
 
@@ -201,6 +242,9 @@ def summary_to_proto(summary: TaskSummary) -> rollout_service_pb2.TaskInfo:
             deliveries_pending=st.deliveries_pending,
             deliveries_dead_lettered=st.deliveries_dead_lettered,
             deliveries_delivered=st.deliveries_delivered,
+            policy_lag=_distribution(st.policy_lag),
+            sessions_stale_resampled=st.sessions_stale_resampled,
+            sessions_stale_kept=st.sessions_stale_kept,
         ),
     )
     if task.finished_at is not None:
@@ -226,3 +270,70 @@ def stage_metrics_from_proto(metrics: Any) -> dict[str, dict[str, int]]:
         name = status_pb2.SessionStage.Name(m.stage).removeprefix("SESSION_STAGE_").lower()
         out[name] = {"queue_length": m.queue_length, "occupancy": m.occupancy, "workers": m.workers}
     return out
+
+
+# Policy ----------------------------------------------------------------------------------------------------------
+
+_PROXY_STATES = {
+    ProxyUpdateState.UPDATED: rollout_service_pb2.PROXY_UPDATE_STATE_UPDATED,
+    ProxyUpdateState.FAILED: rollout_service_pb2.PROXY_UPDATE_STATE_FAILED,
+}
+
+
+def pause_mode_from_proto(value: int) -> PauseMode:
+    """Map a PauseMode enum value (UNSPECIFIED: drain) to the domain's mode.
+
+    Raises:
+        InvalidArgument: An unknown value.
+    """
+    if value in (rollout_service_pb2.PAUSE_MODE_UNSPECIFIED, rollout_service_pb2.PAUSE_MODE_DRAIN):
+        return PauseMode.DRAIN
+    if value == rollout_service_pb2.PAUSE_MODE_ABORT:
+        return PauseMode.ABORT
+    raise InvalidArgument(f"unknown pause_mode {value}")
+
+
+def policy_to_proto(policy: PolicyRecord) -> rollout_service_pb2.PolicyInfo:
+    """A PolicyInfo (no ``updated_at`` before the first update)."""
+    info = rollout_service_pb2.PolicyInfo(version=policy.version, weights_path=policy.weights_path)
+    if policy.updated_at:
+        info.updated_at.CopyFrom(timestamp(policy.updated_at))
+    return info
+
+
+def outcome_to_proto(outcome: UpdateOutcome) -> rollout_service_pb2.UpdatePolicyResponse:
+    """An UpdatePolicyResponse."""
+    return rollout_service_pb2.UpdatePolicyResponse(
+        policy=policy_to_proto(outcome.policy),
+        proxies=[
+            rollout_service_pb2.ProxyUpdate(
+                proxy_id=p.proxy_id,
+                address=p.address,
+                state=_PROXY_STATES[p.state],
+                error=p.error,
+                load_seconds=p.load_seconds,
+                aborted_calls=p.aborted_calls,
+            )
+            for p in outcome.proxies
+        ],
+        complete=outcome.complete,
+        replayed=outcome.replayed,
+        seconds=outcome.seconds,
+    )
+
+
+def proxy_info_to_proto(proxy: ProxyRecord) -> rollout_service_pb2.ProxyInfo:
+    """A ProxyInfo."""
+    return rollout_service_pb2.ProxyInfo(
+        proxy_id=proxy.proxy_id,
+        address=proxy.address,
+        version=proxy.version,
+        paused=proxy.paused,
+        error=proxy.error,
+        registered_at=timestamp(proxy.registered_at),
+    )
+
+
+def proxy_policy_from_proto(reply: model_proxy_service_pb2.GetPolicyResponse) -> ProxyPolicyView:
+    """A proxy's GetPolicy answer as the coordinator reads it."""
+    return ProxyPolicyView(reply.policy_version, reply.weights_path, reply.paused, reply.in_flight)

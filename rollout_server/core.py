@@ -40,7 +40,8 @@ from rollout_server.models import (
     TaskRecord,
     TaskState,
 )
-from rollout_server.ports import GatewayClient
+from rollout_server.ports import CurrentPolicyVersion, GatewayClient
+from rollout_server.staleness import StaleDecision, StoreCurrentPolicyVersion, decide, dropped_result, stamp_lag
 from rollout_server.stats import TaskSummary, summarize
 from rollout_server.store import Store
 
@@ -95,11 +96,13 @@ class RolloutCore:
         config: CoreConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        current_policy: CurrentPolicyVersion | None = None,
     ) -> None:
         self.store = store
         self.gateways = gateways
         self.config = config or CoreConfig()
         self.clock = clock
+        self.current_policy = current_policy or StoreCurrentPolicyVersion(store)
         self.dispatch_wakeup = asyncio.Event()
         self.delivery_wakeup = asyncio.Event()
         self._notifier = _Notifier()
@@ -150,6 +153,8 @@ class RolloutCore:
                 submitted_at=now,
                 deadline=now + timeout,
                 trace_context=trace_context,
+                max_policy_lag=self.config.default_max_policy_lag if new.max_policy_lag is None else new.max_policy_lag,
+                stale_policy=new.stale_policy or self.config.default_stale_policy,
             )
             sessions = [
                 SessionRecord(session_id_for(new.task_id, i), new.task_id, i, priority=new.priority)
@@ -328,9 +333,11 @@ class RolloutCore:
         raise StaleAttempt(f"session {session.session_id} moved on while its result was recorded")
 
     async def apply_outcome(self, session: SessionRecord, result: ResultRecord) -> bool:
-        """Apply an attempt's result to a session read in ``session``'s state: retry or finish.
+        """Apply an attempt's result to a session read in ``session``'s state: retry, resample or finish.
 
         Only ``infra_error`` is retried, while attempts remain and the task is active; model outcomes are final.
+        A result beyond the task's ``max_policy_lag`` is kept with its lag or, with ``resample``, discarded and
+        the session dispatched again (see :mod:`rollout_server.staleness`); neither uses up an attempt.
 
         Returns:
             ``False`` when the session had moved on (nothing was changed).
@@ -340,7 +347,8 @@ class RolloutCore:
         task = await self.store.get_task(session.task_id)
         active = task is not None and not task.state.terminal
         failures = session.infra_failures + (1 if result.status is TerminalStatus.INFRA_ERROR else 0)
-        if result.status is TerminalStatus.INFRA_ERROR and active and session.attempt < self.config.max_attempts:
+        counted = session.attempt - session.stale_resamples  # stale resamples do not use up attempts
+        if result.status is TerminalStatus.INFRA_ERROR and active and counted < self.config.max_attempts:
             retry = dataclasses.replace(
                 session,
                 state=SessionState.PENDING,
@@ -355,6 +363,23 @@ class RolloutCore:
             _log.info("session %s attempt %d: infra_error, retrying", session.session_id, session.attempt)
             self.dispatch_wakeup.set()
             return True
+        if result.policy_versions:
+            await stamp_lag(result, self.current_policy)
+        decision = StaleDecision.FRESH
+        if task is not None and result.status.trainable:  # untrainable traces carry no loss whatever their lag
+            decision = decide(task, result.policy_lag, now=now)
+        if decision is StaleDecision.RESAMPLE:
+            return await self._resample(session, result, failures)
+        if task is not None and decision is StaleDecision.DROP:
+            result = dropped_result(result, task)
+        if decision is not StaleDecision.FRESH:
+            _log.info(
+                "session %s attempt %d: policy lag %d beyond the bound: %s",
+                session.session_id,
+                session.attempt,
+                result.policy_lag,
+                decision.value,
+            )
         done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures)
         delivery = None
         if task is not None and task.callback is not None:
@@ -369,6 +394,29 @@ class RolloutCore:
             self.dispatch_wakeup.set()  # a slot freed up
         if active:
             self._spawn(self.settle_task(session.task_id))
+        return True
+
+    async def _resample(self, session: SessionRecord, result: ResultRecord, failures: int) -> bool:
+        """Discard a stale attempt (its report goes to the ledger only) and queue the session again at once."""
+        again = dataclasses.replace(
+            session,
+            state=SessionState.PENDING,
+            infra_failures=failures,
+            stale_resamples=session.stale_resamples + 1,
+            gateway_id="",
+            not_before=self.clock(),
+            dispatched_at=None,
+            deadline=None,
+        )
+        if not await self.store.record_attempt(result, (again, session.state, session.attempt)):
+            return False
+        _log.info(
+            "session %s attempt %d: policy lag %d is beyond the bound, sampling again",
+            session.session_id,
+            session.attempt,
+            result.policy_lag,
+        )
+        self.dispatch_wakeup.set()
         return True
 
     # Settling --------------------------------------------------------------------------------------------

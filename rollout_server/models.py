@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 
 from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
@@ -35,12 +36,21 @@ __all__ = [
     "DeliveryState",
     "GatewayRecord",
     "NewTask",
+    "PauseMode",
+    "PolicyConfig",
+    "PolicyRecord",
+    "PolicyUpdateRecord",
+    "ProxyOutcome",
+    "ProxyRecord",
+    "ProxyUpdateState",
     "ResultRecord",
     "SchedulerConfig",
     "SessionRecord",
     "SessionState",
+    "StalePolicy",
     "TaskRecord",
     "TaskState",
+    "UpdateOutcome",
     "check_session_transition",
     "check_task_transition",
 ]
@@ -73,6 +83,13 @@ class SessionState(enum.StrEnum):
     def in_flight(self) -> bool:
         """Whether a gateway may be running the session."""
         return self in (SessionState.STARTING, SessionState.RUNNING)
+
+
+class StalePolicy(enum.StrEnum):
+    """What happens to a session sampled more than a task's ``max_policy_lag`` versions behind."""
+
+    KEEP = "keep"
+    RESAMPLE = "resample"
 
 
 class DeliveryState(enum.StrEnum):
@@ -148,6 +165,9 @@ class TaskRecord:
         results_count: Number of session results recorded (the next result index).
         trace_context: The W3C trace context (``traceparent``, ``tracestate``) of the SubmitTask call, so the
             task's sessions are dispatched in the submitter's trace even after a restart; empty when untraced.
+        max_policy_lag: The staleness bound (the task's, else the server's default at submission); ``None``
+            means no bound.
+        stale_policy: What happens to a session beyond ``max_policy_lag``.
     """
 
     task_id: str
@@ -166,6 +186,8 @@ class TaskRecord:
     seq: int = 0
     results_count: int = 0
     trace_context: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_policy_lag: int | None = None
+    stale_policy: StalePolicy = StalePolicy.KEEP
 
 
 @dataclasses.dataclass(slots=True)
@@ -185,6 +207,8 @@ class SessionRecord:
         deadline: When the current attempt must be done (the gateway enforces it; the server double-checks).
         priority: Copied from the task, for dispatch order.
         task_seq: Copied from the task, for dispatch order.
+        stale_resamples: Attempts discarded because they were beyond the task's ``max_policy_lag``
+            (``resample``); they count in ``attempt`` but not against ``max_attempts``.
     """
 
     session_id: str
@@ -199,6 +223,7 @@ class SessionRecord:
     deadline: float | None = None
     priority: int = 0
     task_seq: int = 0
+    stale_resamples: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -222,6 +247,9 @@ class ResultRecord:
         payload: The full result as reported (serialised protobuf, traces included); empty when made up.
         result_index: Completion order within the task (assigned by the store; -1 until recorded).
         recorded_at: Unix seconds.
+        policy_lag: Versions the session's oldest call was behind the fleet when the result was recorded.
+        fleet_version: The fleet's version used for ``policy_lag`` (0: unknown); each trace's own lag is
+            computed from it when the result is read back.
     """
 
     session_id: str
@@ -240,6 +268,8 @@ class ResultRecord:
     payload: bytes = b""
     result_index: int = -1
     recorded_at: float = 0.0
+    policy_lag: int = 0
+    fleet_version: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -307,6 +337,8 @@ class CoreConfig:
     lease_ttl_s: float = 20.0
     callback_max_attempts: int = 8
     watch_poll_s: float = 1.0
+    default_max_policy_lag: int | None = None
+    default_stale_policy: StalePolicy = StalePolicy.KEEP
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,6 +355,8 @@ class NewTask:
         session_timeout_s: Agent budget per session.
         callback: Where results are pushed.
         task_timeout_s: Limit for the whole task; ``None`` means the server's default.
+        max_policy_lag: The task's staleness bound; ``None`` means the server's default.
+        stale_policy: What to do beyond the bound; ``None`` means the server's default.
     """
 
     task_id: str
@@ -334,6 +368,8 @@ class NewTask:
     session_timeout_s: float = 600.0
     callback: CallbackTarget | None = None
     task_timeout_s: float | None = None
+    max_policy_lag: int | None = None
+    stale_policy: StalePolicy | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -358,3 +394,134 @@ class DeliveryConfig:
     batch: int = 64
     concurrency: int = 16
     poll_s: float = 1.0
+
+
+# Policy updates ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Limits of the coordinator.
+
+    Attributes:
+        drain_timeout_s: How long a draining proxy waits for its calls in flight when the caller gives no limit.
+    """
+
+    drain_timeout_s: float = 60.0
+
+
+class PauseMode(enum.StrEnum):
+    """What a proxy does with its calls in flight while an update pauses it."""
+
+    DRAIN = "drain"
+    ABORT = "abort"
+
+
+class ProxyUpdateState(enum.StrEnum):
+    """Where one proxy stands after an update."""
+
+    UPDATED = "updated"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A policy the fleet serves.
+
+    Attributes:
+        version: The policy version, from 1 (0: nothing set yet; the proxies serve their configured weights).
+        weights_path: The checkpoint directory the backends load.
+        updated_at: Unix seconds when the version was stored.
+    """
+
+    version: int
+    weights_path: str
+    updated_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyRecord:
+    """A model proxy of the fleet (the ``proxies`` row).
+
+    Attributes:
+        proxy_id: The id the proxy chose.
+        address: Its ModelProxyService gRPC address.
+        backend: Its backend name.
+        version: The policy version it last confirmed loading.
+        paused: Whether a failed update (or a pending start-up load) holds its calls.
+        error: Its last update error; empty when none.
+        registered_at: Unix seconds of its last registration.
+    """
+
+    proxy_id: str
+    address: str
+    backend: str = ""
+    version: int = 0
+    paused: bool = False
+    error: str = ""
+    registered_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyOutcome:
+    """One proxy's part in an update.
+
+    Attributes:
+        proxy_id: The proxy.
+        address: Its address at the time of the update.
+        state: Updated or failed.
+        error: Why it failed; empty when updated.
+        load_seconds: Seconds its backend took to load.
+        aborted_calls: In-flight calls the pause aborted.
+    """
+
+    proxy_id: str
+    address: str
+    state: ProxyUpdateState
+    error: str = ""
+    load_seconds: float = 0.0
+    aborted_calls: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateOutcome:
+    """What an UpdatePolicy call achieved.
+
+    Attributes:
+        policy: The fleet's policy after the update.
+        proxies: Every proxy's part, by proxy id.
+        complete: Whether every proxy serves the new policy.
+        seconds: Seconds from the first check to the last resume.
+        replayed: Whether this outcome was stored by an earlier call.
+    """
+
+    policy: PolicyRecord
+    proxies: tuple[ProxyOutcome, ...]
+    complete: bool
+    seconds: float
+    replayed: bool = False
+
+    def to_json(self) -> str:
+        """The outcome as JSON (the stored form; ``policy`` and ``replayed`` are not part of it)."""
+        parts = [dataclasses.asdict(p) for p in self.proxies]
+        return json.dumps({"proxies": parts, "complete": self.complete, "seconds": self.seconds}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, policy: PolicyRecord, text: str) -> UpdateOutcome:
+        """Rebuild a stored outcome of ``policy``."""
+        raw = json.loads(text)
+        proxies = tuple(ProxyOutcome(**{**p, "state": ProxyUpdateState(p["state"])}) for p in raw.get("proxies", []))
+        return cls(policy, proxies, bool(raw["complete"]), float(raw["seconds"]))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyUpdateRecord:
+    """A stored policy version (the ``policies`` row) and the outcome of its update.
+
+    Attributes:
+        policy: The version and weights.
+        outcome: The update's outcome; ``None`` while it runs (or when the server stopped during it).
+    """
+
+    policy: PolicyRecord
+    outcome: UpdateOutcome | None = None

@@ -1,8 +1,9 @@
-"""The seams of the rollout server's domain code: gateways and trainer callbacks.
+"""The seams of the rollout server's domain code: gateways, trainer callbacks, model proxies, the policy version.
 
-The scheduler talks to gateways only through :class:`GatewayClient` and the deliverer to trainers only through
-:class:`CallbackSender`; the gRPC and HTTP implementations live in :mod:`rollout_server.clients`, and unit
-tests pass fakes.
+The scheduler talks to gateways only through :class:`GatewayClient`, the deliverer to trainers only through
+:class:`CallbackSender` and the policy coordinator to model proxies only through :class:`ProxyClient`; the gRPC
+and HTTP implementations live in :mod:`rollout_server.clients`, and unit tests pass fakes. The core reads the
+fleet's current policy version through :class:`CurrentPolicyVersion`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from typing import Protocol
 
 from rollout_server.models import CallbackTarget, ResultRecord
 
-__all__ = ["CallbackSender", "CapacityView", "GatewayClient", "GatewaySessionView", "SessionDispatch"]
+__all__ = [
+    "CallbackSender",
+    "CapacityView",
+    "CurrentPolicyVersion",
+    "GatewayClient",
+    "GatewaySessionView",
+    "ProxyClient",
+    "ProxyPolicyView",
+    "SessionDispatch",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,3 +108,46 @@ class CallbackSender(Protocol):
 
     async def close(self) -> None:
         """Close connections."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyPolicyView:
+    """A model proxy's policy as it reports it (ModelProxyService.GetPolicy)."""
+
+    policy_version: str
+    weights_path: str
+    paused: bool
+    in_flight: int
+
+
+class ProxyClient(Protocol):
+    """Calls to model proxies, by address. Implementations raise :mod:`polar_core.errors` errors.
+
+    ``Unavailable`` (or ``DeadlineExceeded``) means the proxy did not answer; ``FailedPrecondition`` that it
+    refused (a rejected checkpoint, a failed load).
+    """
+
+    async def check_weights(self, address: str, weights_path: str) -> str:
+        """Check a checkpoint without loading it; return its architecture name."""
+
+    async def pause(self, address: str, *, abort_in_flight: bool, drain_timeout_s: float) -> tuple[int, int]:
+        """Pause generation; return (calls in flight when it began, calls aborted)."""
+
+    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+        """Load a checkpoint (generation paused) and set the version; return the load's seconds."""
+
+    async def resume(self, address: str) -> int:
+        """Resume generation; return how many held calls were released."""
+
+    async def get_policy(self, address: str) -> ProxyPolicyView:
+        """Read the proxy's policy."""
+
+    async def close(self) -> None:
+        """Close connections."""
+
+
+class CurrentPolicyVersion(Protocol):
+    """The fleet's current policy version, as staleness is measured against it."""
+
+    async def current_version(self) -> int:
+        """The current version (an integer from 1; 0 when no version is known)."""

@@ -8,10 +8,10 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
-from polar_core.server import RunningService, ServiceRegistration, run_until_signal, start_service_server
+from polar_core.server import RunningService, ServiceRegistration, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 from rollout_server.app import RolloutApp
-from rollout_server.ports import CallbackSender, GatewayClient
+from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.servicer import RolloutServicer
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store
@@ -28,10 +28,14 @@ async def start_server(
     store: Store | None = None,
     gateway_client: GatewayClient | None = None,
     callback_sender: CallbackSender | None = None,
+    proxy_client: ProxyClient | None = None,
+    current_policy: CurrentPolicyVersion | None = None,
 ) -> RunningService[RolloutApp]:
     """Open the app, serve it on ``settings.host:settings.port`` (0 picks a port), then start it.
 
-    ``store``, ``gateway_client`` and ``callback_sender`` replace the ones the settings name (tests, benchmarks).
+    ``store``, ``gateway_client``, ``callback_sender`` and ``proxy_client`` replace the ones the settings name
+    (tests, benchmarks); ``current_policy`` replaces the source of the fleet's policy version (see
+    ``RolloutApp.open``).
     Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
     ``stop`` on the result stops serving, then the loops, and closes the store.
     """
@@ -41,15 +45,17 @@ async def start_server(
         store=store,
         gateway_client=gateway_client,
         callback_sender=callback_sender,
+        proxy_client=proxy_client,
+        current_policy=current_policy,
     )
-    servicer = RolloutServicer(app.core)
+    servicer = RolloutServicer(app.core, app.policy)
     registration = ServiceRegistration(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
     )
-    server, port = await start_service_server([registration], settings, tracer_provider=tracer_provider)
+    running = await serve_app(app, [registration], settings, tracer_provider=tracer_provider)
     await app.start()
-    return RunningService(server, port, app)
+    return running
 
 
 async def create_server(

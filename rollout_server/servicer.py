@@ -9,11 +9,15 @@ import grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
-from polar_core.durations import duration
+from polar_core.durations import duration, seconds
 from polar_core.errors import InvalidArgument
 from rollout_server.convert import (
     gateway_from_register,
     new_task_from_proto,
+    outcome_to_proto,
+    pause_mode_from_proto,
+    policy_to_proto,
+    proxy_info_to_proto,
     result_from_proto,
     result_to_proto,
     stage_metrics_from_proto,
@@ -21,6 +25,7 @@ from rollout_server.convert import (
     task_state_from_proto,
 )
 from rollout_server.core import RolloutCore
+from rollout_server.policy import PolicyCoordinator
 
 __all__ = ["RolloutServicer"]
 
@@ -28,10 +33,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
-    """Implements polar.rollout.v1.RolloutService over :class:`RolloutCore`."""
+    """Implements polar.rollout.v1.RolloutService over :class:`RolloutCore` and :class:`PolicyCoordinator`."""
 
-    def __init__(self, core: RolloutCore) -> None:
+    def __init__(self, core: RolloutCore, policy: PolicyCoordinator) -> None:
         self._core = core
+        self._policy = policy
 
     async def SubmitTask(self, request: pb.SubmitTaskRequest, context: Context) -> pb.SubmitTaskResponse:
         if not request.HasField("task"):
@@ -96,3 +102,21 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
             raise InvalidArgument("result is required")
         duplicate = await self._core.report_result(result_from_proto(request.result))
         return pb.ReportSessionResultResponse(duplicate=duplicate)
+
+    async def UpdatePolicy(self, request: pb.UpdatePolicyRequest, context: Context) -> pb.UpdatePolicyResponse:
+        drain = seconds(request.drain_timeout) if request.HasField("drain_timeout") else None
+        outcome = await self._policy.update_policy(
+            request.version,
+            request.weights_path,
+            pause_mode=pause_mode_from_proto(request.pause_mode),
+            drain_timeout_s=drain,
+        )
+        return outcome_to_proto(outcome)
+
+    async def GetPolicy(self, request: pb.GetPolicyRequest, context: Context) -> pb.GetPolicyResponse:
+        policy, proxies = await self._policy.get_policy()
+        return pb.GetPolicyResponse(policy=policy_to_proto(policy), proxies=[proxy_info_to_proto(p) for p in proxies])
+
+    async def RegisterProxy(self, request: pb.RegisterProxyRequest, context: Context) -> pb.RegisterProxyResponse:
+        policy = await self._policy.register_proxy(request.proxy_id, request.address, request.backend)
+        return pb.RegisterProxyResponse(policy=policy_to_proto(policy))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -20,7 +20,7 @@ class RolloutSettings(ServiceSettings):
             ``sqlite:///PATH`` for another SQLite file, or ``postgresql://...`` for PostgreSQL (several hosts).
         gateway_addresses: Gateways to use without registration (``host:port``); their id and capacity are
             read with GetCapacity and refreshed every ``heartbeat_interval_s``.
-        gateway_auth_token: Token sent to gateways (and trainer callbacks); empty means ``auth_token``.
+        gateway_auth_token: Token sent to gateways, model proxies and trainer callbacks; empty means ``auth_token``.
         heartbeat_interval_s: How often gateways should heartbeat.
         lease_ttl_s: How long a gateway registration lives without a heartbeat.
         dispatch_interval_s: Longest pause of the dispatch loop when nothing wakes it.
@@ -37,6 +37,14 @@ class RolloutSettings(ServiceSettings):
         callback_backoff_max_s: Upper bound of the delivery backoff.
         callback_timeout_s: Deadline of each delivery call.
         watchdog_interval_s: How often deadlines, leases and lost sessions are checked.
+        policy_drain_timeout_s: How long a proxy drains its calls in flight during UpdatePolicy when the request
+            gives no ``drain_timeout``.
+        proxy_rpc_timeout_s: Deadline of each short call to a model proxy (CheckWeights, ResumeGeneration, ...).
+        policy_load_timeout_s: Deadline of each LoadWeights call to a model proxy.
+        default_max_policy_lag: The staleness bound of a task that sets no ``max_policy_lag``; ``None`` means
+            no bound (see ``docs/rollout.md``, "Staleness").
+        default_stale_policy: What a task that names no ``stale_policy`` does with a session beyond its bound:
+            ``keep`` it with its lag, or ``resample`` it.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -61,3 +69,8 @@ class RolloutSettings(ServiceSettings):
     callback_backoff_max_s: float = Field(default=60.0, ge=0)
     callback_timeout_s: float = Field(default=10.0, gt=0)
     watchdog_interval_s: float = Field(default=1.0, gt=0)
+    policy_drain_timeout_s: float = Field(default=60.0, gt=0)
+    proxy_rpc_timeout_s: float = Field(default=10.0, gt=0)
+    policy_load_timeout_s: float = Field(default=600.0, gt=0)
+    default_max_policy_lag: int | None = Field(default=None, ge=0)
+    default_stale_policy: Literal["keep", "resample"] = "keep"

@@ -3,6 +3,9 @@
 Policy age is measured in policy versions, not optimiser steps (the server does not see the trainer's steps):
 a session's age is how many distinct versions newer than its *oldest* version the server has seen in any
 result. Versions are ordered naturally (``v2 < v10``; digits compare as numbers).
+
+Policy *lag* is the fleet's measure (see :mod:`rollout_server.staleness`): how many versions a session's oldest
+call was behind the fleet's current integer version when its result was recorded; it is stored with the result.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from polar_core.records import TerminalStatus
-from rollout_server.models import DeliveryState, ResultRecord, SessionRecord, SessionState, TaskRecord
+from rollout_server.models import (
+    DeliveryState,
+    ResultRecord,
+    SessionRecord,
+    SessionState,
+    StalePolicy,
+    TaskRecord,
+)
 
 __all__ = ["Distribution", "PolicyAgeBucket", "TaskStatistics", "TaskSummary", "policy_version_key", "summarize"]
 
@@ -69,6 +79,9 @@ class TaskStatistics:
     deliveries_pending: int
     deliveries_dead_lettered: int
     deliveries_delivered: int
+    policy_lag: Distribution = Distribution()
+    sessions_stale_resampled: int = 0
+    sessions_stale_kept: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,6 +138,8 @@ def summarize(
     for r in usable:
         if r.session_id in ages:
             buckets[ages[r.session_id]].append(r.reward)
+    bound = task.max_policy_lag
+    keeps = task.stale_policy is StalePolicy.KEEP and bound is not None
     statistics = TaskStatistics(
         session_duration_s=Distribution.of([r.duration_s for r in results if r.gateway_id]),
         calls=Distribution.of([float(r.calls) for r in results if r.gateway_id]),
@@ -134,12 +149,15 @@ def summarize(
             PolicyAgeBucket(age, len(rewards), sum(rewards) / len(rewards)) for age, rewards in sorted(buckets.items())
         ),
         sessions_dropped=sum(1 for r in results if not r.status.trainable),
-        sessions_retried=sum(1 for s in sessions if s.attempt > 1),
+        sessions_retried=sum(1 for s in sessions if s.attempt - s.stale_resamples > 1),
         sessions_truncated=sum(1 for r in results if r.status in _TRUNCATED),
         attempts_total=sum(s.attempt for s in sessions),
         deliveries_pending=deliveries.get(DeliveryState.PENDING, 0),
         deliveries_dead_lettered=deliveries.get(DeliveryState.DEAD, 0),
         deliveries_delivered=deliveries.get(DeliveryState.DELIVERED, 0),
+        policy_lag=Distribution.of([float(r.policy_lag) for r in results if r.gateway_id]),
+        sessions_stale_resampled=sum(1 for s in sessions if s.stale_resamples > 0),
+        sessions_stale_kept=sum(1 for r in results if keeps and bound is not None and r.policy_lag > bound),
     )
     return TaskSummary(
         task=task,

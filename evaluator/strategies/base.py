@@ -13,6 +13,7 @@ from evaluator.errors import InvalidOptions
 from evaluator.evallog import EvalLog
 from evaluator.models import PrepareParams
 from evaluator.ports import Runtime, Strategy
+from polar_core.git_trees import TreeCache, is_git_repository
 from runtimes import ExecResult, RuntimeDied
 
 __all__ = [
@@ -107,13 +108,16 @@ class EvalContext:
 async def prepare_repository(ctx: EvalContext, source: Path | None) -> None:
     """Put the repository in the runtime and commit it as a fresh git snapshot.
 
-    The source is copied without its ``.git`` (so no history, e.g. future commits, reaches the runtime).
-    Without a source, ``options["repo_path"]`` names a repository already in the image.
+    The source is copied without its ``.git`` (so no history, e.g. future commits, reaches the runtime): a
+    git repository as the tree of ``options["base_commit"]`` (``HEAD`` without one), exported exactly as the
+    gateway gave it to the agent, a plain directory as it is. Without a source, ``options["repo_path"]`` names
+    a repository already in the image.
     """
     runtime = ctx.need_runtime()
     if source is not None:
         if not await asyncio.to_thread(source.is_dir):
             raise InvalidOptions(f"repository snapshot {source} is not a directory")
+        source = await asyncio.to_thread(_base_tree, source, ctx.options.get("base_commit") or "")
         await runtime.upload(source, "repo", exclude=_SNAPSHOT_EXCLUDE)
         ctx.repo_dir = runtime.root / "repo"
     else:
@@ -127,6 +131,16 @@ async def prepare_repository(ctx: EvalContext, source: Path | None) -> None:
         await ctx.git("init", "-q")
     await ctx.git("add", "-A")
     await ctx.git("commit", "-q", "--allow-empty", "--no-verify", "-m", "polar: evaluation snapshot")
+
+
+def _base_tree(source: Path, base_commit: object) -> Path:
+    """The directory to copy in: the export of ``base_commit``'s tree for a git repository, else ``source``."""
+    if not isinstance(base_commit, str):
+        raise InvalidOptions("option 'base_commit' must be a string")
+    if not is_git_repository(source) and not base_commit:
+        return source
+    trees = TreeCache()
+    return trees.export(trees.resolve(source, base_commit))
 
 
 def opt_str(options: Mapping[str, Any], key: str, default: str = "") -> str:

@@ -56,7 +56,7 @@ class CommandStrategy:
         """Apply the patch, place the files, run the command, read the reward."""
         runtime = ctx.need_runtime()
         if artifacts.patch and ctx.repo_dir is not None:
-            problem = await apply_patch(ctx, artifacts.patch)
+            problem = await apply_patch(ctx, artifacts.patch, keep_as="agent.patch")
             if problem is not None:
                 return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])
         for rel, content in artifacts.files.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
@@ -24,9 +25,14 @@ def is_protected(path: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) or fnmatch.fnmatchcase(name, pat) for pat in patterns)
 
 
-async def apply_patch(ctx: EvalContext, patch: bytes) -> str | None:
-    """Apply ``patch`` with ``git apply``; return ``None`` on success, else git's complaint."""
+async def apply_patch(ctx: EvalContext, patch: bytes, *, keep_as: str = "") -> str | None:
+    """Apply ``patch`` with ``git apply``; return ``None`` on success, else git's complaint.
+
+    With ``keep_as``, the patch is also kept under that name in the evaluation's own directory (beside its log).
+    """
     runtime = ctx.need_runtime()
+    if keep_as:
+        await asyncio.to_thread((ctx.workdir / keep_as).write_bytes, patch)
     patch_path = runtime.root / "eval" / "agent.patch"
     await runtime.upload(patch, patch_path)
     check = await ctx.git("apply", "--check", "--whitespace=nowarn", str(patch_path), check=False)

@@ -101,7 +101,7 @@ class SweStrategy:
         """Apply, restore, run, judge."""
         runtime = ctx.need_runtime()
         if artifacts.patch:
-            problem = await apply_patch(ctx, artifacts.patch)
+            problem = await apply_patch(ctx, artifacts.patch, keep_as="agent.patch")
             if problem is not None:
                 ctx.log.write("the agent's patch does not apply", problem)
                 return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])

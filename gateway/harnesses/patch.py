@@ -1,9 +1,14 @@
-"""The workspace patch: everything the agent changed since the workspace's initial commit, as a git diff.
+"""The workspace patch: everything the agent changed in the workspace's base tree, as a git diff.
 
 The same shell script serves the host (:func:`collect_patch`) and runtimes (``runtime.exec(patch_argv(ws))``),
-so a patch looks identical wherever it was taken. The agent controls the workspace, including ``.git``; the
-script therefore turns off hooks, fsmonitor, external diff drivers and textconv filters, and uses a private
-index so the agent's staging area is left as it was.
+so a patch looks identical wherever it was taken. The agent controls the workspace, including ``.git``, so the
+patch is taken against a reference it cannot touch when the caller has one: a pack holding the base tree's
+objects (made by the gateway and uploaded only after the agent ended) read into a private ``GIT_DIR``
+outside the workspace, with the workspace as work tree, so commits, resets, rewritten history or a deleted or
+replaced ``.git`` change nothing (git never treats a work tree's ``.git`` as content). Without one, the
+workspace's first commit is the base. The script also turns off hooks, fsmonitor, external diff drivers,
+textconv filters and the user's and system's git configuration, and uses a private index so the agent's
+staging area is left as it was. Untracked files are included; ``.gitignore``'d ones are not.
 """
 
 from __future__ import annotations
@@ -29,16 +34,26 @@ _SAFE_GIT = (
     "-c core.attributesFile=/dev/null"
 )
 
-# $1 is the workspace. Untracked files are included (git add -A on a private index); .gitignore'd ones are not.
+# $1 is the workspace; $2 the base tree and $3 a pack of its objects (both empty: the workspace's first commit).
 PATCH_SCRIPT = f"""set -eu
-cd "$1"
-base=$({_SAFE_GIT} rev-list --max-parents=0 HEAD | tail -n 1)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export GIT_INDEX_FILE="$tmp/index"
-{_SAFE_GIT} read-tree HEAD
+unset GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR
+export HOME="$tmp" XDG_CONFIG_HOME="$tmp" GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+cd "$1"
+if [ -n "${{2:-}}" ]; then
+  {_SAFE_GIT} init -q "$tmp/ref"
+  export GIT_DIR="$tmp/ref/.git" GIT_WORK_TREE="$1" GIT_INDEX_FILE="$tmp/index"
+  if [ -n "${{3:-}}" ]; then {_SAFE_GIT} index-pack --stdin < "$3" > /dev/null; fi
+  base=$2
+  {_SAFE_GIT} read-tree "$base"
+else
+  base=$({_SAFE_GIT} rev-list --max-parents=0 HEAD | tail -n 1)
+  export GIT_INDEX_FILE="$tmp/index"
+  {_SAFE_GIT} read-tree HEAD
+fi
 {_SAFE_GIT} add -A .
-{_SAFE_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv "$base"
+{_SAFE_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv "$base" --
 """
 
 _INIT_SCRIPT = f"""set -eu
@@ -51,9 +66,15 @@ if [ ! -d .git ]; then {_SAFE_GIT} init -q; fi
 """
 
 
-def patch_argv(workspace: str | PurePath) -> list[str]:
-    """The command that prints the workspace patch, for ``Runtime.exec`` (needs ``sh`` and ``git``)."""
-    return ["sh", "-c", PATCH_SCRIPT, "polar-patch", str(workspace)]
+def patch_argv(workspace: str | PurePath, base_tree: str = "", pack: str | PurePath = "") -> list[str]:
+    """The command that prints the workspace patch, for ``Runtime.exec`` (needs ``sh`` and ``git``).
+
+    Args:
+        workspace: The workspace.
+        base_tree: The tree the patch is taken against; empty for the workspace's first commit.
+        pack: A pack file holding ``base_tree``'s objects (empty for the empty tree).
+    """
+    return ["sh", "-c", PATCH_SCRIPT, "polar-patch", str(workspace), base_tree, str(pack)]
 
 
 def init_workspace_argv(workspace: str | PurePath) -> list[str]:
@@ -81,10 +102,16 @@ def init_workspace(workspace: Path) -> str:
     return _run(init_workspace_argv(workspace), "initialising the workspace repository").strip()
 
 
-def collect_patch(workspace: Path) -> str:
-    """Return ``git diff`` of the workspace (tracked and untracked files) against its initial commit.
+def collect_patch(workspace: Path, base_tree: str = "", pack: Path | None = None) -> str:
+    """Return ``git diff`` of the workspace (tracked and untracked files) against its base.
+
+    Args:
+        workspace: The workspace.
+        base_tree: The base tree (see :func:`patch_argv`); empty for the workspace's initial commit.
+        pack: A pack of ``base_tree``'s objects.
 
     Raises:
-        FailedPrecondition: The workspace is not a git repository with at least one commit, or git failed.
+        FailedPrecondition: The workspace is not a git repository with at least one commit (without a base
+            tree), or git failed.
     """
-    return _run(patch_argv(workspace), "collecting the workspace patch")
+    return _run(patch_argv(workspace, base_tree, pack or ""), "collecting the workspace patch")

@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
-from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory, _repository
+from gateway.agent import HarnessAgentRunner, SpecRuntimeFactory
 from gateway.models import EvaluatorConfig, HarnessConfig, RuntimeConfig, SessionSpec
 from gateway.tunnel import ProxyTunnel
+from gateway.workspace import _repository
 from polar_core.errors import FailedPrecondition, InvalidArgument
+from polar_core.git_trees import TreeCache
+from polar_core.testing import git, make_history_repo
 from runtimes import DefaultRuntimeFactory, NetworkMode
 
 
@@ -86,3 +89,32 @@ async def test_long_state_dirs_get_a_short_socket_path(tmp_path: Path) -> None:
     assert tunnel.socket_path.parent.is_dir()
     await tunnel.close()
     assert not tunnel.socket_path.parent.exists()
+
+
+def _with_repo(repo: Path, **options: Any) -> SessionSpec:
+    return dataclasses.replace(_spec(), evaluator=EvaluatorConfig("swe", {"repo": str(repo), **options}))
+
+
+def test_base_commit_is_checked_at_admission(tmp_path: Path) -> None:
+    repo = make_history_repo(tmp_path / "repo")
+    runner = HarnessAgentRunner(trees=TreeCache(tmp_path / "cache"))
+    runner.validate(_with_repo(repo.path, base_commit=repo.base))
+    runner.validate(_with_repo(repo.path, base_commit="main"))
+    runner.validate(_with_repo(repo.path))  # HEAD
+    with pytest.raises(InvalidArgument, match="is not a commit"):
+        runner.validate(_with_repo(repo.path, base_commit="0" * 40))
+    with pytest.raises(InvalidArgument, match="plain ref name"):
+        runner.validate(_with_repo(repo.path, base_commit="--output=/tmp/owned"))
+    with pytest.raises(InvalidArgument, match="must be a string"):
+        runner.validate(_with_repo(repo.path, base_commit=12.0))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(InvalidArgument, match="needs a git repository"):
+        runner.validate(_with_repo(plain, base_commit=repo.base))
+    runner.validate(_with_repo(plain))
+    sub = make_history_repo(tmp_path / "sub")
+    git(repo.path, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub.path), "vendor/sub")
+    git(repo.path, "commit", "-qm", "add a submodule")
+    with pytest.raises(InvalidArgument, match="submodule"):
+        runner.validate(_with_repo(repo.path, base_commit="main"))
+    runner.validate(_with_repo(repo.path, base_commit=repo.base))  # the base itself has none

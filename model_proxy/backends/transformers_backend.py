@@ -27,7 +27,36 @@ from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, Malfor
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal
 
-__all__ = ["TransformersBackend", "sample_next"]
+__all__ = ["TransformersBackend", "config_mismatches", "sample_next"]
+
+# Config fields a new checkpoint must share with the served model (the tokenizer and the shapes stay).
+_SAME_CONFIG = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+_LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError)
+
+
+def config_mismatches(served: Any, candidate: Any) -> list[str]:
+    """The differences that make ``candidate`` (a model config) unfit to replace ``served``, as phrases."""
+    problems = [
+        f"{name} {getattr(candidate, name, None)!r} (served: {getattr(served, name, None)!r})"
+        for name in _SAME_CONFIG
+        if getattr(served, name, None) != getattr(candidate, name, None)
+    ]
+    ours = list(getattr(served, "architectures", None) or [])
+    theirs = list(getattr(candidate, "architectures", None) or [])
+    if ours and theirs and ours != theirs:
+        problems.append(f"architectures {theirs} (served: {ours})")
+    return problems
+
+
+def _check_directory(path: str) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FailedPrecondition(f"weights path {path!r} is not a directory")
+    if not (directory / "config.json").is_file():
+        raise FailedPrecondition(f"no config.json in {path!r}")
+    if not any(directory.glob("*.safetensors")) and not any(directory.glob("pytorch_model*.bin")):
+        raise FailedPrecondition(f"no weight files (*.safetensors or pytorch_model*.bin) in {path!r}")
+    return directory
 
 
 def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
@@ -145,12 +174,56 @@ class TransformersBackend:
                 executor.shutdown(wait=True)
 
     async def check_weights(self, path: str) -> str:
-        """Refuse (placeholder: the p13-fleet branch implements loading for this backend)."""
-        raise FailedPrecondition(f"{self.name} cannot load weights in this build")
+        """Check a Hugging Face checkpoint directory against the served model's config; return its architecture.
+
+        Raises:
+            FailedPrecondition: No directory, no ``config.json`` or weight files, an unreadable config, or a
+                different model type, vocabulary size, hidden size, layer count or architecture.
+        """
+        if self._model is None:
+            raise FailedPrecondition("transformers backend is not started")
+        directory = _check_directory(path)
+        from transformers import AutoConfig
+
+        try:
+            config = await asyncio.to_thread(AutoConfig.from_pretrained, str(directory))
+        except _LOAD_ERRORS as exc:
+            raise FailedPrecondition(f"cannot read the config in {path!r}: {exc}") from exc
+        problems = config_mismatches(self._model.config, config)
+        if problems:
+            raise FailedPrecondition(f"checkpoint {path!r} does not fit the served model: {', '.join(problems)}")
+        architectures = list(getattr(config, "architectures", None) or [])
+        return str(architectures[0]) if architectures else str(config.model_type)
 
     async def load_weights(self, path: str) -> None:
-        """Refuse (placeholder: the p13-fleet branch implements loading for this backend)."""
-        raise FailedPrecondition(f"{self.name} cannot load weights in this build")
+        """Load the checkpoint into a new model object (same dtype and device), check it, then swap it in.
+
+        The served model is untouched until the new one is loaded and matches; the swap waits for a
+        generation in flight (there is none while the proxy is paused).
+
+        Raises:
+            FailedPrecondition: As :meth:`check_weights`, or loading failed.
+        """
+        await self.check_weights(path)
+        current = next(self._model.parameters())
+
+        def load() -> Any:
+            from transformers import AutoModelForCausalLM
+
+            loader: Any = AutoModelForCausalLM
+            model = loader.from_pretrained(path, dtype=current.dtype)
+            return model.to(current.device).eval()
+
+        try:
+            model = await asyncio.to_thread(load)
+        except _LOAD_ERRORS as exc:
+            raise FailedPrecondition(f"cannot load {path!r}: {exc}") from exc
+        problems = config_mismatches(self._model.config, model.config)
+        if problems:
+            raise FailedPrecondition(f"checkpoint {path!r} does not fit the served model: {', '.join(problems)}")
+        async with self._lock:
+            self._model = model
+            self._source = path
 
     async def healthy(self) -> bool:
         """Whether the model is loaded."""

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from evaluator.task_files import evaluator_spec_from_task
 from polar_client import load_task
+from polar_core.errors import InvalidArgument
 from polar_core.task_paths import resolve_task_paths
+from polar_core.testing import make_history_repo
 
 
 def _task_file(tmp_path: Path) -> Path:
@@ -53,3 +56,24 @@ def test_the_client_and_the_evaluator_read_the_same_paths(tmp_path: Path, monkey
     assert task.evaluator.options["test_patch"] == f"{folder}/tests.diff"
     spec = evaluator_spec_from_task(yaml.safe_load(path.read_text()), path.parent)
     assert spec.options == {"repo": f"{folder}/repo", "test_patch": f"{folder}/tests.diff"}
+
+
+def test_base_commit_is_checked_when_the_task_file_is_read(tmp_path: Path) -> None:
+    repo = make_history_repo(tmp_path / "tasks" / "g" / "repo")
+
+    def write(base_commit: object) -> Path:
+        path = tmp_path / "tasks" / "g" / "task.yaml"
+        evaluator = {"strategy": "swe", "repo": "repo", "base_commit": base_commit, "fail_to_pass": ["t::x"]}
+        path.write_text(yaml.safe_dump({"task_id": "g", "instruction": "fix", "evaluator": evaluator}))
+        return path
+
+    task = load_task(write(repo.base))
+    assert task.evaluator.options["base_commit"] == repo.base
+    assert task.evaluator.options["repo"] == str(repo.path)
+    assert load_task(write("main")).evaluator.options["base_commit"] == "main"
+    with pytest.raises(InvalidArgument, match="plain ref name"):
+        load_task(write("HEAD@{1}"))
+    with pytest.raises(InvalidArgument, match="is not a commit"):
+        load_task(write("deadbeef"))
+    with pytest.raises(InvalidArgument, match="is not a commit"):
+        load_task(write(1234567))  # read back as text, then looked up

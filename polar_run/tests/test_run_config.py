@@ -185,3 +185,19 @@ def test_harness_options_are_checked_before_anything_starts(tmp_path: Path) -> N
         prepare_task(path, RunOverrides(harness="nope"))
     with pytest.raises(InvalidArgument):
         prepare_task(_task_file(tmp_path / "b", harness={"name": "command", "argv": ["true"], "bogus": 1}))
+
+
+def test_bad_staleness_fields_fail_polar_run_before_anything_starts(tmp_path: Path) -> None:
+    from polar_run.cli import main
+
+    harness = {"name": "command", "argv": ["true"]}
+    for name, value in (("max_policy_lag", -1), ("stale_policy", "sometimes")):
+        (tmp_path / name).mkdir()
+        path = _task_file(tmp_path / name, harness=harness, **{name: value})
+        out = tmp_path / "out"
+        with pytest.raises(InvalidArgument, match=name):
+            prepare_task(path)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", str(path), "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert not out.exists()  # nothing was started or written

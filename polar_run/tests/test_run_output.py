@@ -87,6 +87,30 @@ def test_summary_rows_add_up_and_files_agree(tmp_path: Path) -> None:
     assert "1 / 1 / 1" in text
 
 
+def test_summary_shows_the_policy_lag() -> None:
+    results = [_result(i, "resolved", 1.0, calls=1, masks=[[1]]) for i in range(3)]
+    for result, lag in zip(results, (0, 2, 1), strict=True):
+        result.policy_lag = lag
+        result.traces[0].policy_lag = lag
+    rows = [session_row(r) for r in results]
+    assert [r["policy_lag"] for r in rows] == [0, 2, 1]
+    stats = rollout_service_pb2.TaskStatistics(
+        policy_lag=rollout_service_pb2.Distribution(count=3, mean=1.0, p50=1.0, p90=2.0, max=2.0),
+        sessions_stale_resampled=4,
+        sessions_stale_kept=1,
+    )
+    summary = summarize(rows, statistics=stats)
+    assert summary["policy_lag"] == {"mean": 1.0, "max": 2}
+    assert summary["statistics"]["policy_lag"]["max"] == 2.0
+    assert summary["statistics"]["sessions_stale_resampled"] == 4
+    console = Console(record=True, width=120)
+    print_summary(console, summary, title="t")
+    text = console.export_text()
+    lines = {line.split("  ")[0]: line.split("  ", 1)[1].strip() for line in text.splitlines() if "  " in line}
+    assert lines["policy lag"] == "mean 1.0 · p50 1.0 · p90 2.0 · max 2.0"
+    assert lines["stale resampled / kept"] == "4 / 1"
+
+
 def test_progress_counts_always_sum_to_the_total() -> None:
     now = [0.0]
     state = ProgressState(3, clock=lambda: now[0])

@@ -252,14 +252,16 @@ def test_tail_without_end_of_turn_is_an_unsafe_boundary():
     assert result.stats.splits_by_reason == {SplitReason.NO_END_OF_TURN: 1}
 
 
-def test_policy_versions_are_listed_and_optionally_split():
+def test_chains_split_at_policy_versions_by_default_with_an_opt_out():
     records = [rec(0, [1], [20, EOT], version="v1"), rec(1, [1, 20, EOT, 3], [21, EOT], version="v2")]
-    merged = reconstruct_session(records, PREFIX)
-    assert merged.traces[0].policy_versions == ["v1", "v2"]
-    options = ReconstructionOptions(end_of_turn_ids=(EOT,), split_on_policy_version=True)
-    split = reconstruct_session(records, options)
+    split = reconstruct_session(records, PREFIX)
     assert [t.policy_versions for t in split.traces] == [["v1"], ["v2"]]
     assert split.stats.splits_by_reason == {SplitReason.POLICY_VERSION: 1}
+    opt_out = ReconstructionOptions(end_of_turn_ids=(EOT,), split_on_policy_version=False)
+    merged = reconstruct_session(records, opt_out)
+    assert [t.policy_versions for t in merged.traces] == [["v1", "v2"]]
+    same = [rec(0, [1], [20, EOT], version="v1"), rec(1, [1, 20, EOT, 3], [21, EOT], version="v1")]
+    assert len(reconstruct_session(same, PREFIX).traces) == 1  # one version: nothing to split
 
 
 @pytest.mark.parametrize("status", [TerminalStatus.INFRA_ERROR, TerminalStatus.CANCELLED])

@@ -14,11 +14,15 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    PolicyUpdateRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     SessionState,
     TaskRecord,
     TaskState,
+    UpdateOutcome,
 )
 
 __all__ = ["SessionChange", "Store"]
@@ -28,7 +32,7 @@ SessionChange = tuple[SessionRecord, SessionState, int]
 
 
 class Store(Protocol):
-    """Durable state of the rollout server: tasks, sessions, results, gateways and the delivery outbox."""
+    """Durable state of the rollout server: tasks, sessions, results, gateways, the delivery outbox and the policy."""
 
     async def init(self) -> None:
         """Create the schema if it does not exist (idempotent)."""
@@ -116,3 +120,25 @@ class Store(Protocol):
 
     async def dead_letters(self, task_id: str) -> list[DeliveryRecord]:
         """Return a task's dead-lettered deliveries."""
+
+    # Policy and proxies ----------------------------------------------------------------------------------
+    async def current_policy(self) -> PolicyRecord | None:
+        """Return the highest stored policy version, or ``None`` before the first update."""
+
+    async def get_policy_update(self, version: int) -> PolicyUpdateRecord | None:
+        """Return a stored version with its update's outcome, or ``None``."""
+
+    async def insert_policy(self, policy: PolicyRecord) -> bool:
+        """Store ``policy`` as current unless a version at or above it exists; ``False`` when one does."""
+
+    async def set_policy_outcome(self, version: int, outcome: UpdateOutcome) -> None:
+        """Store the outcome of a version's update (replacing an earlier one)."""
+
+    async def upsert_proxy(self, proxy: ProxyRecord) -> None:
+        """Insert or replace a proxy."""
+
+    async def set_proxy_state(self, proxy_id: str, *, version: int | None, paused: bool, error: str) -> None:
+        """Record a proxy's update state (``version`` ``None`` keeps the stored one); unknown ids are ignored."""
+
+    async def list_proxies(self) -> list[ProxyRecord]:
+        """Return every proxy by id."""

@@ -16,9 +16,12 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     SessionState,
+    StalePolicy,
     TaskRecord,
     TaskState,
 )
@@ -26,6 +29,8 @@ from rollout_server.models import (
 __all__ = [
     "DELIVERY_COLS",
     "GATEWAY_COLS",
+    "POLICY_COLS",
+    "PROXY_COLS",
     "REPORT_COLS",
     "RESULT_COLS",
     "SESSION_COLS",
@@ -37,6 +42,10 @@ __all__ = [
     "gateway_from",
     "gateway_row",
     "opt_float",
+    "policy_from",
+    "policy_row",
+    "proxy_from",
+    "proxy_row",
     "report_row",
     "result_from",
     "result_row",
@@ -51,20 +60,22 @@ Row = Sequence[Any]
 TASK_COLS = (
     "task_id, spec, spec_hash, num_samples, priority, early_stop, session_timeout_s, callback_kind, "
     "callback_target, callback_max_attempts, state, submitted_at, deadline, finished_at, error_message, "
-    "trace_context"
+    "trace_context, max_policy_lag, stale_policy"
 )
 TASK_SELECT = f"SELECT {TASK_COLS}, seq, results_count FROM tasks"
 SESSION_COLS = (
     "session_id, task_id, sample_index, state, attempt, infra_failures, gateway_id, not_before, dispatched_at, "
-    "deadline, priority, task_seq"
+    "deadline, priority, task_seq, stale_resamples"
 )
 RESULT_COLS = (
     "session_id, task_id, sample_index, status, reward, attempt, gateway_id, idempotency_key, error_message, "
-    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at"
+    "duration_s, calls, chains, policy_versions, {payload}, result_index, recorded_at, policy_lag, fleet_version"
 )
 GATEWAY_COLS = (
     "gateway_id, address, capacity, draining, lease_expires_at, active_sessions, labels, version, stage_metrics"
 )
+POLICY_COLS = "version, weights_path, updated_at"
+PROXY_COLS = "proxy_id, address, backend, version, paused, error, registered_at"
 REPORT_COLS = "idempotency_key, session_id, attempt, status, gateway_id, error_message, final, recorded_at"
 DELIVERY_COLS = (
     "idempotency_key, task_id, session_id, target_kind, target, max_attempts, state, attempts, next_attempt_at, "
@@ -95,6 +106,8 @@ def task_row(t: TaskRecord) -> tuple[Any, ...]:
         opt_float(t.finished_at),
         t.error_message,
         json.dumps(t.trace_context, sort_keys=True) if t.trace_context else "",
+        t.max_policy_lag,
+        t.stale_policy.value,
     )
 
 
@@ -115,8 +128,10 @@ def task_from(r: Row) -> TaskRecord:
         finished_at=None if r[13] is None else float(r[13]),
         error_message=r[14],
         trace_context=json.loads(r[15]) if r[15] else {},
-        seq=int(r[16]),
-        results_count=int(r[17]),
+        max_policy_lag=None if r[16] is None else int(r[16]),
+        stale_policy=StalePolicy(r[17]),
+        seq=int(r[18]),
+        results_count=int(r[19]),
     )
 
 
@@ -134,6 +149,7 @@ def session_row(s: SessionRecord) -> tuple[Any, ...]:
         opt_float(s.deadline),
         s.priority,
         s.task_seq,
+        s.stale_resamples,
     )
 
 
@@ -151,6 +167,7 @@ def session_from(r: Row) -> SessionRecord:
         deadline=None if r[9] is None else float(r[9]),
         priority=int(r[10]),
         task_seq=int(r[11]),
+        stale_resamples=int(r[12]),
     )
 
 
@@ -172,6 +189,8 @@ def result_from(r: Row) -> ResultRecord:
         payload=bytes(r[13]) if r[13] is not None else b"",
         result_index=int(r[14]),
         recorded_at=float(r[15]),
+        policy_lag=int(r[16]),
+        fleet_version=int(r[17]),
     )
 
 
@@ -235,6 +254,8 @@ def result_row(r: ResultRecord) -> tuple[Any, ...]:
         r.payload,
         r.result_index,
         float(r.recorded_at),
+        r.policy_lag,
+        r.fleet_version,
     )
 
 
@@ -265,4 +286,28 @@ def delivery_row(d: DeliveryRecord) -> tuple[Any, ...]:
         d.attempts,
         float(d.next_attempt_at),
         d.last_error,
+    )
+
+
+def policy_row(p: PolicyRecord) -> tuple[Any, ...]:
+    return (p.version, p.weights_path, float(p.updated_at))
+
+
+def policy_from(r: Row) -> PolicyRecord:
+    return PolicyRecord(version=int(r[0]), weights_path=r[1], updated_at=float(r[2]))
+
+
+def proxy_row(p: ProxyRecord) -> tuple[Any, ...]:
+    return (p.proxy_id, p.address, p.backend, p.version, int(p.paused), p.error, float(p.registered_at))
+
+
+def proxy_from(r: Row) -> ProxyRecord:
+    return ProxyRecord(
+        proxy_id=r[0],
+        address=r[1],
+        backend=r[2],
+        version=int(r[3]),
+        paused=bool(r[4]),
+        error=r[5],
+        registered_at=float(r[6]),
     )

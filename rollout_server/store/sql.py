@@ -14,10 +14,14 @@ from rollout_server.models import (
     DeliveryRecord,
     DeliveryState,
     GatewayRecord,
+    PolicyRecord,
+    PolicyUpdateRecord,
+    ProxyRecord,
     ResultRecord,
     SessionRecord,
     TaskRecord,
     TaskState,
+    UpdateOutcome,
     check_session_transition,
     check_task_transition,
 )
@@ -25,6 +29,8 @@ from rollout_server.store.base import SessionChange
 from rollout_server.store.rows import (
     DELIVERY_COLS,
     GATEWAY_COLS,
+    POLICY_COLS,
+    PROXY_COLS,
     REPORT_COLS,
     RESULT_COLS,
     SESSION_COLS,
@@ -36,6 +42,10 @@ from rollout_server.store.rows import (
     gateway_from,
     gateway_row,
     opt_float,
+    policy_from,
+    policy_row,
+    proxy_from,
+    proxy_row,
     report_row,
     result_from,
     result_row,
@@ -95,7 +105,9 @@ CREATE TABLE IF NOT EXISTS tasks (
   finished_at {real},
   error_message TEXT NOT NULL,
   results_count {int} NOT NULL DEFAULT 0,
-  trace_context TEXT NOT NULL DEFAULT ''
+  trace_context TEXT NOT NULL DEFAULT '',
+  max_policy_lag {int},
+  stale_policy TEXT NOT NULL DEFAULT 'keep'
 );
 CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state, seq);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -110,7 +122,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   dispatched_at {real},
   deadline {real},
   priority {int} NOT NULL,
-  task_seq {int} NOT NULL
+  task_seq {int} NOT NULL,
+  stale_resamples {int} NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_queue ON sessions (state, priority, task_seq, sample_index);
@@ -131,6 +144,8 @@ CREATE TABLE IF NOT EXISTS results (
   policy_versions TEXT NOT NULL,
   payload {blob} NOT NULL,
   recorded_at {real} NOT NULL,
+  policy_lag {int} NOT NULL DEFAULT 0,
+  fleet_version {int} NOT NULL DEFAULT 0,
   UNIQUE (task_id, result_index)
 );
 CREATE TABLE IF NOT EXISTS reports (
@@ -171,6 +186,21 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (state, next_attempt_at);
 CREATE INDEX IF NOT EXISTS deliveries_task ON deliveries (task_id);
+CREATE TABLE IF NOT EXISTS policies (
+  version {int} PRIMARY KEY,
+  weights_path TEXT NOT NULL,
+  updated_at {real} NOT NULL,
+  outcome TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS proxies (
+  proxy_id TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  version {int} NOT NULL,
+  paused {int} NOT NULL,
+  error TEXT NOT NULL,
+  registered_at {real} NOT NULL
+);
 """
 
 
@@ -181,12 +211,19 @@ def schema(types: dict[str, str]) -> list[str]:
 
 # Columns added after a table's first release: (table, column, definition). A database made before the
 # column existed gets it by ``ALTER TABLE ... ADD COLUMN`` on start; rows already there take the default.
-ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),)
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("tasks", "trace_context", "TEXT NOT NULL DEFAULT ''"),
+    ("tasks", "max_policy_lag", "{int}"),
+    ("tasks", "stale_policy", "TEXT NOT NULL DEFAULT 'keep'"),
+    ("sessions", "stale_resamples", "{int} NOT NULL DEFAULT 0"),
+    ("results", "policy_lag", "{int} NOT NULL DEFAULT 0"),
+    ("results", "fleet_version", "{int} NOT NULL DEFAULT 0"),
+)
 
 
 _SESSION_CAS = (
     "UPDATE sessions SET state = ?, attempt = ?, infra_failures = ?, gateway_id = ?, not_before = ?, "
-    "dispatched_at = ?, deadline = ? WHERE session_id = ? AND state = ? AND attempt = ?"
+    "dispatched_at = ?, deadline = ?, stale_resamples = ? WHERE session_id = ? AND state = ? AND attempt = ?"
 )
 
 
@@ -201,6 +238,7 @@ def _cas_args(change: SessionChange) -> tuple[Any, ...]:
         float(new.not_before),
         opt_float(new.dispatched_at),
         opt_float(new.deadline),
+        new.stale_resamples,
         new.session_id,
         expected_state.value,
         expected_attempt,
@@ -224,7 +262,7 @@ class SqlStore:
                     await conn.fetch(f"SELECT {column} FROM {table} WHERE 1 = 0")
             except Exception:
                 async with self._db.transaction() as conn:
-                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition.format(**self._db.types)}")
 
     async def close(self) -> None:
         """Close the backend."""
@@ -235,7 +273,7 @@ class SqlStore:
         """Insert a task and its sessions unless the id exists."""
         async with self._db.transaction() as conn:
             rows = await conn.fetch(
-                f"INSERT INTO tasks ({TASK_COLS}) VALUES ({', '.join('?' * 16)}) "
+                f"INSERT INTO tasks ({TASK_COLS}) VALUES ({', '.join('?' * 18)}) "
                 "ON CONFLICT (task_id) DO NOTHING RETURNING seq",
                 task_row(task),
             )
@@ -246,7 +284,7 @@ class SqlStore:
             for s in sessions:
                 s.task_seq = seq
             await conn.executemany(
-                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 12)})",
+                f"INSERT INTO sessions ({SESSION_COLS}) VALUES ({', '.join('?' * 13)})",
                 [session_row(s) for s in sessions],
             )
         task.seq = seq
@@ -369,7 +407,7 @@ class SqlStore:
             result.result_index = int(rows[0][0]) - 1
             await self._insert_report(conn, result, final=True)
             await conn.execute(
-                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 16)})",
+                f"INSERT INTO results ({RESULT_COLS.format(payload='payload')}) VALUES ({', '.join('?' * 18)})",
                 result_row(result),
             )
             if result.policy_versions:
@@ -474,3 +512,66 @@ class SqlStore:
                 f"SELECT {DELIVERY_COLS} FROM deliveries WHERE task_id = ? AND state = 'dead'", (task_id,)
             )
         return [delivery_from(r) for r in rows]
+
+    # Policy and proxies ----------------------------------------------------------------------------------
+    async def current_policy(self) -> PolicyRecord | None:
+        """Return the highest stored policy version, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {POLICY_COLS} FROM policies ORDER BY version DESC LIMIT 1")
+        return policy_from(rows[0]) if rows else None
+
+    async def get_policy_update(self, version: int) -> PolicyUpdateRecord | None:
+        """Return a stored version with its outcome, or ``None``."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {POLICY_COLS}, outcome FROM policies WHERE version = ?", (version,))
+        if not rows:
+            return None
+        policy = policy_from(rows[0])
+        outcome = UpdateOutcome.from_json(policy, rows[0][3]) if rows[0][3] else None
+        return PolicyUpdateRecord(policy, outcome)
+
+    async def insert_policy(self, policy: PolicyRecord) -> bool:
+        """Store ``policy`` unless a version at or above it exists."""
+        async with self._db.transaction() as conn:
+            higher = await conn.fetch("SELECT 1 FROM policies WHERE version >= ? LIMIT 1", (policy.version,))
+            if higher:
+                return False
+            changed = await conn.execute(
+                f"INSERT INTO policies ({POLICY_COLS}, outcome) VALUES (?, ?, ?, '') ON CONFLICT (version) DO NOTHING",
+                policy_row(policy),
+            )
+        return changed == 1
+
+    async def set_policy_outcome(self, version: int, outcome: UpdateOutcome) -> None:
+        """Store the outcome of a version's update."""
+        async with self._db.transaction() as conn:
+            await conn.execute("UPDATE policies SET outcome = ? WHERE version = ?", (outcome.to_json(), version))
+
+    async def upsert_proxy(self, proxy: ProxyRecord) -> None:
+        """Insert or replace a proxy."""
+        updates = ", ".join(f"{c} = excluded.{c}" for c in PROXY_COLS.split(", ")[1:])
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                f"INSERT INTO proxies ({PROXY_COLS}) VALUES ({', '.join('?' * len(PROXY_COLS.split(', ')))}) "
+                f"ON CONFLICT (proxy_id) DO UPDATE SET {updates}",
+                proxy_row(proxy),
+            )
+
+    async def set_proxy_state(self, proxy_id: str, *, version: int | None, paused: bool, error: str) -> None:
+        """Record a proxy's update state."""
+        async with self._db.transaction() as conn:
+            if version is None:
+                await conn.execute(
+                    "UPDATE proxies SET paused = ?, error = ? WHERE proxy_id = ?", (int(paused), error, proxy_id)
+                )
+            else:
+                await conn.execute(
+                    "UPDATE proxies SET version = ?, paused = ?, error = ? WHERE proxy_id = ?",
+                    (version, int(paused), error, proxy_id),
+                )
+
+    async def list_proxies(self) -> list[ProxyRecord]:
+        """Return every proxy by id."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(f"SELECT {PROXY_COLS} FROM proxies ORDER BY proxy_id")
+        return [proxy_from(r) for r in rows]

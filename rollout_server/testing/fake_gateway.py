@@ -64,8 +64,10 @@ class FakeGateway(gateway_service_pb2_grpc.GatewayServiceServicer):
         outcome: Outcome = _resolved,
         policy_version: str = "v1",
         busy_retry_s: float = 0.2,
+        release: asyncio.Event | None = None,
     ) -> None:
         self.gateway_id = gateway_id
+        self.release = release
         self.capacity = capacity
         self.delay_s = delay_s
         self.rollout_target = rollout_target
@@ -146,7 +148,11 @@ class FakeGateway(gateway_service_pb2_grpc.GatewayServiceServicer):
         return state
 
     async def _run(self, held: _Held) -> None:
-        await asyncio.sleep(self.delay_s)
+        # With ``release``, sessions finish when the test says so (no race with a loaded machine's clock).
+        if self.release is not None:
+            await self.release.wait()
+        else:
+            await asyncio.sleep(self.delay_s)
         status, reward = self.outcome(held.spec)
         spec = held.spec
         trace = trace_pb2.Trace(

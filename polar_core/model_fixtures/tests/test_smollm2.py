@@ -45,6 +45,7 @@ def test_missing_distribution_says_how_to_install(monkeypatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # loading the 135M model takes ~20 s alone and far longer on a loaded 2-core machine
 def test_load_and_generate() -> None:
     tokenizer, model = load_smollm2()
 

@@ -22,57 +22,58 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from polar.common.v1 import completion_pb2 as polar_dot_common_dot_v1_dot_completion__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(polar/proxy/v1/model_proxy_service.proto\x12\x0epolar.proxy.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a polar/common/v1/completion.proto\"z\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x13OpenSessionResponse\x12\x15\n\rsession_token\x18\x01 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x02 \x01(\t\x12\x17\n\x0fopenai_base_url\x18\x03 \x01(\t\x12\x17\n\x0fgoogle_base_url\x18\x04 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\"S\n\x16ListCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"d\n\x17ListCompletionsResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x17WatchCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\"K\n\x18WatchCompletionsResponse\x12/\n\ncompletion\x18\x01 \x01(\x0b\x32\x1b.polar.common.v1.Completion\"1\n\x17SetPolicyVersionRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\";\n\x18SetPolicyVersionResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\"1\n\x16PauseGenerationRequest\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x01 \x01(\x08\"=\n\x17PauseGenerationResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x62orted\x18\x02 \x01(\x05\"\x19\n\x17ResumeGenerationRequest\",\n\x18ResumeGenerationResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"+\n\x13\x43heckWeightsRequest\x12\x14\n\x0cweights_path\x18\x01 \x01(\t\",\n\x14\x43heckWeightsResponse\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\"B\n\x12LoadWeightsRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x14\n\x0cweights_path\x18\x02 \x01(\t\"L\n\x13LoadWeightsResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\x12\x14\n\x0cload_seconds\x18\x02 \x01(\x01\"\x12\n\x10GetPolicyRequest\"d\n\x11GetPolicyResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x14\n\x0cweights_path\x18\x02 \x01(\t\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x32\xca\x07\n\x11ModelProxyService\x12V\n\x0bOpenSession\x12\".polar.proxy.v1.OpenSessionRequest\x1a#.polar.proxy.v1.OpenSessionResponse\x12Y\n\x0c\x43loseSession\x12#.polar.proxy.v1.CloseSessionRequest\x1a$.polar.proxy.v1.CloseSessionResponse\x12\x62\n\x0fListCompletions\x12&.polar.proxy.v1.ListCompletionsRequest\x1a\'.polar.proxy.v1.ListCompletionsResponse\x12g\n\x10WatchCompletions\x12\'.polar.proxy.v1.WatchCompletionsRequest\x1a(.polar.proxy.v1.WatchCompletionsResponse0\x01\x12\x65\n\x10SetPolicyVersion\x12\'.polar.proxy.v1.SetPolicyVersionRequest\x1a(.polar.proxy.v1.SetPolicyVersionResponse\x12\x62\n\x0fPauseGeneration\x12&.polar.proxy.v1.PauseGenerationRequest\x1a\'.polar.proxy.v1.PauseGenerationResponse\x12\x65\n\x10ResumeGeneration\x12\'.polar.proxy.v1.ResumeGenerationRequest\x1a(.polar.proxy.v1.ResumeGenerationResponse\x12Y\n\x0c\x43heckWeights\x12#.polar.proxy.v1.CheckWeightsRequest\x1a$.polar.proxy.v1.CheckWeightsResponse\x12V\n\x0bLoadWeights\x12\".polar.proxy.v1.LoadWeightsRequest\x1a#.polar.proxy.v1.LoadWeightsResponse\x12P\n\tGetPolicy\x12 .polar.proxy.v1.GetPolicyRequest\x1a!.polar.proxy.v1.GetPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(polar/proxy/v1/model_proxy_service.proto\x12\x0epolar.proxy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a polar/common/v1/completion.proto\"z\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x13OpenSessionResponse\x12\x15\n\rsession_token\x18\x01 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x02 \x01(\t\x12\x17\n\x0fopenai_base_url\x18\x03 \x01(\t\x12\x17\n\x0fgoogle_base_url\x18\x04 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x63ompletions\x18\x01 \x01(\x03\"S\n\x16ListCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"d\n\x17ListCompletionsResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x17WatchCompletionsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\"K\n\x18WatchCompletionsResponse\x12/\n\ncompletion\x18\x01 \x01(\x0b\x32\x1b.polar.common.v1.Completion\"1\n\x17SetPolicyVersionRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\";\n\x18SetPolicyVersionResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\"c\n\x16PauseGenerationRequest\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x01 \x01(\x08\x12\x30\n\rdrain_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\x17PauseGenerationResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x62orted\x18\x02 \x01(\x05\"\x19\n\x17ResumeGenerationRequest\",\n\x18ResumeGenerationResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"+\n\x13\x43heckWeightsRequest\x12\x14\n\x0cweights_path\x18\x01 \x01(\t\",\n\x14\x43heckWeightsResponse\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\"B\n\x12LoadWeightsRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x14\n\x0cweights_path\x18\x02 \x01(\t\"L\n\x13LoadWeightsResponse\x12\x1f\n\x17previous_policy_version\x18\x01 \x01(\t\x12\x14\n\x0cload_seconds\x18\x02 \x01(\x01\"\x12\n\x10GetPolicyRequest\"d\n\x11GetPolicyResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x14\n\x0cweights_path\x18\x02 \x01(\t\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x32\xca\x07\n\x11ModelProxyService\x12V\n\x0bOpenSession\x12\".polar.proxy.v1.OpenSessionRequest\x1a#.polar.proxy.v1.OpenSessionResponse\x12Y\n\x0c\x43loseSession\x12#.polar.proxy.v1.CloseSessionRequest\x1a$.polar.proxy.v1.CloseSessionResponse\x12\x62\n\x0fListCompletions\x12&.polar.proxy.v1.ListCompletionsRequest\x1a\'.polar.proxy.v1.ListCompletionsResponse\x12g\n\x10WatchCompletions\x12\'.polar.proxy.v1.WatchCompletionsRequest\x1a(.polar.proxy.v1.WatchCompletionsResponse0\x01\x12\x65\n\x10SetPolicyVersion\x12\'.polar.proxy.v1.SetPolicyVersionRequest\x1a(.polar.proxy.v1.SetPolicyVersionResponse\x12\x62\n\x0fPauseGeneration\x12&.polar.proxy.v1.PauseGenerationRequest\x1a\'.polar.proxy.v1.PauseGenerationResponse\x12\x65\n\x10ResumeGeneration\x12\'.polar.proxy.v1.ResumeGenerationRequest\x1a(.polar.proxy.v1.ResumeGenerationResponse\x12Y\n\x0c\x43heckWeights\x12#.polar.proxy.v1.CheckWeightsRequest\x1a$.polar.proxy.v1.CheckWeightsResponse\x12V\n\x0bLoadWeights\x12\".polar.proxy.v1.LoadWeightsRequest\x1a#.polar.proxy.v1.LoadWeightsResponse\x12P\n\tGetPolicy\x12 .polar.proxy.v1.GetPolicyRequest\x1a!.polar.proxy.v1.GetPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'polar.proxy.v1.model_proxy_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENSESSIONREQUEST']._serialized_start=124
-  _globals['_OPENSESSIONREQUEST']._serialized_end=246
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=248
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=370
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=372
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=413
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=415
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=458
-  _globals['_LISTCOMPLETIONSREQUEST']._serialized_start=460
-  _globals['_LISTCOMPLETIONSREQUEST']._serialized_end=543
-  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_start=545
-  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_end=645
-  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_start=647
-  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_end=710
-  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_start=712
-  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_end=787
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=789
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=838
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=840
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=899
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=901
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=950
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=952
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1013
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1015
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1040
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1042
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1086
-  _globals['_CHECKWEIGHTSREQUEST']._serialized_start=1088
-  _globals['_CHECKWEIGHTSREQUEST']._serialized_end=1131
-  _globals['_CHECKWEIGHTSRESPONSE']._serialized_start=1133
-  _globals['_CHECKWEIGHTSRESPONSE']._serialized_end=1177
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1179
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1245
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1247
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1323
-  _globals['_GETPOLICYREQUEST']._serialized_start=1325
-  _globals['_GETPOLICYREQUEST']._serialized_end=1343
-  _globals['_GETPOLICYRESPONSE']._serialized_start=1345
-  _globals['_GETPOLICYRESPONSE']._serialized_end=1445
-  _globals['_MODELPROXYSERVICE']._serialized_start=1448
-  _globals['_MODELPROXYSERVICE']._serialized_end=2418
+  _globals['_OPENSESSIONREQUEST']._serialized_start=156
+  _globals['_OPENSESSIONREQUEST']._serialized_end=278
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=280
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=402
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=404
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=445
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=447
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=490
+  _globals['_LISTCOMPLETIONSREQUEST']._serialized_start=492
+  _globals['_LISTCOMPLETIONSREQUEST']._serialized_end=575
+  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_start=577
+  _globals['_LISTCOMPLETIONSRESPONSE']._serialized_end=677
+  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_start=679
+  _globals['_WATCHCOMPLETIONSREQUEST']._serialized_end=742
+  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_start=744
+  _globals['_WATCHCOMPLETIONSRESPONSE']._serialized_end=819
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=821
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=870
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=872
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=931
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=933
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1032
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1034
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1095
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1097
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1122
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1124
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1168
+  _globals['_CHECKWEIGHTSREQUEST']._serialized_start=1170
+  _globals['_CHECKWEIGHTSREQUEST']._serialized_end=1213
+  _globals['_CHECKWEIGHTSRESPONSE']._serialized_start=1215
+  _globals['_CHECKWEIGHTSRESPONSE']._serialized_end=1259
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1261
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1327
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1329
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1405
+  _globals['_GETPOLICYREQUEST']._serialized_start=1407
+  _globals['_GETPOLICYREQUEST']._serialized_end=1425
+  _globals['_GETPOLICYRESPONSE']._serialized_start=1427
+  _globals['_GETPOLICYRESPONSE']._serialized_end=1527
+  _globals['_MODELPROXYSERVICE']._serialized_start=1530
+  _globals['_MODELPROXYSERVICE']._serialized_end=2500
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from polar.common.v1 import completion_pb2 as _completion_pb2
 from google.protobuf.internal import containers as _containers
@@ -89,10 +92,12 @@ class SetPolicyVersionResponse(_message.Message):
     def __init__(self, previous_policy_version: _Optional[str] = ...) -> None: ...
 
 class PauseGenerationRequest(_message.Message):
-    __slots__ = ("abort_in_flight",)
+    __slots__ = ("abort_in_flight", "drain_timeout")
     ABORT_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     abort_in_flight: bool
-    def __init__(self, abort_in_flight: _Optional[bool] = ...) -> None: ...
+    drain_timeout: _duration_pb2.Duration
+    def __init__(self, abort_in_flight: _Optional[bool] = ..., drain_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PauseGenerationResponse(_message.Message):
     __slots__ = ("in_flight", "aborted")

@@ -1,0 +1,125 @@
+"""The proxy's side of policy updates: LoadWeights' rules, and joining a fleet before admitting a call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from model_proxy.app import ProxyApp
+from model_proxy.fleet import FleetMembership, FleetPolicy
+from model_proxy.tests.conftest import FakeBackend
+from polar_core.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+
+class FakeRegistrar:
+    def __init__(self, policy: FleetPolicy, *, failures: int = 0) -> None:
+        self.policy = policy
+        self.failures = failures
+        self.calls: list[tuple[str, str, str]] = []
+        self.closed = False
+        self.retried = asyncio.Event()  # set from the third registration on
+
+    async def register(self, proxy_id: str, address: str, backend: str) -> FleetPolicy:
+        self.calls.append((proxy_id, address, backend))
+        if len(self.calls) >= 3:
+            self.retried.set()
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("rollout server is starting")
+        return self.policy
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_load_needs_a_pause_sets_the_version_after_loading_and_is_idempotent(
+    app: ProxyApp, backend: FakeBackend
+) -> None:
+    with pytest.raises(InvalidArgument):
+        await app.weights.load("", "/ckpt/v1")
+    with pytest.raises(InvalidArgument):
+        await app.weights.check("")
+    with pytest.raises(FailedPrecondition, match="not paused"):
+        await app.weights.load("1", "/ckpt/v1")
+    assert app.engine.policy_version == "0"
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    previous, _ = await app.weights.load("1", "/ckpt/v1")
+    assert previous == "0"
+    assert backend.loaded == ["/ckpt/v1"]
+    assert app.weights.served().policy_version == "1"
+    assert app.weights.served().weights_path == "/ckpt/v1"
+    assert app.weights.served().paused
+    assert await app.weights.load("1", "/ckpt/v1") == ("1", 0.0)
+    assert backend.loaded == ["/ckpt/v1"]  # not loaded twice
+    backend.load_error = FailedPrecondition("checkpoint '/ckpt/v2' does not fit the served model")
+    with pytest.raises(FailedPrecondition, match="does not fit"):
+        await app.weights.load("2", "/ckpt/v2")
+    assert (app.engine.policy_version, app.weights.weights_path) == ("1", "/ckpt/v1")
+    assert app.engine.gate.paused
+
+
+def _membership(app: ProxyApp, registrar: FakeRegistrar) -> FleetMembership:
+    return FleetMembership(
+        app.weights,
+        app.engine.gate,
+        registrar,
+        proxy_id="p1",
+        address="127.0.0.1:1",
+        backend="fake",
+        retry_s=0.01,
+        retry_max_s=0.02,
+    )
+
+
+async def test_joining_loads_the_fleet_policy_before_opening_the_gate(
+    make_app: Callable[..., ProxyApp], backend: FakeBackend
+) -> None:
+    app = make_app(backend)
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    registrar = FakeRegistrar(FleetPolicy(3, "/ckpt/v3"), failures=2)
+    membership = _membership(app, registrar)
+    membership.start()
+    await asyncio.wait_for(membership.ready.wait(), 5)
+    assert len(registrar.calls) == 3
+    assert registrar.calls[-1] == ("p1", "127.0.0.1:1", "fake")
+    assert backend.loaded == ["/ckpt/v3"]
+    assert app.engine.policy_version == "3"
+    assert not app.engine.gate.paused
+    await membership.stop()
+    assert registrar.closed
+
+
+async def test_a_failed_start_up_load_stays_paused_and_retries(
+    make_app: Callable[..., ProxyApp], backend: FakeBackend
+) -> None:
+    app = make_app(backend)
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    backend.load_error = FailedPrecondition("no config.json in '/ckpt/v2'")
+    registrar = FakeRegistrar(FleetPolicy(2, "/ckpt/v2"))
+    membership = _membership(app, registrar)
+    membership.start()
+    await asyncio.wait_for(registrar.retried.wait(), 5)
+    assert app.engine.gate.paused
+    assert "no config.json" in membership.last_error
+    assert app.engine.policy_version == "0"
+    backend.load_error = None
+    await asyncio.wait_for(membership.ready.wait(), 5)
+    assert app.engine.policy_version == "2"
+    assert not app.engine.gate.paused
+    await membership.stop()
+
+
+async def test_version_zero_keeps_the_configured_weights(
+    make_app: Callable[..., ProxyApp], backend: FakeBackend
+) -> None:
+    app = make_app(backend, policy_version="base")
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    membership = _membership(app, FakeRegistrar(FleetPolicy(0, "")))
+    membership.start()
+    await asyncio.wait_for(membership.ready.wait(), 5)
+    assert app.engine.policy_version == "base"
+    assert backend.loaded == []
+    assert not app.engine.gate.paused
+    await membership.stop()
