@@ -310,6 +310,7 @@ def stats_from_proto(message: reconstruction_pb2.ReconstructionStats) -> Reconst
         mismatched_context_tokens=message.mismatched_context_tokens,
         trainable_tokens=message.trainable_tokens,
         total_tokens=message.total_tokens,
+        aborted_calls=message.aborted_calls,
     )
 
 

@@ -10,7 +10,8 @@ HTTP error (via ``model_proxy.http.errors``)::
     ├── Unauthenticated
     │   └── UnknownSession            401 authentication_error
     ├── ResourceExhausted
-    │   └── BackendOverloaded         529 (Anthropic) / 503 with retry-after
+    │   ├── BackendOverloaded         529 (Anthropic) / 503 with retry-after
+    │   └── GenerationAborted         the same: a weight update cut the call (PauseGeneration abort_in_flight)
     ├── Unavailable
     │   └── BackendUnavailable        503 with retry-after
     ├── DeadlineExceeded
@@ -35,6 +36,7 @@ __all__ = [
     "BackendTimeout",
     "BackendUnavailable",
     "ContextLengthExceeded",
+    "GenerationAborted",
     "MalformedRequest",
     "ScriptExhausted",
     "UnknownSession",
@@ -63,6 +65,15 @@ class UnknownSession(Unauthenticated):
 
 class BackendOverloaded(ResourceExhausted):
     """The backend refused for load; retry later."""
+
+
+class GenerationAborted(ResourceExhausted):
+    """A weight update cut the call (``PauseGeneration`` with ``abort_in_flight``); the harness should retry.
+
+    The harness gets its provider's retryable error (Anthropic 529 ``overloaded_error``, OpenAI 503
+    ``server_error``, Google 503 ``UNAVAILABLE``; an error event once a stream has begun), never the partial
+    answer; the call's record is kept with ``finish_reason`` ``abort`` and the reconstructor leaves it out.
+    """
 
 
 class BackendUnavailable(Unavailable):

@@ -210,7 +210,7 @@ class ReconstructionStats:
     Attributes:
         calls: Completions read.
         chains: Traces produced.
-        merges: Calls merged into an existing chain (``calls == chains + merges``).
+        merges: Calls merged into an existing chain (``calls == chains + merges + aborted_calls``).
         splits_by_reason: Calls that started a new chain although another chain existed, by
             :class:`SplitReason`.
         mismatched_context_calls: Merged calls whose merged context differs from the prompt they were sampled
@@ -218,6 +218,8 @@ class ReconstructionStats:
         mismatched_context_tokens: The sampled (trainable) tokens of those calls.
         trainable_tokens: Tokens with loss mask 1 over all traces.
         total_tokens: Prompt and response tokens over all traces: what a trainer processes.
+        aborted_calls: Calls left out of every trace because they were aborted (``finish_reason`` ``abort``:
+            cut by a weight update, or the harness went away); their records stay for the audit trail.
     """
 
     calls: int = 0
@@ -228,6 +230,7 @@ class ReconstructionStats:
     mismatched_context_tokens: int = 0
     trainable_tokens: int = 0
     total_tokens: int = 0
+    aborted_calls: int = 0
 
     @property
     def splits(self) -> int:
@@ -252,6 +255,7 @@ class ReconstructionStats:
             out.mismatched_context_tokens += p.mismatched_context_tokens
             out.trainable_tokens += p.trainable_tokens
             out.total_tokens += p.total_tokens
+            out.aborted_calls += p.aborted_calls
         out.splits_by_reason = dict(sorted(reasons.items()))
         return out
 

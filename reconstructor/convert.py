@@ -88,4 +88,5 @@ def stats_to_proto(stats: ReconstructionStats) -> reconstruction_pb2.Reconstruct
         mismatched_context_tokens=stats.mismatched_context_tokens,
         trainable_tokens=stats.trainable_tokens,
         total_tokens=stats.total_tokens,
+        aborted_calls=stats.aborted_calls,
     )

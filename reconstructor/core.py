@@ -19,6 +19,7 @@ from reconstructor.models import ReconstructionOptions, ReconstructionResult, Se
 from reconstructor.weights import trace_weights
 
 __all__ = [
+    "ABORTED",
     "ReconstructionOptions",
     "ReconstructionResult",
     "SessionOutcome",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 
+ABORTED = "abort"
+"""The ``finish_reason`` of a call that was cut before it finished; such calls are never trained on."""
+
+
 def reconstruct_session(
     records: Iterable[CompletionRecord],
     options: ReconstructionOptions | None = None,
@@ -35,8 +40,10 @@ def reconstruct_session(
 ) -> ReconstructionResult:
     """Reconstruct the traces of one session.
 
-    Records are visited in ``seq`` order whatever order they are given in. Sessions whose status carries
-    no learning signal (``infra_error``, ``cancelled``) keep their traces for inspection, with every mask
+    Records are visited in ``seq`` order whatever order they are given in. Aborted calls (``finish_reason``
+    ``abort``: cut by a weight update's pause, or the harness went away) are left out of every trace and
+    counted in ``stats.aborted_calls``: the harness never received them as responses. Sessions whose status
+    carries no learning signal (``infra_error``, ``cancelled``) keep their traces for inspection, with every mask
     entry and logprob 0, so no trainer can learn from an infrastructure failure; their weights follow the
     weighting mode like any other session's.
 
@@ -53,8 +60,9 @@ def reconstruct_session(
     """
     options = options or ReconstructionOptions()
     outcome = outcome or SessionOutcome()
-    ordered = _ordered_session(records)
-    stats = ReconstructionStats(calls=len(ordered))
+    read = _ordered_session(records)
+    ordered = [r for r in read if r.finish_reason != ABORTED]
+    stats = ReconstructionStats(calls=len(read), aborted_calls=len(read) - len(ordered))
     if not ordered:
         return ReconstructionResult([], stats)
     eot = options.end_of_turn_ids

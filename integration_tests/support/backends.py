@@ -159,14 +159,15 @@ def run_vllm(
     max_model_len: int = 2048,
     extra_args: tuple[str, ...] = ("--dtype", "float32", "--logprobs-mode", "processed_logprobs"),
     timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, float]]:
-    """Serve ``model_dir`` with vLLM's OpenAI server on CPU.
+    """Serve ``model_dir`` with vLLM's OpenAI server on CPU (``env``: extra variables, e.g. ``VLLM_SERVER_DEV_MODE``).
 
     Yields:
         The base URL and the start-up time in seconds.
     """
     (port,) = free_ports(1)
-    env = dict(os.environ)
+    env = dict(os.environ) | dict(env or {})
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     argv = [

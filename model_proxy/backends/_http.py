@@ -7,13 +7,16 @@ server-sent events into chunks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
 
+from model_proxy.backends.checkpoint import CheckpointInfo, compare_checkpoints, read_checkpoint
 from model_proxy.errors import (
     BackendOverloaded,
     BackendTimeout,
@@ -24,7 +27,14 @@ from model_proxy.errors import (
 from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import FailedPrecondition, PolarError
 
-__all__ = ["HttpBackend", "error_from_response", "error_from_transport", "retry_after", "sse_events"]
+__all__ = [
+    "HttpBackend",
+    "error_from_response",
+    "error_from_transport",
+    "response_message",
+    "retry_after",
+    "sse_events",
+]
 
 _DEFAULT_RETRY_AFTER_S = 1.0
 _CONTEXT_HINTS = ("context length", "max_model_len", "context_length", "maximum context", "too long", "longer than")
@@ -45,7 +55,7 @@ def retry_after(response: httpx.Response) -> float:
         return _DEFAULT_RETRY_AFTER_S
 
 
-def _message(response: httpx.Response) -> str:
+def response_message(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -75,7 +85,7 @@ def error_from_response(response: httpx.Response, *, server: str, prompt_tokens:
         ``BackendOverloaded`` (429), ``BackendUnavailable`` (503, 5xx, 404: model not served),
         ``ContextLengthExceeded`` (400 naming the context length) or ``MalformedRequest`` (other 4xx).
     """
-    message = _message(response)
+    message = response_message(response)
     text = f"{server} answered {response.status_code}: {message}"
     status = response.status_code
     if status == 429:
@@ -157,6 +167,8 @@ class HttpBackend:
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._served_dir: Path | None = None
+        """The served checkpoint's directory on the proxy host (an option, discovered, or the last one loaded)."""
 
     @property
     def _server(self) -> str:
@@ -185,13 +197,49 @@ class HttpBackend:
             return False
         return response.status_code == 200
 
-    async def check_weights(self, path: str) -> str:
-        """Refuse: this backend cannot load a checkpoint yet."""
-        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+    # ----- weight updates (shared by the subclasses' check_weights/load_weights) -----------------------
 
-    async def load_weights(self, path: str) -> None:
-        """Refuse: this backend cannot load a checkpoint yet."""
-        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+    def _admin_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise FailedPrecondition(f"{self._server}: backend not started")
+        return self._client
+
+    async def _admin(self, method: str, path: str, *, what: str, **kwargs: Any) -> httpx.Response:
+        """One call to a management endpoint; a transport failure is a ``FailedPrecondition`` naming ``what``."""
+        try:
+            return await self._admin_client().request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise FailedPrecondition(f"{self._server}: {what} failed: {exc!r}") from exc
+
+    async def _discover_model_dir(self, client: httpx.AsyncClient) -> str | None:
+        """The served checkpoint's path as the server reports it (``None``: it does not say)."""
+        return None
+
+    async def _check_local(self, path: str) -> CheckpointInfo:
+        """Validate checkpoint ``path`` against the served one on this host, before anything is sent.
+
+        Raises:
+            FailedPrecondition: The served checkpoint is unknown or unreadable here, or ``path`` is missing,
+                unreadable or of another architecture, vocabulary, size or tensor layout.
+        """
+        served_dir = self._served_dir
+        if served_dir is None:
+            reported = await self._discover_model_dir(self._admin_client())
+            if reported is None or not await asyncio.to_thread(Path(reported).is_dir):
+                raise FailedPrecondition(
+                    f"{self._server}: the served model's directory is unknown on the proxy host "
+                    f"(the server reports {reported!r}); set the backend option 'model_dir'"
+                )
+            served_dir = self._served_dir = Path(reported)
+        served = await asyncio.to_thread(read_checkpoint, served_dir)
+        candidate = await asyncio.to_thread(read_checkpoint, path)
+        problems = compare_checkpoints(served, candidate)
+        if problems:
+            raise FailedPrecondition(
+                f"checkpoint {path!r} does not fit the model {self._server} serves ({served_dir}): "
+                + "; ".join(problems)
+            )
+        return candidate
 
     async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         """The JSON body of the call (``client`` lets a subclass ask the server first)."""

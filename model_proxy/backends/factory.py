@@ -6,8 +6,10 @@ Options per backend (unknown keys are refused, so typos fail loudly):
 triton        ``url`` or ``urls`` (gRPC ``host:port``; several make a pool), ``model_name`` (default
               ``tensorrt_llm``), ``decoupled``, ``pad_id``, ``tensor_names`` (``temperature``, ``top_k``,
               ``top_p``, ``seed``), ``output_includes_prompt``, ``timeout_s``
-vllm          ``url`` or ``urls``, ``model``, ``api_key``, ``timeout_s``, ``extra_body``
-sglang        ``url`` or ``urls``, ``api_key``, ``timeout_s``, ``incremental_stream``, ``extra_sampling``
+vllm          ``url`` or ``urls``, ``model``, ``api_key``, ``timeout_s``, ``extra_body``, ``model_dir`` (the served
+              checkpoint on the proxy host, for weight updates)
+sglang        ``url`` or ``urls``, ``api_key``, ``timeout_s``, ``incremental_stream``, ``extra_sampling``,
+              ``model_dir``
 transformers  ``model_dir`` (default: the policy's loaded weights), ``device``, ``dtype``, ``max_context``,
               ``chunk_size``
 scripted      ``script`` (a JSON/JSONL file) or ``turns`` (a list of turn objects), ``sessions`` (session id to a
@@ -84,6 +86,7 @@ def _vllm(options: VLLMOptions) -> Backend:
             api_key=options.api_key,
             timeout_s=options.timeout_s,
             extra_body=options.extra_body,
+            model_dir=options.model_dir,
         ),
     )
 
@@ -100,6 +103,7 @@ def _sglang(options: SGLangOptions) -> Backend:
             timeout_s=options.timeout_s,
             incremental_stream=options.incremental_stream,
             extra_sampling=options.extra_sampling,
+            model_dir=options.model_dir,
         ),
     )
 

@@ -79,6 +79,8 @@ class VLLMOptions(PooledOptions):
     model: str | None = None
     api_key: str | None = None
     extra_body: dict[str, Any] | None = None
+    model_dir: Path | None = None
+    """The served checkpoint's directory on the proxy host (weight updates are checked against it)."""
 
 
 class SGLangOptions(PooledOptions):
@@ -87,6 +89,8 @@ class SGLangOptions(PooledOptions):
     api_key: str | None = None
     incremental_stream: bool = False
     extra_sampling: dict[str, Any] | None = None
+    model_dir: Path | None = None
+    """The served checkpoint's directory on the proxy host (weight updates are checked against it)."""
 
 
 class TransformersOptions(BackendOptions):

@@ -12,19 +12,26 @@ with ``--incremental-streaming-output``, whose events carry only new entries.
 SGLang reports ``log_softmax(logits / T)`` (after temperature, before top-k/top-p truncation) by default.
 SGLang has no CPU build that installs here, so this client is unit-tested against a fake that returns the
 documented response shape, not against a real server.
+
+Weight updates: :meth:`SGLangBackend.load_weights` validates the checkpoint on the proxy host (as the vLLM
+backend does, against option ``model_dir`` or the ``model_path`` that ``/model_info`` or ``/get_model_info``
+reports), then sends ``POST /update_weights_from_disk {"model_path", "weight_version", "abort_all_requests":
+false}``. SGLang answers ``{"success", "message", "num_paused_requests"}``: 200 on success, 400 on failure,
+after which it has rolled back to the old weights and keeps serving them.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from model_proxy.backends._http import HttpBackend
+from model_proxy.backends._http import HttpBackend, response_message
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest
-from polar_core.errors import Internal
+from polar_core.errors import FailedPrecondition, Internal
 
 __all__ = ["SGLangBackend"]
 
@@ -58,6 +65,7 @@ class SGLangBackend(HttpBackend):
         connect_timeout_s: float = 5.0,
         incremental_stream: bool = False,
         extra_sampling: Mapping[str, Any] | None = None,
+        model_dir: str | Path | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """Create the backend; :meth:`start` opens the HTTP client.
@@ -69,6 +77,8 @@ class SGLangBackend(HttpBackend):
             connect_timeout_s: Connect timeout, in seconds.
             incremental_stream: Whether stream events carry only new tokens (see the module docstring).
             extra_sampling: Extra ``sampling_params`` fields (e.g. ``repetition_penalty``).
+            model_dir: The served checkpoint's directory on the proxy host, which weight updates are checked
+                against; default: the ``model_path`` the server reports, when it is a directory here.
             transport: An httpx transport (tests use an in-process ASGI app).
         """
         super().__init__(
@@ -76,6 +86,63 @@ class SGLangBackend(HttpBackend):
         )
         self._incremental = incremental_stream
         self._extra = dict(extra_sampling or {})
+        self._served_dir = Path(model_dir) if model_dir is not None else None
+        self._lost: str | None = None
+
+    async def healthy(self) -> bool:
+        """Whether ``/health`` answers 200 and no weight update failed with a server error."""
+        return self._lost is None and await super().healthy()
+
+    async def _discover_model_dir(self, client: httpx.AsyncClient) -> str | None:
+        for path in ("/model_info", "/get_model_info"):
+            response = await self._admin("GET", path, what="asking for the served model")
+            if response.status_code == 200:
+                reported = response.json().get("model_path")
+                return str(reported) if reported else None
+        return None
+
+    async def check_weights(self, path: str) -> str:
+        """Validate checkpoint ``path`` on the proxy host against the served model; touches nothing.
+
+        Returns:
+            The checkpoint's architecture.
+
+        Raises:
+            FailedPrecondition: The replica failed an earlier update, or the checkpoint is unfit.
+        """
+        if self._lost is not None:
+            raise FailedPrecondition(f"{self._server} is lost: {self._lost}; restart it")
+        return (await self._check_local(path)).architecture
+
+    async def load_weights(self, path: str) -> None:
+        """``POST /update_weights_from_disk`` with ``path`` (also the weight version), after :meth:`check_weights`.
+
+        Raises:
+            FailedPrecondition: As :meth:`check_weights`; the endpoint is absent (404); SGLang refused (400 or
+                ``success: false``: it rolled back and serves the old weights); or a server error (5xx, the
+                replica is then marked lost).
+        """
+        await self.check_weights(path)
+        body = {"model_path": path, "weight_version": path, "abort_all_requests": False}
+        response = await self._admin(
+            "POST", "/update_weights_from_disk", what="updating the weights", json=body, timeout=self._timeout
+        )
+        status = response.status_code
+        if status == 404:
+            raise FailedPrecondition(f"{self._server} has no /update_weights_from_disk endpoint")
+        if status >= 500:
+            self._lost = f"updating the weights from {path!r} failed ({status}: {response_message(response)})"
+            raise FailedPrecondition(f"{self._server} is lost: {self._lost}")
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        if status != 200 or not isinstance(answer, dict) or not answer.get("success"):
+            raise FailedPrecondition(
+                f"{self._server} refused the weights in {path!r} ({status}: {response_message(response)}); "
+                "it keeps serving the old weights"
+            )
+        self._served_dir = Path(path)
 
     async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         if not request.prompt_token_ids:

@@ -14,6 +14,13 @@ A non-decoupled model is called with unary ``ModelInfer``. A decoupled model (``
 called over the bidirectional stream: one response per step when streaming, else a single response.
 A call ends at the first sampled stop ID, at ``max_tokens``, or at a response flagged
 ``triton_final_response``, whichever comes first.
+
+Weight updates are refused (:meth:`TritonBackend.check_weights`): Triton serves compiled TensorRT-LLM engines,
+not Hugging Face checkpoints, and its repository load API reloads a model only when its config changes. A new
+checkpoint needs an engine first (convert and ``trtllm-build``, or ``trtllm-refit`` for an engine built
+refittable), then ``POST v2/repository/models/<model>/load`` with a config whose ``gpt_model_path`` names the
+new engine (``--model-control-mode explicit``), or a server restart. A PyTriton model's weights live in its
+Python callable, which no repository call reaches.
 """
 
 from __future__ import annotations
@@ -36,6 +43,12 @@ from polar_core.errors import FailedPrecondition, Internal, PolarError
 __all__ = ["TritonBackend", "TritonTensorNames"]
 
 _RETRY_AFTER_S = 1.0
+_NO_RELOAD = (
+    "Triton serves compiled TensorRT-LLM engines and cannot load a Hugging Face checkpoint: build an engine "
+    "from it (convert_checkpoint.py and trtllm-build, or trtllm-refit when the engine was built refittable), then "
+    "POST v2/repository/models/{model}/load with a config whose gpt_model_path names the new engine directory "
+    "(the server in --model-control-mode explicit), or restart the server on the new engine"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,13 +138,27 @@ class TritonBackend:
             client, self._client = self._client, None
             await client.close()
 
+    def _no_reload(self, path: str) -> FailedPrecondition:
+        return FailedPrecondition(
+            f"triton at {self.url} cannot load {path!r}: " + _NO_RELOAD.format(model=self._model),
+            details={"needs": "tensorrt_llm engine build or refit, then a repository load"},
+        )
+
     async def check_weights(self, path: str) -> str:
-        """Refuse: this backend cannot load a checkpoint yet."""
-        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+        """Refuse: Triton cannot take a checkpoint directory (see the module docstring).
+
+        Raises:
+            FailedPrecondition: Always, naming what TensorRT-LLM needs.
+        """
+        raise self._no_reload(path)
 
     async def load_weights(self, path: str) -> None:
-        """Refuse: this backend cannot load a checkpoint yet."""
-        raise FailedPrecondition(f"{self.name} cannot load weights yet")
+        """Refuse, as :meth:`check_weights`.
+
+        Raises:
+            FailedPrecondition: Always, naming what TensorRT-LLM needs.
+        """
+        raise self._no_reload(path)
 
     async def healthy(self) -> bool:
         """Whether the server is ready and the model loaded."""

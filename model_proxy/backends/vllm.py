@@ -10,19 +10,32 @@ Log-probabilities: vLLM reports, by default (``--logprobs-mode raw_logprobs``), 
 ``log_softmax(logits / T)``; then top-k/top-p truncation is included too (the value is that of the
 truncated, renormalised distribution), unlike the transformers backend. With RL defaults (temperature 1,
 no truncation) every mode gives the same number.
+
+Weight updates (:meth:`VLLMBackend.check_weights`, :meth:`VLLMBackend.load_weights`) use the endpoints vLLM
+mounts only when the server runs with ``VLLM_SERVER_DEV_MODE=1``: ``POST /pause?mode=wait``, ``POST
+/collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (an in-place, layer-wise
+reload from a Hugging Face directory the *server* can read), ``POST /update_weight_version`` and ``POST
+/resume``. A failed reload leaves vLLM's engine broken (it dies on its next forward pass), so the checkpoint
+is validated on the proxy host first (:mod:`model_proxy.backends.checkpoint`) against the served model's
+directory (option ``model_dir``, else the ``root`` that ``/v1/models`` reports), and a checkpoint with tied
+input/output embeddings is refused: vLLM 0.32's CPU build reloads everything but a tied output layer, which
+keeps the old weights. A 5xx from the reload marks the replica lost (:meth:`VLLMBackend.healthy` is then
+false); restart it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from model_proxy.backends._http import HttpBackend, error_from_response, error_from_transport
+from model_proxy.backends._http import HttpBackend, error_from_response, error_from_transport, response_message
 from model_proxy.errors import BackendUnavailable, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest
-from polar_core.errors import Internal
+from polar_core.errors import FailedPrecondition, Internal
 
 __all__ = ["VLLMBackend"]
 
@@ -47,6 +60,7 @@ class VLLMBackend(HttpBackend):
         timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
         extra_body: Mapping[str, Any] | None = None,
+        model_dir: str | Path | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """Create the backend; :meth:`start` opens the HTTP client.
@@ -58,6 +72,8 @@ class VLLMBackend(HttpBackend):
             timeout_s: Read timeout of a call, in seconds.
             connect_timeout_s: Connect timeout, in seconds.
             extra_body: Extra fields merged into every request body (e.g. ``repetition_penalty``).
+            model_dir: The served checkpoint's directory on the proxy host, which weight updates are checked
+                against; default: the ``root`` that ``/v1/models`` reports, when it is a directory here.
             transport: An httpx transport (tests use an in-process ASGI app).
         """
         super().__init__(
@@ -65,6 +81,8 @@ class VLLMBackend(HttpBackend):
         )
         self._model = model
         self._extra = dict(extra_body or {})
+        self._served_dir = Path(model_dir) if model_dir is not None else None
+        self._lost: str | None = None
 
     async def _model_name(self, client: httpx.AsyncClient) -> str:
         if self._model is None:
@@ -79,6 +97,85 @@ class VLLMBackend(HttpBackend):
                 raise BackendUnavailable(f"{self._server} serves no model")
             self._model = str(models[0]["id"])
         return self._model
+
+    async def healthy(self) -> bool:
+        """Whether ``/health`` answers 200 and no weight reload failed on this replica."""
+        return self._lost is None and await super().healthy()
+
+    async def _discover_model_dir(self, client: httpx.AsyncClient) -> str | None:
+        response = await self._admin("GET", "/v1/models", what="listing the served model")
+        if response.status_code != 200:
+            return None
+        models = response.json().get("data") or []
+        return str(models[0].get("root")) if models and models[0].get("root") else None
+
+    async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        """One management call; a 404 means the dev-mode endpoints are absent."""
+        response = await self._admin(method, path, what=what, timeout=self._timeout, **kwargs)
+        if response.status_code == 404:
+            raise FailedPrecondition(
+                f"{self._server} has no {path} endpoint: start the vLLM server with VLLM_SERVER_DEV_MODE=1 "
+                "(it mounts /pause, /resume, /collective_rpc and /update_weight_version)"
+            )
+        if response.status_code != 200:
+            message = response_message(response)
+            raise FailedPrecondition(f"{self._server}: {what} answered {response.status_code}: {message}")
+        return response.json()
+
+    async def check_weights(self, path: str) -> str:
+        """Check that the server can reload checkpoint ``path`` in place; touches nothing on the server.
+
+        Returns:
+            The checkpoint's architecture (e.g. ``Qwen2ForCausalLM``).
+
+        Raises:
+            FailedPrecondition: The replica was lost to a failed reload, the server runs without
+                ``VLLM_SERVER_DEV_MODE=1``, the checkpoint is unfit (see
+                :meth:`~model_proxy.backends._http.HttpBackend._check_local`), or it ties its embeddings.
+        """
+        if self._lost is not None:
+            raise FailedPrecondition(f"{self._server} is lost: {self._lost}; restart it")
+        await self._call("GET", "/is_paused", "probing the weight-update endpoints")
+        candidate = await self._check_local(path)
+        if candidate.tied:
+            raise FailedPrecondition(
+                f"checkpoint {path!r} ties its input and output embeddings, and vLLM's CPU build cannot reload a "
+                "tied output layer in place (it keeps the old weights); serve an untied checkpoint "
+                "(tie_word_embeddings false, with an lm_head.weight tensor) or restart the server on the new one"
+            )
+        return candidate.architecture
+
+    async def load_weights(self, path: str) -> None:
+        """Reload the server's weights from checkpoint ``path`` (a directory the server reads too).
+
+        Sequence: :meth:`check_weights`, ``POST /pause?mode=wait`` (returns at once while the proxy's gate
+        holds its calls; it waits for any request still in the engine), ``POST /collective_rpc
+        reload_weights``, ``POST /update_weight_version`` (the label is ``path``), ``POST /resume``.
+
+        Raises:
+            FailedPrecondition: As :meth:`check_weights`; or a step failed. A failed reload (vLLM's engine is
+                then broken) marks this replica lost and leaves it paused.
+        """
+        await self.check_weights(path)
+        await self._call("POST", "/pause", "pausing generation", params={"mode": "wait"})
+        server_path = await asyncio.to_thread(lambda: str(Path(path).resolve()))
+        try:
+            await self._call(
+                "POST",
+                "/collective_rpc",
+                "reloading the weights",
+                json={"method": "reload_weights", "kwargs": {"weights_path": server_path}},
+            )
+        except FailedPrecondition as exc:
+            self._lost = f"reloading {path!r} failed ({exc.message})"
+            raise FailedPrecondition(
+                f"{self._server} is lost: {self._lost}; a failed reload leaves vLLM's engine unusable, restart it"
+            ) from exc
+        self._served_dir = Path(path)
+        try:
+            await self._call("POST", "/update_weight_version", "labelling the weights", json={"new_version": path})
+        finally:
+            await self._call("POST", "/resume", "resuming generation")
 
     async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
         sampling = request.sampling

@@ -26,7 +26,7 @@ from model_proxy.core.normalize import NormalizationRule, apply_rules
 from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimmer, TokenDecoder
 from model_proxy.core.render import ChatRenderer, RenderedPrompt
 from model_proxy.core.sessions import Session, SessionRegistry
-from model_proxy.errors import BackendTimeout, ContextLengthExceeded
+from model_proxy.errors import BackendTimeout, ContextLengthExceeded, GenerationAborted
 from model_proxy.models import EngineConfig, GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
 from model_proxy.ports import Backend
 from polar_core.errors import Internal, PolarError
@@ -164,6 +164,7 @@ class Call:
         self._first: GenerationChunk | None = None
         self._cleaned = False
         self._committed = False
+        self._cut = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -172,7 +173,7 @@ class Call:
 
     async def start(self) -> None:
         """Enter the gate, stamp the policy version, start the backend and wait for its first chunk."""
-        self._ticket = await self.engine.gate.enter(self.abort)
+        self._ticket = await self.engine.gate.enter(self.cut)
         self.policy_version = self.engine.policy_version
         gen = GenerationRequest(
             prompt_token_ids=tuple(self.rendered.token_ids),
@@ -209,6 +210,20 @@ class Call:
         except Exception as exc:
             _log.exception("backend %s failed", self.engine.backend.name)
             self._queue.put_nowait(Internal(f"backend failure: {type(exc).__name__}"))
+
+    @property
+    def was_cut(self) -> bool:
+        """Whether a pause with ``abort_in_flight`` cut this call (it then ends in :class:`GenerationAborted`)."""
+        return self._cut
+
+    def cut(self) -> None:
+        """Abort for a weight update: the record says ``abort`` and the harness gets a retryable error.
+
+        A call whose backend already finished is left alone (it ends normally).
+        """
+        if self._pump is not None and not self._pump.done():
+            self._cut = True
+            self._pump.cancel()
 
     def abort(self) -> None:
         """Stop sampling; the call ends with ``finish_reason`` ``abort`` and what was sampled so far."""
@@ -248,6 +263,8 @@ class Call:
             if parsed.tool_calls and finish == "stop":
                 finish = "tool_calls"
             result = await self._commit(ids, logprobs, finish, parsed, trimmer.matched)
+            if self._cut and finish == "abort":
+                raise GenerationAborted("generation was cut by a policy update; retry the request")
             yield result
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away: what was sampled is still recorded, as an aborted call.

@@ -185,7 +185,9 @@ class ProxyHttp:
             result = await call.collect()
             return JSONResponse([adapter.response(parsed, result)])
         call = await self.engine.start_call(session, parsed.internal, trace_context=parent)
-        if not parsed.internal.stream:
+        if not parsed.internal.stream or call.was_cut:
+            # A call cut by a weight update before its stream began gets a plain retryable status (collect
+            # raises GenerationAborted), which every SDK retries by itself.
             result = await call.collect()
             return JSONResponse(adapter.response(parsed, result))
         return StreamingResponse(self._sse(adapter, parsed, call), media_type="text/event-stream", headers=_SSE_HEADERS)

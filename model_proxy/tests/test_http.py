@@ -163,8 +163,15 @@ async def test_pause_drains_or_aborts_in_flight_calls(app, client, token, backen
     in_flight, aborted = await app.engine.gate.pause(abort_in_flight=True, drain_timeout_s=5)
     assert (in_flight, aborted) == (1, 1)
     r = await call
-    assert r.status_code == 200
-    assert "[DONE]" in r.text
+    # A cut call is never an answer: a retryable error (here before the stream began: a plain 503), while
+    # its record stays, marked "abort".
+    if r.status_code == 200:
+        assert '"type":"server_error"' in r.text
+        assert "[DONE]" not in r.text
+    else:
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "server_error"
+        assert r.headers["x-should-retry"] == "true"
     (record,) = app.registry.get("s1").records
     assert record.finish_reason == "abort"
     app.engine.gate.resume()

@@ -27,11 +27,12 @@ MARKER_FILE = "polar_fixture.json"
 _FIXTURE_NAME = "polar-tiny-qwen2"
 
 
-def tiny_model_build_key(*, seed: int = 0) -> str:
+def tiny_model_build_key(*, seed: int = 0, tie_word_embeddings: bool = True) -> str:
     """Return the hex SHA-256 that identifies the tiny model build for ``seed``.
 
     Args:
         seed: The weight seed, as for :func:`~polar_core.model_fixtures.tiny_model.build_tiny_model`.
+        tie_word_embeddings: Whether the output layer shares the input embedding.
 
     Returns:
         A 64-character hex digest; equal digests mean byte-identical builds.
@@ -42,7 +43,7 @@ def tiny_model_build_key(*, seed: int = 0) -> str:
         "version": FIXTURE_VERSION,
         "tokenizer": tokenizer.backend_tokenizer.to_str(),
         "chat_template": tokenizer.chat_template,
-        "config": tiny_model_config(tokenizer).to_json_string(use_diff=False),
+        "config": tiny_model_config(tokenizer, tie_word_embeddings=tie_word_embeddings).to_json_string(use_diff=False),
         "seed": seed,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -76,7 +77,7 @@ def _is_complete(directory: Path, key: str) -> bool:
     return all((directory / name).is_file() and _sha256(directory / name) == digest for name, digest in files.items())
 
 
-def save_tiny_model(directory: Path, *, seed: int = 0) -> Path:
+def save_tiny_model(directory: Path, *, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
     """Write the tiny tokenizer, model (safetensors) and config to ``directory``, unless already there.
 
     Idempotent and safe to run concurrently: files are written to a temporary sibling directory, moved in
@@ -86,12 +87,14 @@ def save_tiny_model(directory: Path, *, seed: int = 0) -> Path:
     Args:
         directory: Where to write; created if missing. It should be used for nothing else.
         seed: The weight seed.
+        tie_word_embeddings: Whether the output layer shares the input embedding (untied models are what
+            vLLM's CPU build can reload in place).
 
     Returns:
         ``directory``, loadable with ``AutoTokenizer.from_pretrained`` and
         ``AutoModelForCausalLM.from_pretrained``.
     """
-    key = tiny_model_build_key(seed=seed)
+    key = tiny_model_build_key(seed=seed, tie_word_embeddings=tie_word_embeddings)
     if _is_complete(directory, key):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
@@ -101,7 +104,7 @@ def save_tiny_model(directory: Path, *, seed: int = 0) -> Path:
     try:
         tokenizer = build_tiny_tokenizer()
         tokenizer.save_pretrained(staging)
-        build_tiny_model(tokenizer, seed=seed).save_pretrained(staging)
+        build_tiny_model(tokenizer, seed=seed, tie_word_embeddings=tie_word_embeddings).save_pretrained(staging)
         files = {path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
         for name in files:
             os.replace(staging / name, directory / name)

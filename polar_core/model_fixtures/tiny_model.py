@@ -32,16 +32,18 @@ TINY_MODEL_MAX_POSITIONS = 4096
 TINY_MODEL_INIT_RANGE = 0.1
 
 
-def tiny_model_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+def tiny_model_config(tokenizer: PreTrainedTokenizerBase, *, tie_word_embeddings: bool = True) -> Qwen2Config:
     """Return the tiny Qwen2 configuration sized for ``tokenizer``.
 
     Args:
         tokenizer: The tokenizer the model will be paired with; its full length (added tokens included)
             becomes the vocabulary size, and its EOS/PAD ids the config's.
+        tie_word_embeddings: Whether the output layer shares the input embedding (the default). vLLM's CPU
+            build cannot reload a tied output layer in place, so weight-update tests use untied models.
 
     Returns:
         A float32 ``Qwen2Config`` with 2 layers, hidden size 128, 4 query heads and 2 key/value heads of
-        dimension 32, and tied input/output embeddings.
+        dimension 32, and (unless told otherwise) tied input/output embeddings.
     """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -52,7 +54,7 @@ def tiny_model_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
         num_key_value_heads=TINY_MODEL_KV_HEADS,
         max_position_embeddings=TINY_MODEL_MAX_POSITIONS,
         initializer_range=TINY_MODEL_INIT_RANGE,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         use_sliding_window=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
@@ -64,7 +66,9 @@ def tiny_model_config(tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
     return config
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0) -> Qwen2ForCausalLM:
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, tie_word_embeddings: bool = True
+) -> Qwen2ForCausalLM:
     """Build the tiny Qwen2 model with weights drawn deterministically from ``seed``.
 
     The global torch RNG state is saved and restored, so building a model does not perturb other code.
@@ -72,11 +76,12 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0) -> Qw
     Args:
         tokenizer: The tokenizer whose vocabulary the model covers (see :func:`tiny_model_config`).
         seed: Seed for the weight initialization; equal seeds give bit-identical weights.
+        tie_word_embeddings: Whether the output layer shares the input embedding (see :func:`tiny_model_config`).
 
     Returns:
         The model in float32, on CPU, in eval mode.
     """
-    config = tiny_model_config(tokenizer)
+    config = tiny_model_config(tokenizer, tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)

@@ -51,7 +51,8 @@ def check_all(result: ReconstructionResult, records: list[CompletionRecord]) -> 
     for trace in result.traces:
         check_trace(trace, by_id)
     merged = [c for t in result.traces for c in t.call_ids]
-    assert sorted(merged) == sorted(by_id), "every call appears in exactly one trace"
+    kept = [i for i, r in by_id.items() if r.finish_reason != "abort"]
+    assert sorted(merged) == sorted(kept), "every call but the aborted ones appears in exactly one trace"
 
 
 def test_review_hand_worked_example():
@@ -237,7 +238,7 @@ def test_template_terminator_other_than_the_sampled_one_is_kept():
 
 
 def test_an_empty_response_does_not_make_trainable_context_inexact():
-    # c1 sampled nothing (aborted); the chain still continues through its prompt.
+    # c1 sampled nothing (aborted, so left out); the chain still continues through its prompt.
     records = [rec(0, [1], [20, EOT]), rec(1, [1, 20, EOT, 3], [], finish="abort"), rec(2, [1, 20, EOT, 3, 4], [5])]
     result = reconstruct_session(records, ReconstructionOptions(end_of_turn_ids=(EOT,)))
     check_all(result, records)
@@ -335,3 +336,26 @@ def test_reconstruct_groups_sessions_and_combines_stats():
     assert result.stats.chains == 3
     assert result.stats.merges == 1
     assert result.stats.splits_by_reason == {SplitReason.PREFIX_MISMATCH: 1}
+
+
+@pytest.mark.parametrize("options", [PREFIX, EXACT, PER_REQUEST])
+def test_aborted_calls_are_left_out_and_counted(options: ReconstructionOptions) -> None:
+    # The second call was cut by a weight update (finish "abort"); the harness retried it with the same prompt.
+    records = [
+        rec(0, [10], [20, 99]),
+        rec(1, [10, 20, 99, 30], [77, 78], finish="abort"),
+        rec(2, [10, 20, 99, 30], [40, 99]),
+    ]
+    result = reconstruct_session(records, options)
+    assert result.stats.calls == 3
+    assert result.stats.aborted_calls == 1
+    assert result.stats.calls == result.stats.chains + result.stats.merges + result.stats.aborted_calls
+    assert all("c1" not in t.call_ids for t in result.traces)
+    assert all(77 not in t.response_token_ids and 77 not in t.prompt_token_ids for t in result.traces)
+    assert reconstruct([*records, rec(0, [5], [6], session="t")], options).stats.aborted_calls == 1
+
+
+def test_a_session_of_aborted_calls_only_has_no_trace() -> None:
+    result = reconstruct_session([rec(0, [10], [20], finish="abort")], PREFIX)
+    assert result.traces == []
+    assert (result.stats.calls, result.stats.aborted_calls) == (1, 1)

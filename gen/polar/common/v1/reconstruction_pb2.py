@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$polar/common/v1/reconstruction.proto\x12\x0fpolar.common.v1\"\xc4\x02\n\x13ReconstructionStats\x12\r\n\x05\x63\x61lls\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x02 \x01(\x03\x12\x0e\n\x06merges\x18\x03 \x01(\x03\x12R\n\x10splits_by_reason\x18\x04 \x03(\x0b\x32\x38.polar.common.v1.ReconstructionStats.SplitsByReasonEntry\x12 \n\x18mismatched_context_calls\x18\x05 \x01(\x03\x12!\n\x19mismatched_context_tokens\x18\x06 \x01(\x03\x12\x18\n\x10trainable_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x08 \x01(\x03\x1a\x35\n\x13SplitsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\xb7\x01\n\x16ReconstructionStrategy\x12\'\n#RECONSTRUCTION_STRATEGY_UNSPECIFIED\x10\x00\x12\'\n#RECONSTRUCTION_STRATEGY_PER_REQUEST\x10\x01\x12(\n$RECONSTRUCTION_STRATEGY_PREFIX_MERGE\x10\x02\x12!\n\x1dRECONSTRUCTION_STRATEGY_EXACT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$polar/common/v1/reconstruction.proto\x12\x0fpolar.common.v1\"\xdb\x02\n\x13ReconstructionStats\x12\r\n\x05\x63\x61lls\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hains\x18\x02 \x01(\x03\x12\x0e\n\x06merges\x18\x03 \x01(\x03\x12R\n\x10splits_by_reason\x18\x04 \x03(\x0b\x32\x38.polar.common.v1.ReconstructionStats.SplitsByReasonEntry\x12 \n\x18mismatched_context_calls\x18\x05 \x01(\x03\x12!\n\x19mismatched_context_tokens\x18\x06 \x01(\x03\x12\x18\n\x10trainable_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x08 \x01(\x03\x12\x15\n\raborted_calls\x18\x14 \x01(\x03\x1a\x35\n\x13SplitsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\xb7\x01\n\x16ReconstructionStrategy\x12\'\n#RECONSTRUCTION_STRATEGY_UNSPECIFIED\x10\x00\x12\'\n#RECONSTRUCTION_STRATEGY_PER_REQUEST\x10\x01\x12(\n$RECONSTRUCTION_STRATEGY_PREFIX_MERGE\x10\x02\x12!\n\x1dRECONSTRUCTION_STRATEGY_EXACT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._loaded_options = None
   _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._serialized_options = b'8\001'
-  _globals['_RECONSTRUCTIONSTRATEGY']._serialized_start=385
-  _globals['_RECONSTRUCTIONSTRATEGY']._serialized_end=568
+  _globals['_RECONSTRUCTIONSTRATEGY']._serialized_start=408
+  _globals['_RECONSTRUCTIONSTRATEGY']._serialized_end=591
   _globals['_RECONSTRUCTIONSTATS']._serialized_start=58
-  _globals['_RECONSTRUCTIONSTATS']._serialized_end=382
-  _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._serialized_start=329
-  _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._serialized_end=382
+  _globals['_RECONSTRUCTIONSTATS']._serialized_end=405
+  _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._serialized_start=352
+  _globals['_RECONSTRUCTIONSTATS_SPLITSBYREASONENTRY']._serialized_end=405
 # @@protoc_insertion_point(module_scope)

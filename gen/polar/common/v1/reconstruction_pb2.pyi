@@ -19,7 +19,7 @@ RECONSTRUCTION_STRATEGY_PREFIX_MERGE: ReconstructionStrategy
 RECONSTRUCTION_STRATEGY_EXACT: ReconstructionStrategy
 
 class ReconstructionStats(_message.Message):
-    __slots__ = ("calls", "chains", "merges", "splits_by_reason", "mismatched_context_calls", "mismatched_context_tokens", "trainable_tokens", "total_tokens")
+    __slots__ = ("calls", "chains", "merges", "splits_by_reason", "mismatched_context_calls", "mismatched_context_tokens", "trainable_tokens", "total_tokens", "aborted_calls")
     class SplitsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class ReconstructionStats(_message.Message):
     MISMATCHED_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_CALLS_FIELD_NUMBER: _ClassVar[int]
     calls: int
     chains: int
     merges: int
@@ -43,4 +44,5 @@ class ReconstructionStats(_message.Message):
     mismatched_context_tokens: int
     trainable_tokens: int
     total_tokens: int
-    def __init__(self, calls: _Optional[int] = ..., chains: _Optional[int] = ..., merges: _Optional[int] = ..., splits_by_reason: _Optional[_Mapping[str, int]] = ..., mismatched_context_calls: _Optional[int] = ..., mismatched_context_tokens: _Optional[int] = ..., trainable_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    aborted_calls: int
+    def __init__(self, calls: _Optional[int] = ..., chains: _Optional[int] = ..., merges: _Optional[int] = ..., splits_by_reason: _Optional[_Mapping[str, int]] = ..., mismatched_context_calls: _Optional[int] = ..., mismatched_context_tokens: _Optional[int] = ..., trainable_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., aborted_calls: _Optional[int] = ...) -> None: ...
