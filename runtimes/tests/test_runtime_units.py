@@ -96,4 +96,5 @@ async def test_isolation_probes_use_the_flags_the_runtime_runs_with(
     runtime = local.LocalRuntime(spec, session_id="s", base_dir=tmp_path)
     runtime._isolation = Isolation.UNSHARE
     run = runtime.wrap_argv(["true"], cwd=PurePosixPath("/"), env={})
+    run = run[run.index("unshare") :]  # after the resource-limit prefix
     assert set(run[: run.index("--")]) == set(probed[1][: probed[1].index("--")])
