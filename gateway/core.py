@@ -29,7 +29,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionNotFound
+from gateway.errors import GatewayBusy, GatewayDraining, PatchTooLarge, SessionConflict, SessionNotFound
 from gateway.events import Subscription
 from gateway.metrics import GatewayMetrics
 from gateway.models import (
@@ -438,9 +438,12 @@ class SessionPipeline:
         runtime = s.runtime
         if runtime is None:
             raise Internal("POSTRUN without a runtime")
-        artifacts = await self._steps.run(
-            s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._config.step_timeout_s
-        )
+        try:
+            artifacts = await self._steps.run(
+                s, "harness.collect", lambda: self._agents.collect(runtime, spec, run), self._config.step_timeout_s
+            )
+        except PatchTooLarge as exc:
+            return Evaluation(0.0, TerminalStatus.INVALID_PATCH, error_message=exc.message)
         await self._steps.stop_runtime(s)  # the evaluator works on the artifacts; free the sandbox now
         if s.prewarm is not None:
             # Shielded: if this phase is cancelled, teardown still gets the handle to release.

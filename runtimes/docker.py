@@ -25,9 +25,10 @@ import docker
 import docker.errors
 
 from polar_core.errors import NotFound
+from runtimes._process import DOWNLOAD_LIMIT_BYTES
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult, resolve_in_root
-from runtimes.errors import RuntimeDied
+from runtimes.errors import FileTooLarge, RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -311,7 +312,12 @@ class DockerRuntime(SessionRuntime):
 
 
 def _get_file(container: Any, path: str) -> bytes | None:
-    stream, _stat = container.get_archive(path)
+    stream, stat = container.get_archive(path)
+    if int(stat.get("size", 0)) > DOWNLOAD_LIMIT_BYTES:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+        raise FileTooLarge(f"{path} is larger than the download limit ({DOWNLOAD_LIMIT_BYTES} bytes)")
     buf = io.BytesIO(b"".join(stream))
     with tarfile.open(fileobj=buf, mode="r") as tar:
         member = tar.next()
