@@ -21,11 +21,29 @@ from typing import Any
 import pytest
 
 from gateway.agent import HarnessAgentRunner
+from gateway.core import SessionPipeline
 from gateway.errors import PatchTooLarge
-from gateway.models import HarnessConfig, ProxyEndpoints, SessionSpec
+from gateway.models import (
+    AgentRun,
+    Artifacts,
+    EvaluatorConfig,
+    HarnessConfig,
+    PipelineConfig,
+    ProxyEndpoints,
+    SessionSpec,
+)
+from gateway.testing import (
+    FakeAgentRunner,
+    FakeEvaluator,
+    FakeProxy,
+    FakeReconstructor,
+    FakeRuntimeFactory,
+    RecordingSink,
+)
 from integration_tests.support.docker import private_docker
 from integration_tests.support.sandbox_attacks import LIMITS, run_attacks
-from runtimes import RuntimeKind, RuntimeSpec
+from polar_core.records import TerminalStatus
+from runtimes import Runtime, RuntimeKind, RuntimeSpec
 from runtimes.docker import DockerRuntime
 from runtimes.local import LocalRuntime
 
@@ -203,3 +221,39 @@ async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: 
         assert host_config["PidsLimit"] == 64
     finally:
         await runtime.stop()
+
+
+class _GiantPatchAgent(FakeAgentRunner):
+    """A fake harness whose session ``giant`` left a workspace over the patch limit."""
+
+    async def collect(self, runtime: Runtime, spec: SessionSpec, run: AgentRun) -> Artifacts:
+        if spec.session_id == "giant":
+            raise PatchTooLarge("the file big.bin is larger than the patch limit (1048576 bytes)")
+        return await super().collect(runtime, spec, run)
+
+
+async def test_a_giant_patch_is_invalid_patch_and_the_gateway_keeps_serving() -> None:
+    proxy = FakeProxy()
+    pipeline = SessionPipeline(
+        PipelineConfig(step_retries=1),
+        gateway_id="gw-redteam",
+        runtimes=FakeRuntimeFactory(),
+        agents=_GiantPatchAgent(proxy),
+        proxy=proxy,
+        reconstructor=FakeReconstructor(),
+        evaluator=FakeEvaluator(),
+        sink=RecordingSink(),
+    )
+    try:
+        results = {}
+        for session_id in ("giant", "next"):
+            spec = SessionSpec(session_id=session_id, task_id="t", harness=HarnessConfig("fake"),
+                               evaluator=EvaluatorConfig("script", {}))  # fmt: skip
+            await pipeline.start_session(spec)
+            results[session_id] = await pipeline.wait_done(session_id)
+        assert results["giant"].status is TerminalStatus.INVALID_PATCH
+        assert "larger than the patch limit" in results["giant"].error_message
+        assert results["next"].status is not TerminalStatus.INVALID_PATCH
+        assert results["next"].status is not TerminalStatus.INFRA_ERROR
+    finally:
+        await pipeline.close(grace_s=5)
