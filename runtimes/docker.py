@@ -1,7 +1,8 @@
 """The Docker runtime: one container per session, driven through the Docker SDK.
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
-memory and pids limits, and labels that name their owner, so :func:`reap_orphaned_containers` can remove
+no capabilities, ``no-new-privileges``, an unprivileged user, a read-only root file system (tmpfs ``/tmp``, the
+session directory on a volume), memory and pids limits, and labels that name their owner, so :func:`reap_orphaned_containers` can remove
 containers whose owning process died. ``cancel`` and ``stop`` remove the container (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
 process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).

@@ -2,15 +2,18 @@
 
 Isolation, strongest first (``isolation: auto`` picks the first that works on this machine):
 
-* ``bwrap`` — ``bwrap --unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces (loopback
-  only), a read-only view of the system directories and the Python in use, and the session directory as
-  the only writable place besides a private ``/tmp``. Host files outside those (other sessions, the task's
-  reference fix, credentials under ``/root``) are not visible.
+* ``bwrap`` — ``bwrap --unshare-all --cap-drop ALL`` (and ``--disable-userns`` where bubblewrap has it): new
+  user, pid, ipc, uts, cgroup and network namespaces (loopback only), no capabilities, a read-only view of the
+  system directories and the Python in use, a private ``/etc`` holding only what programs need (generated
+  ``passwd``/``group``/``hosts``/``hostname``), and the session directory as the only writable place besides a
+  private ``/tmp``. Host files outside those (other sessions, the task's reference fix, credentials under
+  ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside.
 * ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
 * ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
 
-Every command gets a clean environment: a fixed ``PATH`` plus what every runtime sets
+Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
+rlimits always); the first session logs what this host cannot enforce. Every command gets a clean environment: a fixed ``PATH`` plus what every runtime sets
 (:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
 ``LANG``, ``POLAR_SESSION_DIR``, the spec's and the caller's variables). Nothing from the host leaks in.
 """
