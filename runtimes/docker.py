@@ -2,8 +2,9 @@
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
 no capabilities, ``no-new-privileges``, an unprivileged user, a read-only root file system (tmpfs ``/tmp``, the
-session directory on a volume), memory and pids limits, and labels that name their owner, so :func:`reap_orphaned_containers` can remove
-containers whose owning process died. ``cancel`` and ``stop`` remove the container (``force``).
+session directory on a volume), memory and pids limits, and labels that name their owner, so
+:func:`reap_orphaned_containers` can remove containers whose owning process died. ``cancel`` and ``stop``
+remove the container and its volume (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
 process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
 """
