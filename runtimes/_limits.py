@@ -16,6 +16,8 @@ import functools
 import os
 import re
 import shutil
+import time
+import uuid
 from pathlib import Path
 
 __all__ = ["CgroupPlan", "LimitProbe", "parse_size", "prlimit_argv", "probe_limits"]
@@ -65,8 +67,10 @@ class CgroupPlan:
     def create(self, session_id: str, *, pids_max: int, memory_max: int) -> list[Path]:
         """Create the session's cgroups with their limits; returns the directories (join each, remove at end)."""
         made: list[Path] = []
+        # Unique per runtime: the gateway's and the evaluator's runtimes of one session may share a host.
+        name = f"polar-{session_id}-{uuid.uuid4().hex[:8]}"
         if self.v2 and self.pids is not None:
-            path = self.pids / f"polar-{session_id}"
+            path = self.pids / name
             path.mkdir(exist_ok=True)
             (path / "pids.max").write_text(str(pids_max))
             if self.memory is not None:
@@ -75,12 +79,12 @@ class CgroupPlan:
                     (path / "memory.swap.max").write_text("0")
             return [path]
         if self.pids is not None:
-            path = self.pids / f"polar-{session_id}"
+            path = self.pids / name
             path.mkdir(exist_ok=True)
             (path / "pids.max").write_text(str(pids_max))
             made.append(path)
         if self.memory is not None:
-            path = self.memory / f"polar-{session_id}"
+            path = self.memory / name
             path.mkdir(exist_ok=True)
             (path / "memory.limit_in_bytes").write_text(str(memory_max))
             made.append(path)
@@ -88,10 +92,16 @@ class CgroupPlan:
 
 
 def remove_cgroups(paths: list[Path]) -> None:
-    """Remove per-session cgroups (their processes must have exited); errors are ignored."""
+    """Remove per-session cgroups, waiting briefly for killed processes to leave; errors are ignored."""
     for path in paths:
-        with contextlib.suppress(OSError):
-            path.rmdir()
+        for _ in range(50):
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

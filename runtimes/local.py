@@ -160,12 +160,15 @@ class LocalRuntime(SessionRuntime):
             _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
                        self._spec.sandbox_gid if _is_root() else os.getgid())  # fmt: skip
         _log_limits_once(self._limits)
-        self._cgroups = await asyncio.to_thread(
-            self._limits.cgroups.create,
-            self._session_id,
-            pids_max=self._spec.pids_limit,
-            memory_max=parse_size(self._spec.memory_limit),
-        )
+        try:
+            self._cgroups = await asyncio.to_thread(
+                self._limits.cgroups.create,
+                self._session_id,
+                pids_max=self._spec.pids_limit,
+                memory_max=parse_size(self._spec.memory_limit),
+            )
+        except OSError as exc:
+            _log.warning("local runtime %s: no cgroup (%s); only rlimits apply", self._session_id, exc)
         if self._spec.network is NetworkMode.PROXY:
             (root / _FORWARDER).write_bytes(script_bytes())
         self._started = True
