@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from gateway.errors import PatchTooLarge
 from gateway.harness_check import check_program
 from gateway.harnesses import (
     HarnessAdapter,
@@ -40,12 +41,28 @@ from gateway.workspace import WorkspaceBase, validate_repository, workspace_base
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from polar_core.git_trees import TreeCache
 from polar_core.records import AgentStatus
-from runtimes import NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
+from runtimes import ExecResult, NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
 _SETUP_TIMEOUT_S = 120.0
 _PATCH_FILE = ".polar/agent.patch"
+MAX_PATCH_BYTES = 64 * 1024 * 1024
+"""The largest workspace patch collected; a bigger one (or a bigger file in the workspace) is ``invalid_patch``."""
+_PATCH_TOO_LARGE_EXIT = 3
+# $1 the patch script, $2-$4 its arguments, $5 the output file, $6 the byte limit. A file over the limit is
+# refused before git reads it; the patch is cut at limit+1 bytes, so the output never grows past that.
+_COLLECT_SCRIPT = f"""big=$(find "$2" -path "$2/.git" -prune -o -type f -size +"$6"c -print | head -n 1)
+if [ -n "$big" ]; then
+  echo "the file ${{big#"$2"/}} is larger than the patch limit ($6 bytes)" >&2; exit {_PATCH_TOO_LARGE_EXIT}
+fi
+(sh -c "$1" polar-patch "$2" "$3" "$4"; echo $? > "$5.rc") | head -c "$(($6 + 1))" > "$5"
+size=$(wc -c < "$5")
+if [ "$size" -gt "$6" ]; then
+  echo "the patch is larger than the patch limit ($6 bytes)" >&2; exit {_PATCH_TOO_LARGE_EXIT}
+fi
+rc=$(cat "$5.rc"); rm -f "$5.rc"; exit "$rc"
+"""
 # Bases of prepared sessions not yet collected; a session that never reaches collect leaves one small entry.
 _MAX_BASES = 4096
 # A made-up session used to check a task's harness options at admission (adapters are pure).
@@ -77,6 +94,7 @@ class HarnessAgentRunner:
         names: The harness names ``adapters`` knows.
         tunnel: The gateway's proxy tunnel; runtimes with ``network: proxy`` on its socket get it started and
             their endpoints rebased to the in-sandbox forwarder.
+        max_patch_bytes: The patch limit (:data:`MAX_PATCH_BYTES`): over it, collect raises PatchTooLarge.
         default_model: Model name given to the harness when the task names none.
         trees: Where base trees are exported and packed (by default a private directory per user below the
             temporary directory).
@@ -95,8 +113,10 @@ class HarnessAgentRunner:
         default_model: str = "policy",
         trees: TreeCache | None = None,
         check_programs: bool = False,
+        max_patch_bytes: int = MAX_PATCH_BYTES,
     ) -> None:
         self._check_programs = check_programs
+        self._max_patch_bytes = max_patch_bytes
         self._default_model = default_model
         self._trees = trees if trees is not None else TreeCache()
         self._bases: collections.OrderedDict[tuple[str, int], WorkspaceBase] = collections.OrderedDict()
@@ -206,9 +226,12 @@ class HarnessAgentRunner:
             pack = str(runtime.root / f".polar/base-{uuid.uuid4().hex}.pack")
             await runtime.upload(base.pack, pack)
         # Written to a file and downloaded, because exec output is truncated and decoded as text.
-        script = 'sh -c "$1" polar-patch "$2" "$3" "$4" > "$5"'
-        argv = ["sh", "-c", script, "polar-collect", PATCH_SCRIPT, str(workspace), base.tree, pack, str(out)]
-        await _check(runtime, argv, "collecting the workspace patch")
+        argv = ["sh", "-c", _COLLECT_SCRIPT, "polar-collect", PATCH_SCRIPT, str(workspace), base.tree, pack, str(out),
+                str(self._max_patch_bytes)]  # fmt: skip
+        result = await runtime.exec(argv, timeout=_SETUP_TIMEOUT_S)
+        if result.exit_code == _PATCH_TOO_LARGE_EXIT and not result.timed_out:
+            raise PatchTooLarge(result.stderr.strip()[-500:] or "the patch is larger than the patch limit")
+        _raise_unless_ok(result, "collecting the workspace patch")
         if pack:
             await runtime.exec(["rm", "-f", "--", pack], timeout=_SETUP_TIMEOUT_S)
         patch = await runtime.download(out)
@@ -222,7 +245,10 @@ class HarnessAgentRunner:
 
 
 async def _check(runtime: Runtime, argv: list[str], what: str) -> None:
-    result = await runtime.exec(argv, timeout=_SETUP_TIMEOUT_S)
+    _raise_unless_ok(await runtime.exec(argv, timeout=_SETUP_TIMEOUT_S), what)
+
+
+def _raise_unless_ok(result: ExecResult, what: str) -> None:
     if not result.ok:
         detail = (result.stderr or result.stdout).strip()[-500:]
         raise FailedPrecondition(f"{what} failed (exit {result.exit_code}): {detail}")

@@ -32,7 +32,14 @@ from opentelemetry import trace
 
 from gateway.agent_failures import agent_failure
 from gateway.dependencies import PROXY, DependencyMonitor, Outage
-from gateway.errors import GatewayBusy, GatewayDraining, SessionConflict, SessionDeadlinePassed, SessionNotFound
+from gateway.errors import (
+    GatewayBusy,
+    GatewayDraining,
+    PatchTooLarge,
+    SessionConflict,
+    SessionDeadlinePassed,
+    SessionNotFound,
+)
 from gateway.events import Subscription
 from gateway.metrics import GatewayMetrics
 from gateway.models import (
@@ -503,6 +510,8 @@ class SessionPipeline:
         timed_out = run.outcome is AgentStatus.TIMEOUT
         try:
             artifacts = await self._collect(s, run)
+        except PatchTooLarge as exc:
+            return Evaluation(0.0, TerminalStatus.INVALID_PATCH, error_message=exc.message)
         except SessionDeadlinePassed:
             if not timed_out:
                 raise

@@ -8,6 +8,8 @@ Hierarchy (all from :mod:`polar_core.errors`, mapped to status codes by the shar
     └── SessionConflict          the session id runs with another attempt
     FailedPrecondition
     └── GatewayDraining          the gateway accepts no new sessions
+    InvalidArgument
+    └── PatchTooLarge            the workspace patch (or a file in it) is over the patch limit: invalid_patch
     ResourceExhausted
     └── GatewayBusy              admission refused: full, or POSTRUN backed up (carries retry_after_s)
     DeadlineExceeded
@@ -17,11 +19,19 @@ Hierarchy (all from :mod:`polar_core.errors`, mapped to status codes by the shar
 
 from __future__ import annotations
 
-from polar_core.errors import AlreadyExists, DeadlineExceeded, FailedPrecondition, NotFound, ResourceExhausted
+from polar_core.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 
 __all__ = [
     "GatewayBusy",
     "GatewayDraining",
+    "PatchTooLarge",
     "SessionConflict",
     "SessionDeadlinePassed",
     "SessionNotFound",
@@ -39,6 +49,10 @@ class SessionConflict(AlreadyExists):
 
 class GatewayDraining(FailedPrecondition):
     """The gateway is draining and accepts no new sessions."""
+
+
+class PatchTooLarge(InvalidArgument):
+    """The agent's workspace patch, or one file in the workspace, is larger than the gateway's patch limit."""
 
 
 class GatewayBusy(ResourceExhausted):

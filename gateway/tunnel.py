@@ -53,7 +53,9 @@ class ProxyTunnel:
         if len(str(socket_dir / _SOCKET_NAME)) <= _MAX_SOCKET_PATH:
             socket_dir.mkdir(parents=True, exist_ok=True)
             return cls(socket_dir, sandbox_port=sandbox_port)
-        return cls(Path(tempfile.mkdtemp(prefix="polar-tunnel-")), sandbox_port=sandbox_port, owns_dir=True)
+        private = Path(tempfile.mkdtemp(prefix="polar-tunnel-"))
+        private.chmod(0o711)  # a container's unprivileged user must reach the socket in it (mounted on its own)
+        return cls(private, sandbox_port=sandbox_port, owns_dir=True)
 
     @property
     def sandbox_origin(self) -> str:

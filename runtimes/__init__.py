@@ -10,13 +10,14 @@ starts a private ``dockerd`` lives in ``integration_tests/support/docker.py``, n
 from __future__ import annotations
 
 from runtimes.base import ExecResult, Runtime, resolve_in_root
-from runtimes.errors import PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.errors import FileTooLarge, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeNotStarted
 from runtimes.factory import DefaultRuntimeFactory, RuntimeFactory, create_runtime
 from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
 
 __all__ = [
     "DefaultRuntimeFactory",
     "ExecResult",
+    "FileTooLarge",
     "Isolation",
     "NetworkMode",
     "PathEscapesSession",

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from polar_core.errors import NotFound
+from runtimes._process import DOWNLOAD_LIMIT_BYTES
 from runtimes.base import resolve_in_root
-from runtimes.errors import PathEscapesSession
+from runtimes.errors import FileTooLarge, PathEscapesSession
 
 __all__ = ["HostSessionDir"]
 
@@ -51,7 +52,15 @@ class HostSessionDir:
         self._check_real(source)
         if not source.is_file():
             raise NotFound(f"no regular file {src} in the session directory")
-        return await asyncio.to_thread(source.read_bytes)
+        return await asyncio.to_thread(_read_capped, source, DOWNLOAD_LIMIT_BYTES)
+
+
+def _read_capped(path: Path, limit: int) -> bytes:
+    with path.open("rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(f"{path.name} is larger than the download limit ({limit} bytes)")
+    return data
 
 
 def _copy_in(src: Path | bytes, target: Path, exclude: tuple[str, ...]) -> None:

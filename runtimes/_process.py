@@ -12,10 +12,12 @@ from pathlib import Path
 
 from runtimes.base import ExecResult
 
-__all__ = ["OUTPUT_LIMIT_BYTES", "run_process"]
+__all__ = ["DOWNLOAD_LIMIT_BYTES", "OUTPUT_LIMIT_BYTES", "run_process"]
 
 # Test logs can be large; keep the tail, which holds the summary and the failure that ended the run.
 OUTPUT_LIMIT_BYTES = 4 * 1024 * 1024
+# The largest file ``download`` reads; anything bigger is refused with FileTooLarge, never read into memory.
+DOWNLOAD_LIMIT_BYTES = 256 * 1024 * 1024
 # After a kill, wait this long for pipes held by stray grandchildren before giving up on the rest.
 _DRAIN_AFTER_KILL_S = 5.0
 

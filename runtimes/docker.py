@@ -1,8 +1,10 @@
 """The Docker runtime: one container per session, driven through the Docker SDK.
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
-memory and pids limits, and labels that name their owner, so :func:`reap_orphaned_containers` can remove
-containers whose owning process died. ``cancel`` and ``stop`` remove the container (``force``).
+no capabilities, ``no-new-privileges``, an unprivileged user, a read-only root file system (tmpfs ``/tmp``, the
+session directory on a volume), memory and pids limits, and labels that name their owner, so
+:func:`reap_orphaned_containers` can remove containers whose owning process died. ``cancel`` and ``stop``
+remove the container and its volume (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
 process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
 """
@@ -23,11 +25,14 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 
-from polar_core.errors import NotFound
+from polar_core.errors import InvalidArgument, NotFound
+from runtimes._limits import parse_size
+from runtimes._process import DOWNLOAD_LIMIT_BYTES
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult, resolve_in_root
-from runtimes.errors import RuntimeDied
+from runtimes.errors import FileTooLarge, RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -87,27 +92,43 @@ def reap_orphaned_containers(client: Any, *, all_owners: bool = False) -> list[s
         pid = int(labels.get(_LABEL_PID, "0") or 0)
         if all_owners or not _pid_alive(pid):
             try:
-                container.remove(force=True)
+                container.remove(force=True, v=True)
             except docker.errors.NotFound:
                 continue
             removed.append(container.name)
     return removed
 
 
-def _tar_of(src: Path | bytes, name: str, exclude: Sequence[str]) -> bytes:
+def _dirs_tar(names: Sequence[str], uid: int, gid: int) -> bytes:
+    """An archive of ``names`` as directories owned by ``uid:gid``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, 0o755, uid, gid, int(time.time())
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def _tar_of(src: Path | bytes, name: str, exclude: Sequence[str], owner: tuple[int, int]) -> bytes:
+    uid, gid = owner
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         if isinstance(src, bytes):
             info = tarfile.TarInfo(name)
             info.size = len(src)
             info.mode = 0o644
+            info.uid, info.gid = uid, gid
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(src))
         else:
 
             def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
                 base = PurePosixPath(info.name).name
-                return None if any(fnmatch.fnmatch(base, pat) for pat in exclude) else info
+                if any(fnmatch.fnmatch(base, pat) for pat in exclude):
+                    return None
+                info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
+                return info
 
             tar.add(str(src), arcname=name, filter=keep)
     return buf.getvalue()
@@ -151,10 +172,10 @@ class DockerRuntime(SessionRuntime):
         if self._container is not None:
             return
         self._container = await asyncio.to_thread(self._run_container)
-        dirs = [str(self._root / sub) for sub in SESSION_SUBDIRS]
-        result = await self._exec_in(self._live(), ["mkdir", "-p", *dirs], "/", None, 60.0)
-        if not result.ok:
-            raise RuntimeDied(f"cannot create the session directory in the container: {result.stderr}")
+        # The session directory lives in a fresh volume (owned by root) mounted on its parent; an archive makes it
+        # and its standard subdirectories the sandbox user's, without giving the container a capability to chown.
+        names = [self._root.name, *(f"{self._root.name}/{sub}" for sub in SESSION_SUBDIRS)]
+        await self._put(self._volume_target(), _dirs_tar(names, self._spec.sandbox_uid, self._spec.sandbox_gid))
         if self._spec.network is NetworkMode.PROXY:
             await self._start_forwarder()
 
@@ -185,6 +206,12 @@ class DockerRuntime(SessionRuntime):
                 f"{(ready.stderr or ready.stdout).strip()[-300:]}"
             )
 
+    def _volume_target(self) -> PurePosixPath:
+        """Where the session volume is mounted: the session directory's parent (``/polar``)."""
+        if self._root.parent == PurePosixPath("/"):
+            raise InvalidArgument(f"container_root {self._root} needs a parent directory other than /")
+        return self._root.parent
+
     def _run_container(self) -> Any:
         network = "host" if self._spec.network is NetworkMode.HOST else "none"
         kwargs: dict[str, Any] = {
@@ -197,16 +224,25 @@ class DockerRuntime(SessionRuntime):
             "mem_limit": self._spec.memory_limit,
             "pids_limit": self._spec.pids_limit,
             "working_dir": "/",
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "user": f"{self._spec.sandbox_uid}:{self._spec.sandbox_gid}",
+            "read_only": self._spec.read_only_root,
+            "tmpfs": {"/tmp": f"size={parse_size(self._spec.tmp_size)},mode=1777,exec"},
+            # An anonymous volume (removed with the container): writable under a read-only root, and reachable
+            # by put_archive/get_archive, which a tmpfs is not.
+            "mounts": [docker.types.Mount(target=str(self._volume_target()), source=None, type="volume")],
         }
         if self._spec.cpus is not None:
             kwargs["nano_cpus"] = int(self._spec.cpus * 1e9)
-        volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in self._spec.read_only_paths}
+        volumes: dict[str, dict[str, str]] = {
+            str(p): {"bind": str(p), "mode": "ro"} for p in self._spec.read_only_paths
+        }
         if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
             # The container has no network; the proxy's Unix socket is its only way out. Its directory is
             # mounted (not the socket file), so a bridge that re-creates the socket stays reachable.
             volumes[str(self._spec.proxy_socket.parent)] = {"bind": TUNNEL_DIR, "mode": "ro"}
-        if volumes:
-            kwargs["volumes"] = volumes
+        kwargs["volumes"] = volumes
         try:
             return self._docker().containers.run(self._spec.image, **kwargs)
         except docker.errors.ImageNotFound as exc:
@@ -215,7 +251,7 @@ class DockerRuntime(SessionRuntime):
             raise RuntimeDied(f"cannot start a container from {self._spec.image!r}: {exc}") from None
 
     async def stop(self) -> None:
-        """Remove the container. Idempotent."""
+        """Remove the container and its session volume. Idempotent."""
         container, self._container = self._container, None
         if container is not None:
             await asyncio.to_thread(_remove, container)
@@ -280,19 +316,24 @@ class DockerRuntime(SessionRuntime):
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
         """Copy a host file/directory or bytes below the session directory (``put_archive``)."""
-        container = self._live()
+        self._live()
         target = resolve_in_root(self._root, dest)
         mkdir = await self.exec(["mkdir", "-p", str(target.parent)], timeout=60.0)
         if not mkdir.ok:
             raise RuntimeDied(f"cannot create {target.parent} in the container: {mkdir.stderr}")
-        data = await asyncio.to_thread(_tar_of, src, target.name, tuple(exclude))
+        owner = (self._spec.sandbox_uid, self._spec.sandbox_gid)
+        data = await asyncio.to_thread(_tar_of, src, target.name, tuple(exclude), owner)
+        await self._put(target.parent, data)
+
+    async def _put(self, directory: PurePosixPath, data: bytes) -> None:
+        container = self._live()
         try:
-            ok = await asyncio.to_thread(container.put_archive, str(target.parent), data)
+            ok = await asyncio.to_thread(container.put_archive, str(directory), data)
         except docker.errors.DockerException as exc:
             self._raise_if_cancelled(" while a command ran")
-            raise RuntimeDied(f"upload to {target} failed: {exc}") from None
+            raise RuntimeDied(f"upload to {directory} failed: {exc}") from None
         if not ok:
-            raise RuntimeDied(f"upload to {target} failed")
+            raise RuntimeDied(f"upload to {directory} failed")
 
     async def download(self, src: str | PurePosixPath) -> bytes:
         """Read a regular file below the session directory (``get_archive``)."""
@@ -311,7 +352,12 @@ class DockerRuntime(SessionRuntime):
 
 
 def _get_file(container: Any, path: str) -> bytes | None:
-    stream, _stat = container.get_archive(path)
+    stream, stat = container.get_archive(path)
+    if int(stat.get("size", 0)) > DOWNLOAD_LIMIT_BYTES:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+        raise FileTooLarge(f"{path} is larger than the download limit ({DOWNLOAD_LIMIT_BYTES} bytes)")
     buf = io.BytesIO(b"".join(stream))
     with tarfile.open(fileobj=buf, mode="r") as tar:
         member = tar.next()
@@ -331,7 +377,7 @@ def _running(container: Any) -> bool:
 
 def _remove(container: Any) -> None:
     try:
-        container.remove(force=True)
+        container.remove(force=True, v=True)
     except docker.errors.NotFound:
         return
     except docker.errors.APIError as exc:

@@ -3,7 +3,8 @@
 Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them without knowing runtimes)::
 
     polar_core.errors.InvalidArgument
-    └── PathEscapesSession      a path leaves the session directory
+    ├── PathEscapesSession      a path leaves the session directory
+    └── FileTooLarge            a file to download is over the download limit
     polar_core.errors.FailedPrecondition
     └── RuntimeNotStarted       exec/upload/download before start() or after stop()
     polar_core.errors.Unavailable
@@ -16,11 +17,15 @@ from __future__ import annotations
 
 from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 
-__all__ = ["PathEscapesSession", "RuntimeCancelled", "RuntimeDied", "RuntimeNotStarted"]
+__all__ = ["FileTooLarge", "PathEscapesSession", "RuntimeCancelled", "RuntimeDied", "RuntimeNotStarted"]
 
 
 class PathEscapesSession(InvalidArgument):
     """A path given to upload or download resolves outside the session directory."""
+
+
+class FileTooLarge(InvalidArgument):
+    """A file to download is larger than the runtime's download limit (the sandbox made it; it is not read)."""
 
 
 class RuntimeNotStarted(FailedPrecondition):

@@ -2,15 +2,19 @@
 
 Isolation, strongest first (``isolation: auto`` picks the first that works on this machine):
 
-* ``bwrap`` — ``bwrap --unshare-all``: new user, pid, ipc, uts, cgroup and network namespaces (loopback
-  only), a read-only view of the system directories and the Python in use, and the session directory as
-  the only writable place besides a private ``/tmp``. Host files outside those (other sessions, the task's
-  reference fix, credentials under ``/root``) are not visible.
+* ``bwrap`` — ``bwrap --unshare-all --cap-drop ALL`` (and ``--disable-userns`` where bubblewrap has it): new
+  user, pid, ipc, uts, cgroup and network namespaces (loopback only), no capabilities, a read-only view of the
+  system directories and the Python in use, a private ``/etc`` holding only what programs need (generated
+  ``passwd``/``group``/``hosts``/``hostname``), and the session directory as the only writable place besides a
+  private ``/tmp``. Host files outside those (other sessions, the task's reference fix, credentials under
+  ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside.
 * ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
 * ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
 
-Every command gets a clean environment: a fixed ``PATH`` plus what every runtime sets
+Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
+rlimits always); the first session logs what this host cannot enforce. Every command gets a clean
+environment: a fixed ``PATH`` plus what every runtime sets
 (:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
 ``LANG``, ``POLAR_SESSION_DIR``, the spec's and the caller's variables). Nothing from the host leaks in.
 """
@@ -28,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from runtimes._hostdir import HostSessionDir
+from runtimes._limits import LimitProbe, parse_size, prlimit_argv, probe_limits, remove_cgroups
 from runtimes._process import run_process
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult
@@ -40,7 +45,15 @@ __all__ = ["LocalRuntime", "detect_isolation"]
 _log = logging.getLogger(__name__)
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+# What of the host's /etc a sandbox sees: what the C library, Python, node, git and TLS need, nothing of the
+# operator's own configuration (users, shadow, hostname, gitconfig, npmrc, service configs).
+_ETC_ALLOWED = ("ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf", "alternatives",
+                "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "host.conf", "gai.conf",
+                "protocols", "services", "mime.types", "os-release", "terminfo", "python3", "python3.11",
+                "python3.12", "python3.13")  # fmt: skip
+_SANDBOX_HOSTNAME = "polar-sandbox"
+_CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 126; shift; done; shift; exec "$@"'
 _FORWARDER = ".polar/tunnel.py"
 _UNSHARE_FLAGS = ("unshare", "--user", "--map-root-user", "--pid", "--ipc", "--uts", "--mount", "--fork",
                   "--kill-child", "--mount-proc")  # fmt: skip
@@ -57,11 +70,33 @@ async def _probe(argv: Sequence[str]) -> bool:
     return result.ok
 
 
+_BWRAP_PROBE = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc",
+                "/proc", "--dev", "/dev"]  # fmt: skip
+_disable_userns: bool | None = None
+_limits_logged = False
+
+
+async def bwrap_disables_userns() -> bool:
+    """Whether this bubblewrap can disable user namespaces inside the sandbox (``--disable-userns``, 0.8+)."""
+    global _disable_userns
+    if _disable_userns is None:
+        _disable_userns = await _probe([*_BWRAP_PROBE, "--disable-userns", "true"])
+        if not _disable_userns:
+            _log.warning("bubblewrap cannot disable user namespaces here (needs 0.8+): sandboxes may create them")
+    return _disable_userns
+
+
+def _log_limits_once(probe: LimitProbe) -> None:
+    global _limits_logged
+    if not _limits_logged:
+        _limits_logged = True
+        for missing in probe.not_enforced():
+            _log.warning("local runtime: not enforced on this host: %s", missing)
+
+
 async def detect_isolation() -> Isolation:
     """Return the strongest isolation that works on this machine (probing with ``true``)."""
-    if shutil.which("bwrap") and await _probe(
-        ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
-    ):
+    if shutil.which("bwrap") and await _probe([*_BWRAP_PROBE, "true"]):
         return Isolation.BWRAP
     # The probes use the flags the runtime runs with: inside a container whose /proc is masked (Docker's
     # default), creating namespaces works but mounting a fresh /proc does not, and both tools need that.
@@ -87,6 +122,9 @@ class LocalRuntime(SessionRuntime):
         self._isolation: Isolation | None = None
         self._started = False
         self._live_groups: set[int] = set()
+        self._limits = probe_limits()
+        self._cgroups: list[Path] = []
+        self._disable_userns = False
 
     @property
     def root(self) -> PurePosixPath:
@@ -117,6 +155,20 @@ class LocalRuntime(SessionRuntime):
         if isolation is Isolation.NONE:
             _log.warning("local runtime %s runs commands without isolation", self._session_id)
         self._isolation = isolation
+        if isolation is Isolation.BWRAP:
+            self._disable_userns = await bwrap_disables_userns()
+            _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
+                       self._spec.sandbox_gid if _is_root() else os.getgid())  # fmt: skip
+        _log_limits_once(self._limits)
+        try:
+            self._cgroups = await asyncio.to_thread(
+                self._limits.cgroups.create,
+                self._session_id,
+                pids_max=self._spec.pids_limit,
+                memory_max=parse_size(self._spec.memory_limit),
+            )
+        except OSError as exc:
+            _log.warning("local runtime %s: no cgroup (%s); only rlimits apply", self._session_id, exc)
         if self._spec.network is NetworkMode.PROXY:
             (root / _FORWARDER).write_bytes(script_bytes())
         self._started = True
@@ -126,6 +178,8 @@ class LocalRuntime(SessionRuntime):
         self._started = False
         self._kill_all()
         await asyncio.to_thread(shutil.rmtree, self.host_root, True)
+        cgroups, self._cgroups = self._cgroups, []
+        await asyncio.to_thread(remove_cgroups, cgroups)
 
     def _kill_all(self) -> None:
         for pgid in list(self._live_groups):
@@ -152,11 +206,28 @@ class LocalRuntime(SessionRuntime):
                 argv=inner,
             )
         if self._isolation is Isolation.BWRAP:
-            return [*self._bwrap_prefix(cwd, env), "--", *inner]
-        if self._isolation is Isolation.UNSHARE:
+            sandboxed = [*self._bwrap_prefix(cwd, env), "--", *inner]
+        elif self._isolation is Isolation.UNSHARE:
             net = [] if self._spec.network is NetworkMode.HOST else ["--net"]
-            return [*_UNSHARE_FLAGS, *net, "--", *inner]
-        return inner
+            sandboxed = [*_UNSHARE_FLAGS, *net, "--", *inner]
+        else:
+            sandboxed = inner
+        return [*self._limit_prefix(), *sandboxed]
+
+    def _limit_prefix(self) -> list[str]:
+        """Join the session's cgroups, then apply the per-process rlimits, then run the sandbox."""
+        prefix: list[str] = []
+        if self._cgroups:
+            prefix = ["sh", "-c", _CGROUP_JOIN, "polar-cgroup", *map(str, self._cgroups), "--"]
+        if self._limits.prlimit:
+            spec = self._spec
+            prefix += prlimit_argv(
+                data_bytes=parse_size(spec.memory_limit),
+                nproc=spec.pids_limit,
+                cpu_s=spec.cpu_time_limit_s,
+                fsize_bytes=parse_size(spec.file_size_limit),
+            )
+        return prefix
 
     def _read_only_paths(self) -> list[Path]:
         paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
@@ -168,7 +239,13 @@ class LocalRuntime(SessionRuntime):
         return seen
 
     def _bwrap_prefix(self, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+        args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--hostname", _SANDBOX_HOSTNAME]  # fmt: skip
+        if _is_root():
+            # Root's uid 0 inside would own every root-owned file it can see; run as an unprivileged id instead.
+            args += ["--uid", str(self._spec.sandbox_uid), "--gid", str(self._spec.sandbox_gid)]
+        if self._disable_userns:
+            args.append("--disable-userns")
         if self._spec.network is NetworkMode.HOST:
             args.append("--share-net")
         for name in _SYSTEM_DIRS:
@@ -177,6 +254,7 @@ class LocalRuntime(SessionRuntime):
                 args += ["--symlink", os.readlink(path), name]
             elif path.exists():
                 args += ["--ro-bind", name, name]
+        args += self._etc_args()
         # The private /tmp comes before the read-only binds: bwrap mounts in order, so an interpreter or a
         # checkout that itself lives under the host's /tmp stays visible on top of it.
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
@@ -188,6 +266,20 @@ class LocalRuntime(SessionRuntime):
         args += ["--chdir", str(cwd), "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
+        return args
+
+    def _etc_args(self) -> list[str]:
+        """A private ``/etc``: generated ``passwd``/``group``/``hosts``/``hostname`` plus :data:`_ETC_ALLOWED`."""
+        args = ["--dir", "/etc"]
+        for rel in _ETC_ALLOWED:
+            path = Path("/etc") / rel
+            if path.exists():
+                args += ["--ro-bind", str(path), str(path)]
+        if self._spec.network is NetworkMode.HOST and Path("/etc/resolv.conf").exists():
+            args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        generated = self.host_root / ".polar" / "etc"
+        for name in _GENERATED_ETC:
+            args += ["--ro-bind", str(generated / name), f"/etc/{name}"]
         return args
 
     async def exec(
@@ -228,3 +320,29 @@ class LocalRuntime(SessionRuntime):
         """Read a regular file below the session directory."""
         self._check_running()
         return await self._dir.download(src)
+
+
+_GENERATED_ETC = ("passwd", "group", "hosts", "hostname")
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _write_etc(directory: Path, uid: int, gid: int) -> None:
+    """Write the sandbox's own ``passwd``, ``group``, ``hosts`` and ``hostname`` (nothing of the host's)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    users = {0: ("root", 0), 65534: ("nobody", 65534)}
+    users.setdefault(uid, ("sandbox", gid))
+    groups = {0: "root", 65534: "nogroup"}
+    groups.setdefault(gid, "sandbox")
+    passwd = "".join(f"{name}:x:{u}:{g}::/nonexistent:/bin/sh\n" for u, (name, g) in users.items())
+    group = "".join(f"{name}:x:{g}:\n" for g, name in groups.items())
+    contents = {
+        "passwd": passwd,
+        "group": group,
+        "hosts": f"127.0.0.1 localhost {_SANDBOX_HOSTNAME}\n::1 localhost\n",
+        "hostname": f"{_SANDBOX_HOSTNAME}\n",
+    }
+    for name, text in contents.items():
+        (directory / name).write_text(text)

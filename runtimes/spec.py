@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
+from runtimes._limits import parse_size
 
 __all__ = ["Isolation", "NetworkMode", "RuntimeKind", "RuntimeSpec"]
 
@@ -53,9 +54,19 @@ class RuntimeSpec:
         network: What the sandbox can reach.
         proxy_socket: Host path of the model proxy's Unix socket, for ``network: proxy``.
         proxy_port: Loopback port inside the sandbox that forwards to ``proxy_socket``.
-        memory_limit: Container memory limit (docker syntax, ``"4g"``).
-        pids_limit: Maximum number of processes in a container.
-        cpus: CPU limit of a container; ``None`` for none.
+        memory_limit: Memory limit (docker syntax, ``"4g"``): of a container; of the local sandbox's cgroup
+            where one can be made, and of every local process's data size (``RLIMIT_DATA``) always.
+        pids_limit: Maximum number of processes in a container or local sandbox (pids cgroup, else
+            ``RLIMIT_NPROC``).
+        cpus: CPU limit of a container; ``None`` for none (not enforced by the local runtime).
+        cpu_time_limit_s: CPU seconds each local process may use (``RLIMIT_CPU``); ``None`` for none.
+        file_size_limit: Largest file a local process may write (``RLIMIT_FSIZE``, docker syntax).
+        tmp_size: Size of the container's ``/tmp`` tmpfs (docker, with ``read_only_root``).
+        sandbox_uid: The uid commands run as: inside bubblewrap when the runtime runs as root, and in a
+            container.
+        sandbox_gid: The matching gid.
+        read_only_root: Docker: a read-only root file system, with tmpfs ``/tmp`` and the session directory
+            on a volume (turn off for images that must write elsewhere).
         isolation: Local runtime isolation.
         read_only_paths: Extra host paths the sandbox may read, at the same path inside: bound read-only by the
             local bubblewrap sandbox (which always adds the Python in use and its prefix) and mounted
@@ -73,6 +84,12 @@ class RuntimeSpec:
     memory_limit: str = "4g"
     pids_limit: int = 1024
     cpus: float | None = None
+    cpu_time_limit_s: int | None = 7200
+    file_size_limit: str = "1g"
+    tmp_size: str = "512m"
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
+    read_only_root: bool = True
     isolation: Isolation = Isolation.AUTO
     read_only_paths: tuple[Path, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -84,6 +101,13 @@ class RuntimeSpec:
             raise InvalidArgument(f"runtime kind {self.kind.value!r} needs an image")
         if self.network is NetworkMode.PROXY and self.proxy_socket is None:
             raise InvalidArgument("network 'proxy' needs proxy_socket")
+        for name in ("memory_limit", "file_size_limit", "tmp_size"):
+            try:
+                parse_size(getattr(self, name))
+            except ValueError:
+                raise InvalidArgument(f"runtime option {name} is not a size: {getattr(self, name)!r}") from None
+        if self.pids_limit < 1 or (self.cpu_time_limit_s is not None and self.cpu_time_limit_s < 1):
+            raise InvalidArgument("runtime limits must be positive")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], **defaults: Any) -> RuntimeSpec:
@@ -108,7 +132,7 @@ class RuntimeSpec:
                 merged["proxy_socket"] = Path(merged["proxy_socket"])
             if "read_only_paths" in merged:
                 merged["read_only_paths"] = tuple(Path(p) for p in merged["read_only_paths"])
-            for key in ("proxy_port", "pids_limit"):
+            for key in ("proxy_port", "pids_limit", "cpu_time_limit_s", "sandbox_uid", "sandbox_gid"):
                 # Task files arrive as JSON (protobuf Struct): integers come as floats.
                 if isinstance(merged.get(key), float) and float(merged[key]).is_integer():
                     merged[key] = int(merged[key])

@@ -96,4 +96,70 @@ async def test_isolation_probes_use_the_flags_the_runtime_runs_with(
     runtime = local.LocalRuntime(spec, session_id="s", base_dir=tmp_path)
     runtime._isolation = Isolation.UNSHARE
     run = runtime.wrap_argv(["true"], cwd=PurePosixPath("/"), env={})
+    run = run[run.index("unshare") :]  # after the resource-limit prefix
     assert set(run[: run.index("--")]) == set(probed[1][: probed[1].index("--")])
+
+
+def test_sizes_and_limit_options() -> None:
+    from runtimes._limits import parse_size
+
+    assert parse_size("4g") == 4 * 1024**3
+    assert parse_size("512m") == 512 * 1024**2
+    assert parse_size("1GiB") == 1024**3
+    assert parse_size(10) == 10
+    with pytest.raises(InvalidArgument):
+        RuntimeSpec(memory_limit="lots")
+    with pytest.raises(InvalidArgument):
+        RuntimeSpec(pids_limit=0)
+    spec = RuntimeSpec.from_mapping({"cpu_time_limit_s": 60.0, "sandbox_uid": 1000.0, "file_size_limit": "8m"})
+    assert spec.cpu_time_limit_s == 60
+    assert spec.sandbox_uid == 1000
+
+
+def test_unenforced_limits_are_named() -> None:
+    from runtimes._limits import CgroupPlan, LimitProbe
+
+    bare = LimitProbe(prlimit=True, cgroups=CgroupPlan(), root=True).not_enforced()
+    assert any("process count" in line and "root" in line for line in bare)
+    assert any("memory" in line for line in bare)
+    assert any("disk quota" in line for line in bare)
+    full = LimitProbe(prlimit=True, cgroups=CgroupPlan(pids=Path("/x"), memory=Path("/y")), root=True).not_enforced()
+    assert full == ["a workspace disk quota (only the per-file size limit)"]
+
+
+def test_bwrap_command_drops_capabilities_and_hides_etc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import runtimes.local as local
+    from runtimes.spec import Isolation
+
+    monkeypatch.setattr(local, "_is_root", lambda: True)
+    runtime = local.LocalRuntime(RuntimeSpec(sandbox_uid=4242, sandbox_gid=4343), session_id="s", base_dir=tmp_path)
+    runtime._isolation = Isolation.BWRAP
+    runtime._disable_userns = True
+    argv = runtime.wrap_argv(["true"], cwd=PurePosixPath("/"), env={})
+    bwrap = argv[argv.index("bwrap") :]
+    assert bwrap[bwrap.index("--cap-drop") + 1] == "ALL"
+    assert bwrap[bwrap.index("--uid") + 1] == "4242"
+    assert bwrap[bwrap.index("--gid") + 1] == "4343"
+    assert "--disable-userns" in bwrap
+    assert "--unshare-user" in bwrap
+    targets = [bwrap[i + 2] for i, arg in enumerate(bwrap) if arg == "--ro-bind" and bwrap[i + 2].startswith("/etc")]
+    assert "/etc" not in targets  # never the host's whole /etc
+    assert "/etc/passwd" in targets
+    assert not {"/etc/shadow", "/etc/hostname", "/etc/gitconfig"} & {
+        bwrap[i + 1] for i, arg in enumerate(bwrap) if arg == "--ro-bind"
+    }
+    assert argv[0] in ("prlimit", "sh")
+
+
+def test_docker_archives_belong_to_the_sandbox_user(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from runtimes.docker import _dirs_tar, _tar_of
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.txt").write_text("x")
+    for data in (_tar_of(tmp_path / "d", "d", (), (65534, 65534)), _tar_of(b"x", "f", (), (65534, 65534)),
+                 _dirs_tar(["session", "session/home"], 65534, 65534)):  # fmt: skip
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            assert {(m.uid, m.gid) for m in tar.getmembers()} == {(65534, 65534)}

@@ -1,0 +1,259 @@
+"""Red team: a hostile agent inside the local runtime (as root and as an unprivileged host user) and Docker.
+
+Each attack in :mod:`integration_tests.support.sandbox_attacks` must fail, bounded by the sandbox's limits,
+with the host file, the process outside and the other session untouched. Patch collection refuses a giant
+file or patch with a clear reason (``PatchTooLarge``, which the pipeline turns into ``invalid_patch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.agent import HarnessAgentRunner
+from gateway.core import SessionPipeline
+from gateway.errors import PatchTooLarge
+from gateway.models import (
+    AgentRun,
+    Artifacts,
+    EvaluatorConfig,
+    HarnessConfig,
+    PipelineConfig,
+    ProxyEndpoints,
+    SessionSpec,
+)
+from gateway.testing import (
+    FakeAgentRunner,
+    FakeEvaluator,
+    FakeProxy,
+    FakeReconstructor,
+    FakeRuntimeFactory,
+    RecordingSink,
+)
+from integration_tests.support.docker import private_docker
+from integration_tests.support.sandbox_attacks import LIMITS, run_attacks
+from polar_core.records import TerminalStatus
+from runtimes import Runtime, RuntimeKind, RuntimeSpec
+from runtimes.docker import DockerRuntime
+from runtimes.local import LocalRuntime
+
+_REPO = Path(__file__).resolve().parent.parent
+_USER = "polar-redteam"
+_SYSTEM_PYTHON = "/usr/bin/python3"
+_RUNUSER = shutil.which("runuser", path="/usr/sbin:/usr/bin:/sbin:/bin")
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def _unprivileged_user() -> str | None:
+    """A non-root host user to run the runtime as (created when missing), or None when impossible."""
+    try:
+        pwd.getpwnam(_USER)
+        return _USER
+    except KeyError:
+        pass
+    if shutil.which("useradd") is None:
+        return None
+    done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _USER],
+                          capture_output=True, check=False)  # fmt: skip
+    return _USER if done.returncode == 0 else None
+
+
+def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
+    caps = out["capabilities"]["stdout"]
+    assert "CapEff:\t0000000000000000" in caps
+    assert "CapPrm:\t0000000000000000" in caps
+    assert "CapBnd:\t0000000000000000" in caps
+    assert caps.split()[-1] != "0", "the command runs as root inside"
+    assert out["remount"]["exit_code"] != 0
+    assert out["write_read_only"]["exit_code"] != 0
+    assert out["host_file"] == "original\n"
+    assert out["kill_outsider"]["exit_code"] != 0
+    assert out["ptrace_outsider"]["exit_code"] != 0
+    assert out["outsider_alive"]
+    assert out["read_other_session"]["exit_code"] != 0
+    assert out["list_sessions"]["stdout"].split() == ["attacker"]
+    assert out["new_user_namespace"]["exit_code"] != 0
+    forked = int(out["fork_count"]["stdout"].split("forked")[1].split()[0])
+    assert "refused" in out["fork_count"]["stdout"]
+    assert forked < pids_limit
+    assert not out["fork_bomb"]["timed_out"]
+    assert out["memory_bomb"]["exit_code"] != 0
+    assert out["memory_grow"]["exit_code"] != 0
+    assert not out["memory_grow"]["timed_out"]
+    size_limit = 64 * 1024 * 1024
+    assert "rc=0" not in out["sparse_file"]["stdout"]
+    assert int(out["sparse_file"]["stdout"].split()[-1]) <= size_limit
+    assert int(out["disk_fill"]["stdout"].split()[-1]) <= size_limit
+    etc = out["etc"]["stdout"]
+    assert "present" not in etc, etc
+    assert etc.split()[:2] == ["polar-sandbox", "polar-sandbox"]
+    assert out["after"]["stdout"].strip() == "alive"
+
+
+async def test_attacks_fail_as_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the runtime as root needs a root test process")
+    out = await run_attacks(tmp_path)
+    _check_outcomes(out, pids_limit=int(LIMITS["pids_limit"]))
+    assert out["capabilities"]["stdout"].split()[-1] == "65534"
+
+
+@pytest.fixture
+def user_dir() -> Iterator[tuple[str, Path]]:
+    if os.geteuid() != 0:
+        # Already unprivileged: the root test covers nothing then, and this one runs the attacks directly.
+        with tempfile.TemporaryDirectory() as name:
+            yield "", Path(name)
+        return
+    user = _unprivileged_user()
+    if user is None or _RUNUSER is None or not Path(_SYSTEM_PYTHON).exists():
+        pytest.skip("cannot run as an unprivileged user here (no useradd/runuser or no system python3)")
+    directory = Path(tempfile.mkdtemp(prefix="polar-redteam-"))
+    shutil.chown(directory, user, user)
+    try:
+        yield user, directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_attacks_fail_as_an_unprivileged_user(user_dir: tuple[str, Path]) -> None:
+    user, directory = user_dir
+    if not user:
+        out = await run_attacks(directory)
+    else:
+        # The system Python: the one running the tests may live where the user cannot read (e.g. /root).
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{_REPO}:{_REPO / 'gen'}"}
+        proc = await asyncio.create_subprocess_exec(
+            str(_RUNUSER), "-u", user, "--", _SYSTEM_PYTHON, "-m", "integration_tests.support.sandbox_attacks",
+            str(directory), cwd=_REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 110)
+        if proc.returncode != 0 and b"No module named" in stderr:
+            pytest.skip(f"the system python cannot import the runtime: {stderr.decode()[-300:]}")
+        assert proc.returncode == 0, stderr.decode()[-2000:]
+        out = json.loads(stdout)
+        assert out["host_uid"] != 0
+        assert b"not enforced on this host" in stderr  # the runtime says what it cannot enforce
+    _check_outcomes(out, pids_limit=int(LIMITS["pids_limit"]))
+
+
+def _spec(argv: list[str]) -> SessionSpec:
+    return SessionSpec(session_id="big", task_id="t", harness=HarnessConfig("command", {"argv": argv}))
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("truncate -s 2G huge.bin; truncate -s 32M big.bin", "the file big.bin is larger than the patch limit"),
+        ("for i in 1 2 3 4; do head -c 400000 /dev/urandom > f$i.bin; done", "the patch is larger than"),
+    ],
+)
+async def test_patch_collection_refuses_giant_files_and_patches(tmp_path: Path, script: str, reason: str) -> None:
+    runner = HarnessAgentRunner(max_patch_bytes=1024 * 1024)
+    spec = _spec(["sh", "-c", script])
+    runtime = LocalRuntime(RuntimeSpec(file_size_limit="64m"), session_id="big", base_dir=tmp_path)
+    await runtime.start()
+    try:
+        origin = "http://127.0.0.1:1"
+        endpoints = ProxyEndpoints(token="t", anthropic_base_url=origin, openai_base_url=f"{origin}/v1",
+                                   google_base_url=origin)  # fmt: skip
+        prepared = await runner.prepare(runtime, spec, endpoints)
+        run = await runner.run(runtime, prepared, timeout_s=60)
+        with pytest.raises(PatchTooLarge, match=reason):
+            await runner.collect(runtime, spec, run)
+        # The sandbox still works and a small change is still collected.
+        await runtime.exec(["sh", "-c", "rm -f *.bin; echo ok > small.txt"], cwd="workspace", timeout=30)
+        runner2 = HarnessAgentRunner(max_patch_bytes=1024 * 1024)
+        artifacts = await runner2.collect(runtime, spec, run)
+        assert artifacts.patch is not None
+        assert b"small.txt" in artifacts.patch
+    finally:
+        await runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_env() -> Iterator[Any]:
+    with private_docker() as env:
+        yield env
+
+
+async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: Any) -> None:
+    daemon, client, image = docker_env
+    spec = RuntimeSpec(kind=RuntimeKind.DOCKER, image=image, docker_host=daemon.url, pids_limit=64)
+    runtime = DockerRuntime(spec, session_id="redteam", client=client)
+    await runtime.start()
+    try:
+        caps = await runtime.exec(["sh", "-c", "grep -E '^Cap(Eff|Prm)' /proc/self/status; id -u"], timeout=30)
+        assert "CapEff:\t0000000000000000" in caps.stdout
+        assert "CapPrm:\t0000000000000000" in caps.stdout
+        assert caps.stdout.split()[-1] == "65534"
+        root_write = await runtime.exec(["sh", "-c", "echo x > /etc/pwned"], timeout=30)
+        assert root_write.exit_code != 0
+        usr_write = await runtime.exec(["sh", "-c", "echo x > /usr/pwned"], timeout=30)
+        assert usr_write.exit_code != 0
+        own = await runtime.exec(["sh", "-c", "echo ok > mine.txt && cat mine.txt && echo t > /tmp/t"], timeout=30)
+        assert own.ok, own.stderr
+        assert own.stdout.strip() == "ok"
+        await runtime.upload(b"data", "up/x.bin")
+        edit = await runtime.exec(["sh", "-c", "echo more >> up/x.bin && cat up/x.bin"], timeout=30)
+        assert edit.ok, edit.stderr
+        forks = await runtime.exec(["python3", "-c",
+                                    "import os, time\nn = 0\ntry:\n    for _ in range(500):\n"
+                                    "        if os.fork() == 0:\n            time.sleep(3); os._exit(0)\n"
+                                    "        n += 1\nexcept OSError:\n    pass\nprint(n)"], timeout=60)  # fmt: skip
+        assert int(forks.stdout.split()[-1]) < 64
+        container = client.containers.get(runtime.container_id)
+        host_config = container.attrs["HostConfig"]
+        assert host_config["ReadonlyRootfs"] is True
+        assert host_config["CapDrop"] == ["ALL"]
+        assert "no-new-privileges" in host_config["SecurityOpt"]
+        assert host_config["PidsLimit"] == 64
+    finally:
+        await runtime.stop()
+
+
+class _GiantPatchAgent(FakeAgentRunner):
+    """A fake harness whose session ``giant`` left a workspace over the patch limit."""
+
+    async def collect(self, runtime: Runtime, spec: SessionSpec, run: AgentRun) -> Artifacts:
+        if spec.session_id == "giant":
+            raise PatchTooLarge("the file big.bin is larger than the patch limit (1048576 bytes)")
+        return await super().collect(runtime, spec, run)
+
+
+async def test_a_giant_patch_is_invalid_patch_and_the_gateway_keeps_serving() -> None:
+    proxy = FakeProxy()
+    pipeline = SessionPipeline(
+        PipelineConfig(step_retries=1),
+        gateway_id="gw-redteam",
+        runtimes=FakeRuntimeFactory(),
+        agents=_GiantPatchAgent(proxy),
+        proxy=proxy,
+        reconstructor=FakeReconstructor(),
+        evaluator=FakeEvaluator(),
+        sink=RecordingSink(),
+    )
+    try:
+        results = {}
+        for session_id in ("giant", "next"):
+            spec = SessionSpec(session_id=session_id, task_id="t", harness=HarnessConfig("fake"),
+                               evaluator=EvaluatorConfig("script", {}))  # fmt: skip
+            await pipeline.start_session(spec)
+            results[session_id] = await pipeline.wait_done(session_id)
+        assert results["giant"].status is TerminalStatus.INVALID_PATCH
+        assert "larger than the patch limit" in results["giant"].error_message
+        assert results["next"].status is not TerminalStatus.INVALID_PATCH
+        assert results["next"].status is not TerminalStatus.INFRA_ERROR
+    finally:
+        await pipeline.close(grace_s=5)
