@@ -9,18 +9,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import grpc
 import openai
 import pytest
 from polar.proxy.v1 import model_proxy_service_pb2 as proxy_pb
 from polar.proxy.v1 import model_proxy_service_pb2_grpc as proxy_grpc
 
-from integration_tests.support.postgres import postgres_available, private_postgres
 from model_proxy.server import create_server as create_proxy
 from model_proxy.settings import ProxySettings
 from polar_client import RolloutClient
@@ -35,28 +33,6 @@ from rollout_server.settings import RolloutSettings
 
 TOKEN = "fleet-token"
 SCRIPT = {"turns": [{"text": "Hello from the policy."}] * 8}
-
-
-@pytest.fixture(scope="module")
-def pg_dsn() -> Iterator[str]:
-    if not postgres_available():
-        pytest.skip("PostgreSQL 15 binaries are not installed")
-    with private_postgres() as dsn:
-        yield dsn
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'rollout.sqlite3'}"
-    dsn: str = request.getfixturevalue("pg_dsn")
-    database = f"policy_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {database}")
-    finally:
-        await conn.close()
-    return f"{dsn.rsplit('/', 1)[0]}/{database}"
 
 
 class Proxy:

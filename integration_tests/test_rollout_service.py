@@ -10,19 +10,16 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc, trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
 
-from integration_tests.support.postgres import postgres_available, private_postgres
 from polar_client import RolloutClient, traces_to_tensors
 from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService, ServiceRegistration, start_grpc_server
@@ -32,28 +29,6 @@ from rollout_server.settings import RolloutSettings
 from rollout_server.testing.fake_gateway import FakeGateway
 
 TOKEN = "s3cret-token"
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    if not postgres_available():
-        pytest.skip("PostgreSQL 15 binaries are not installed")
-    with private_postgres() as dsn:
-        yield dsn
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'rollout.sqlite3'}"
-    dsn: str = request.getfixturevalue("pg_server")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    return dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
 def settings(tmp_path: Path, store_url: str = "", **kw: Any) -> RolloutSettings:

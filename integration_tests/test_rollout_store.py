@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from polar.common.v1 import session_pb2
 
-from integration_tests.support.postgres import postgres_available, private_postgres
+from integration_tests.support.postgres import fresh_database
 from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
 from rollout_server.convert import result_from_proto, result_to_proto
@@ -31,31 +29,13 @@ from rollout_server.store.sql import SqlStore
 StoreFactory = Callable[[], Awaitable[SqlStore]]
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    if not postgres_available():
-        pytest.skip("PostgreSQL 15 binaries are not installed")
-    with private_postgres() as dsn:
-        yield dsn
-
-
-async def fresh_pg_database(dsn: str) -> str:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    return dsn.rsplit("/", 1)[0] + f"/{name}"
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 async def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreFactory]:
     """Opens the same database again on every call (to test durability across reopen)."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'rollout.sqlite3'}"
     else:
-        url = await fresh_pg_database(request.getfixturevalue("pg_server"))
+        url = await fresh_database(request.getfixturevalue("pg_server"))
     opened: list[SqlStore] = []
 
     async def factory() -> SqlStore:

@@ -54,3 +54,18 @@ def private_postgres() -> Iterator[str]:
             subprocess.run([*prefix, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], **run)  # type: ignore[call-overload]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def fresh_database(dsn: str) -> str:
+    """Create an empty database on the server at ``dsn`` and return its DSN (one per test: no shared state)."""
+    import uuid
+
+    import asyncpg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    return dsn.rsplit("/", 1)[0] + f"/{name}"
