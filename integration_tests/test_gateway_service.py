@@ -225,9 +225,10 @@ async def test_littles_law_holds_on_the_prometheus_endpoint() -> None:
     """Sampled occupancy L of each stage agrees with λW from the exported counters and histograms."""
     gw = await start_gateway(init_workers=2, running_workers=4, postrun_workers=2, ready_capacity=2)
     try:
-        gw.agents.run_s = 0.15
-        gw.agents.prepare_s = 0.03
-        gw.evaluator.evaluate_s = 0.04
+        # Every stage holds a session for several scrape intervals, so the sampled mean occupancy resolves it.
+        gw.agents.run_s = 0.2
+        gw.agents.prepare_s = 0.1
+        gw.evaluator.evaluate_s = 0.15
         samples: list[dict[tuple[str, str], float]] = []
         times = [time.monotonic()]  # the stages are empty at the start: the first sample is all zeros
         samples.append({})
