@@ -25,6 +25,7 @@ def evaluator_config(settings: EvaluatorSettings) -> EvaluatorConfig:
         docker_host=settings.docker_host,
         docker_memory_limit=settings.docker_memory_limit,
         docker_pids_limit=settings.docker_pids_limit,
+        max_patch_bytes=settings.max_patch_bytes,
     )
 
 

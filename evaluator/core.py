@@ -5,7 +5,8 @@ Every evaluation gets a handle and a directory ``<state_dir>/evaluations/<handle
 returned by every later Evaluate of that handle, even after Release or a restart, so an evaluation never
 runs twice. Runtimes are single-use: the one Prepare started is stopped as soon as its evaluation ends.
 
-Status rules (docs/evaluator.md): exceptions from runtimes or strategies are ``infra_error``; running past
+Status rules (docs/evaluator.md): exceptions from runtimes or strategies, and non-finite rewards, are
+``infra_error``; a patch over ``max_patch_bytes`` is ``invalid_patch`` (not applied at all); running past
 the deadline is ``eval_timeout``; Release during an evaluation is ``cancelled``; when the agent timed out,
 its patch is still evaluated and a ``resolved``/``unresolved`` verdict is reported as ``agent_timeout``
 with the reward the evaluation gave.
@@ -19,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
@@ -186,6 +188,11 @@ class EvaluatorService:
     async def _score(self, entry: _Entry, artifacts: Artifacts, limit_s: float) -> EvaluationResult:
         if artifacts.agent_status is AgentStatus.CANCELLED:
             return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message="the agent run was cancelled")
+        size = len(artifacts.patch or b"")
+        if size > self._config.max_patch_bytes:
+            message = f"the patch is {size} bytes, over the evaluator's limit of {self._config.max_patch_bytes} bytes"
+            entry.ctx.log.write("the agent's patch is too large", message)
+            return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=message)
         try:
             async with asyncio.timeout(limit_s + _BACKSTOP_GRACE_S):
                 return await entry.strategy.evaluate(entry.ctx, artifacts)
@@ -264,7 +271,13 @@ class EvaluatorService:
 
 
 def _check_rewards(result: EvaluationResult, artifacts: Artifacts) -> EvaluationResult:
-    # Per-trace rewards that do not fit the traces are the evaluator's failure, told as such (never dropped).
+    # Per-trace rewards that do not fit the traces, and rewards that are not finite numbers (NaN, ±inf, from a
+    # reward.json or a custom evaluator), are the evaluator's failure, told as such (never dropped or passed on):
+    # infra_error, reward 0, not trainable, so such a value never reaches a loss or counts as a success.
+    bad = [r for r in (result.reward, *result.trace_rewards) if not math.isfinite(r)]
+    if bad:
+        message = f"invalid evaluator result: non-finite reward {bad[0]!r} refused (rewards must be finite numbers)"
+        return EvaluationResult(0.0, TerminalStatus.INFRA_ERROR, result.test_outcomes, error_message=message)
     try:
         check_trace_rewards(artifacts.traces, result.trace_rewards)
     except InvalidArgument as exc:

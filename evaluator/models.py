@@ -49,6 +49,7 @@ class EvaluatorConfig:
         docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
         docker_memory_limit: Memory limit of evaluation containers.
         docker_pids_limit: Process limit of evaluation containers.
+        max_patch_bytes: The largest patch evaluated; a larger one is ``invalid_patch`` (the gateway's limit).
     """
 
     evaluations_dir: Path
@@ -61,6 +62,7 @@ class EvaluatorConfig:
     docker_host: str = ""
     docker_memory_limit: str = "4g"
     docker_pids_limit: int = 1024
+    max_patch_bytes: int = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ class EvaluatorSettings(ServiceSettings):
         docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
         docker_memory_limit: Memory limit of evaluation containers.
         docker_pids_limit: Process limit of evaluation containers.
+        max_patch_bytes: The largest patch evaluated (default 64 MiB, the gateway's limit); a larger one is
+            ``invalid_patch`` with the sizes in its message.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_EVALUATOR_", frozen=True, extra="forbid")
@@ -41,6 +43,7 @@ class EvaluatorSettings(ServiceSettings):
     docker_host: str = ""
     docker_memory_limit: str = "4g"
     docker_pids_limit: int = 1024
+    max_patch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
 
     @property
     def evaluations_dir(self) -> Path:
