@@ -100,6 +100,14 @@ def _naive_run(repo: Path, patch: bytes, tmp_path: Path) -> int:
     return subprocess.run(argv, cwd=work, env=env, capture_output=True, timeout=120).returncode
 
 
+def _log(result) -> str:
+    return Path(result.log_ref).read_text()
+
+
+def _has_pytest(python: str) -> bool:
+    return subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode == 0
+
+
 def _assert_honest(result) -> None:
     assert result.status is TerminalStatus.UNRESOLVED, result.error_message
     assert result.reward == 0.0
@@ -127,7 +135,7 @@ async def test_config_file_added_by_the_patch_is_ignored(service, bare, tmp_path
     assert _naive_run(repo, patch, tmp_path) == 0
     result = await _evaluate(service, spec, patch)
     _assert_honest(result)
-    log = Path(result.log_ref).read_text()
+    log = _log(result)
     assert name in log.split("restored the task's own test files", 1)[1]
     assert "evaluator-written, empty" in log
 
@@ -139,7 +147,7 @@ async def test_pytest_toml_does_not_override_the_repositorys_pytest_ini(service,
     assert _naive_run(repo, patch, tmp_path) == 0
     result = await _evaluate(service, spec, patch)
     _assert_honest(result)
-    assert re.search(r"^config: \S+/repo/pytest\.ini$", Path(result.log_ref).read_text(), re.M)
+    assert re.search(r"^config: \S+/repo/pytest\.ini$", _log(result), re.M)
 
 
 async def test_config_deselecting_the_failing_tests_is_ignored(service, paginate, tmp_path: Path) -> None:
@@ -161,7 +169,7 @@ async def test_conftest_forcing_passes_is_removed(service, paginate, tmp_path: P
     assert _naive_run(repo, patch, tmp_path) == 0
     result = await _evaluate(service, spec, patch)
     _assert_honest(result)
-    assert where in Path(result.log_ref).read_text()
+    assert where in _log(result)
 
 
 async def test_entry_point_plugin_added_by_the_patch_is_not_loaded(service, paginate, tmp_path: Path) -> None:
@@ -178,7 +186,7 @@ async def test_entry_point_plugin_added_by_the_patch_is_not_loaded(service, pagi
     assert _naive_run(repo, patch, tmp_path) == 0
     result = await _evaluate(service, spec, patch)
     _assert_honest(result)
-    log = Path(result.log_ref).read_text()
+    log = _log(result)
     assert f"{dist}/entry_points.txt" in log
     # Neither in the evaluator's list nor in the header where pytest names the plugins it loaded.
     plugins = re.findall(r"^plugins: (.*)$", log, re.M)
@@ -236,7 +244,7 @@ async def test_patch_that_kills_pytest_at_import_is_unresolved(service, paginate
 
 async def test_python_without_pytest_is_still_infra_error(service, paginate) -> None:
     # No report because the environment is broken, not the patch: not the model's failure.
-    if subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True).returncode == 0:
+    if _has_pytest("/usr/bin/python3"):
         pytest.skip("/usr/bin/python3 has pytest here")
     spec, _ = paginate
     spec = dataclasses.replace(spec, options={**spec.options, "python": "/usr/bin/python3"})
