@@ -32,6 +32,8 @@ from rollout_server.policy import PolicyCoordinator
 __all__ = ["RolloutServicer"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
+# Results a byte-budgeted GetTask page holds at most (when it sets no max_results).
+_PAGE_BATCH = 100
 
 
 class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
@@ -65,13 +67,18 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
                 "from_result_index, max_results, max_page_bytes, from_trace_index and max_result_bytes"
                 " must not be negative"
             )
+        # A paged read loads one batch of results from the store (one more says whether a next page exists).
+        batch = request.max_results or (_PAGE_BATCH if request.max_page_bytes else 0)
         summary, results = await self._core.get_task(
-            request.task_id, with_results=not request.summary_only, from_index=request.from_result_index
+            request.task_id,
+            with_results=not request.summary_only,
+            from_index=request.from_result_index,
+            limit=batch + 1 if batch else 0,
         )
         page, next_index, next_trace = results_page_to_proto(
             results,
             omit_traces=request.omit_traces,
-            max_results=request.max_results,
+            max_results=batch,
             max_bytes=request.max_page_bytes,
             from_trace=request.from_trace_index,
             max_result_bytes=request.max_result_bytes,
