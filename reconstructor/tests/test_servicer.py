@@ -113,14 +113,14 @@ async def test_reconstruct_stream_joins_completion_chunks_and_answers_in_chunks_
     traces = [t for r in replies for t in r.traces]
     assert [t.trace_index for t in traces] == list(range(12))
     assert [list(t.call_ids) for t in traces] == [[f"c{i}"] for i in range(12)]
-    unary = await servicer.Reconstruct(  # type: ignore[arg-type]
+    unary = await servicer.Reconstruct(
         pb.ReconstructRequest(
             completions=pb.CompletionList(completions=[completion_to_proto(r) for r in records]),
             strategy=reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST,
             terminal_status=status_pb2.TERMINAL_STATUS_RESOLVED,
             task_id="t",
         ),
-        None,
+        None,  # type: ignore[arg-type]
     )
     assert list(unary.traces) == traces
     assert unary.stats == replies[-1].stats
@@ -139,6 +139,7 @@ async def test_reconstruct_stream_reads_a_proxy_source_and_refuses_a_malformed_s
     assert [len(r.traces) for r in replies] == [1]
     assert replies[0].stats.merges == 1
     chunk = pb.ReconstructStreamRequest(completions=pb.CompletionList(completions=[completion_to_proto(RECORDS[0])]))
-    for messages in ((chunk,), (pb.ReconstructStreamRequest(request=proxy), chunk), ()):
+    bad: list[list[pb.ReconstructStreamRequest]] = [[chunk], [pb.ReconstructStreamRequest(request=proxy), chunk], []]
+    for parts in bad:
         with pytest.raises(InvalidArgument):
-            _ = [r async for r in servicer.ReconstructStream(_stream(*messages), None)]  # type: ignore[arg-type]
+            _ = [r async for r in servicer.ReconstructStream(_stream(*parts), None)]  # type: ignore[arg-type]
