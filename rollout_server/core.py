@@ -51,6 +51,8 @@ _log = logging.getLogger(__name__)
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _MAX_PAGE = 1000
 _DEFAULT_PAGE = 50
+# Results a watcher reads from the store at a time: a stream holds a batch in memory, not a whole task.
+_WATCH_BATCH = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -186,12 +188,12 @@ class RolloutCore:
         return summarize(task, sessions, results, versions, deliveries)
 
     async def get_task(
-        self, task_id: str, *, with_results: bool = True, from_index: int = 0
+        self, task_id: str, *, with_results: bool = True, from_index: int = 0, limit: int = 0
     ) -> tuple[TaskSummary, list[ResultRecord]]:
         """Return a task's summary and (unless ``with_results`` is false) its results from ``from_index`` on,
-        in completion order."""
+        in completion order, at most ``limit`` of them unless it is 0."""
         task = await self._task(task_id)
-        results = await self.store.task_results(task_id, max(0, from_index)) if with_results else []
+        results = await self.store.task_results(task_id, max(0, from_index), limit=limit) if with_results else []
         return await self.summary(task), results
 
     async def list_tasks(self, page_size: int, page_token: str, state: TaskState | None) -> TaskPage:
@@ -222,7 +224,7 @@ class RolloutCore:
         while True:
             event = self._notifier.event(task_id)
             task = await self._task(task_id)
-            results = await self.store.task_results(task_id, next_index)
+            results = await self.store.task_results(task_id, next_index, limit=_WATCH_BATCH)
             if results:
                 summary = await self.summary(task)
                 for r in results:
