@@ -79,6 +79,8 @@ class ServeOptions:
         host: Interface to bind (``None``: each service's setting).
         port: Port of a single service (``None``: its setting; ignored for several).
         check: Start, check every service's health, and return instead of serving.
+        insecure: Let a service listen on a non-loopback address with neither a token nor mTLS (``--insecure``;
+            each service's ``insecure`` setting).
     """
 
     services: Sequence[str] = ()
@@ -87,6 +89,7 @@ class ServeOptions:
     host: str | None = None
     port: int | None = None
     check: bool = False
+    insecure: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,7 +136,7 @@ async def _start_one(
     name: str, options: ServeOptions, *, several: bool, addresses: dict[str, str], token: str
 ) -> _Started:
     spec = service_spec(name)
-    overrides: dict[str, object] = {"host": options.host}
+    overrides: dict[str, object] = {"host": options.host, "insecure": True if options.insecure else None}
     if options.state_dir is not None:
         # Several services in one process each get their own folder under the given one.
         overrides["state_dir"] = options.state_dir / name if several else options.state_dir
@@ -143,6 +146,7 @@ async def _start_one(
     wiring = _wiring(name, settings, addresses, token)
     if wiring:
         settings = spec.settings_cls.load(options.config, **overrides, **wiring)
+    settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
     return _Started(name, server, settings.host, port, spec.grpc_service)
 

@@ -91,6 +91,7 @@ class RolloutApp:
             timeout_s=settings.callback_timeout_s,
             tracer_provider=tracer_provider,
             max_message_bytes=settings.max_message_bytes,
+            tls=settings.tls(),
         )
         core = RolloutCore(
             store,
