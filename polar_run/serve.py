@@ -154,7 +154,9 @@ async def _start_one(
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
     """Settings that connect ``name`` to the services already started in this process (unset ones only)."""
     wiring: dict[str, object] = {}
-    if token and not settings.auth_token:
+    if token and not settings.accepted_tokens():
+        # Only a service configured with no token at all gets the process's shared (all-roles) one: role
+        # tokens set by the operator are never widened by an injected token.
         wiring["auth_token"] = token
     if name == "gateway":
         for peer in ("proxy", "reconstructor", "evaluator", "rollout"):
