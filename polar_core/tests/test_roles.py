@@ -60,11 +60,15 @@ def test_roles_separate_trainers_gateways_and_internal_calls() -> None:
 
 def test_certificate_names_grant_roles_and_bind_gateway_ids() -> None:
     plain = identity_from_uris(["spiffe://example/whatever"])
-    assert not plain.restricted and plain.roles == ALL_ROLES
+    assert not plain.restricted
+    assert plain.roles == ALL_ROLES
     trainer = identity_from_uris(["polar:role:trainer", "polar:role:nonsense"])
-    assert trainer.restricted and trainer.roles == {Role.TRAINER} and not trainer.gateway_ids
+    assert trainer.restricted
+    assert trainer.roles == {Role.TRAINER}
+    assert not trainer.gateway_ids
     gateway = identity_from_uris(["polar:gateway:gw-1"])
-    assert gateway.roles == {Role.GATEWAY} and gateway.gateway_ids == {"gw-1"}
+    assert gateway.roles == {Role.GATEWAY}
+    assert gateway.gateway_ids == {"gw-1"}
     assert identity_from_uris(["polar:gateway:"]).roles == frozenset()
 
 
