@@ -99,6 +99,7 @@ class _Started:
     host: str
     port: int
     grpc_service: str
+    shared_token: bool = False
 
 
 async def serve(options: ServeOptions) -> int:
@@ -122,7 +123,7 @@ async def serve(options: ServeOptions) -> int:
             local = "127.0.0.1" if service.host in ("0.0.0.0", "::") else service.host
             addresses[name] = f"{local}:{service.port}"
             print(f"{name:<14} {service.host}:{service.port}  ({service.grpc_service})", flush=True)
-        if token:
+        if any(service.shared_token for service in started):
             print(f"control-plane token: {token}", flush=True)
         if options.check:
             return await _check_all(started)
@@ -148,7 +149,7 @@ async def _start_one(
         settings = spec.settings_cls.load(options.config, **overrides, **wiring)
     settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
-    return _Started(name, server, settings.host, port, spec.grpc_service)
+    return _Started(name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring)
 
 
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
