@@ -211,3 +211,49 @@ async def test_certificate_roles_and_gateway_ids_bound_what_a_caller_may_do(tmp_
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await server.stop(None)
+
+
+async def test_result_callbacks_use_mtls_when_the_fleet_does(tmp_path: Path) -> None:
+    """A TLS fleet's gRPC callbacks reach a trainer that requires the fleet's client certificates."""
+    from polar.rollout.v1 import trainer_callback_service_pb2, trainer_callback_service_pb2_grpc
+
+    from polar_core.records import TerminalStatus
+    from polar_core.server import ServiceRegistration, start_grpc_server
+    from rollout_server.clients import CallbackSenders
+    from rollout_server.errors import DeliveryFailed
+    from rollout_server.models import CallbackTarget, ResultRecord
+
+    ca_crt, _, ca_name, ca_key = _issue(tmp_path, "ca", "polar-ca", None, ca=True)
+    issuer = (ca_name, ca_key)
+    trainer_crt, trainer_key, _, _ = _issue(tmp_path, "trainer", "trainer", issuer, ca=False)
+    internal = ("polar:role:internal",)
+    rollout_crt, rollout_key, _, _ = _issue(tmp_path, "rollout", "rollout", issuer, ca=False, uris=internal)
+    keys: list[str] = []
+
+    class Trainer(trainer_callback_service_pb2_grpc.TrainerCallbackServiceServicer):
+        async def DeliverSessionResult(
+            self, request: trainer_callback_service_pb2.DeliverSessionResultRequest, context: object
+        ) -> trainer_callback_service_pb2.DeliverSessionResultResponse:
+            keys.append(request.idempotency_key)
+            return trainer_callback_service_pb2.DeliverSessionResultResponse()
+
+    name = trainer_callback_service_pb2.DESCRIPTOR.services_by_name["TrainerCallbackService"].full_name
+    registration = ServiceRegistration(
+        name, lambda s: trainer_callback_service_pb2_grpc.add_TrainerCallbackServiceServicer_to_server(Trainer(), s)
+    )
+    server, port = await start_grpc_server(
+        [registration], host="127.0.0.1", port=0, tls=TlsFiles(trainer_crt, trainer_key, ca_crt)
+    )
+    target = CallbackTarget("grpc", f"127.0.0.1:{port}", 0)
+    result = ResultRecord("s-1", "t", 0, TerminalStatus.RESOLVED, 1.0, 1, "gw", "key-1")
+    fleet = CallbackSenders(tls=TlsFiles(rollout_crt, rollout_key, ca_crt), timeout_s=10)
+    plain = CallbackSenders(timeout_s=5)
+    try:
+        assert await fleet.deliver(target, result, 1) is False
+        assert keys == ["key-1"]
+        with pytest.raises(DeliveryFailed, match="UNAVAILABLE"):
+            await plain.deliver(target, result, 1)
+    finally:
+        await fleet.close()
+        await plain.close()
+        await server.stop(None)
