@@ -42,6 +42,7 @@ from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
+from polar_core.roles import Role
 from runtimes import DefaultRuntimeFactory
 
 __all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "pipeline_config"]
@@ -90,7 +91,7 @@ class _Clients:
         s = self._settings
         made = cls(
             address,
-            auth_token=s.auth_token,
+            auth_token=s.presented_token(Role.GATEWAY),
             tracer_provider=self._tracer_provider,
             tls=s.tls(),
             max_message_bytes=s.max_message_bytes,

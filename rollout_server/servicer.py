@@ -9,6 +9,7 @@ import grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
+from polar_core.auth import require_gateway_identity
 from polar_core.durations import duration, seconds
 from polar_core.errors import InvalidArgument
 from rollout_server.convert import (
@@ -120,6 +121,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         return pb.CancelTaskResponse(task=summary_to_proto(summary))
 
     async def RegisterGateway(self, request: pb.RegisterGatewayRequest, context: Context) -> pb.RegisterGatewayResponse:
+        require_gateway_identity(context, request.gateway_id, "RegisterGateway")
         gateway = await self._core.register_gateway(gateway_from_register(request))
         config = self._core.config
         return pb.RegisterGatewayResponse(
@@ -129,6 +131,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        require_gateway_identity(context, request.gateway_id, "Heartbeat")
         drain, cancelled = await self._core.heartbeat(
             request.gateway_id,
             capacity=request.capacity,
@@ -139,6 +142,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         return pb.HeartbeatResponse(drain_requested=drain, cancelled_session_ids=cancelled)
 
     async def DrainGateway(self, request: pb.DrainGatewayRequest, context: Context) -> pb.DrainGatewayResponse:
+        require_gateway_identity(context, request.gateway_id, "DrainGateway")
         active = await self._core.drain_gateway(request.gateway_id)
         return pb.DrainGatewayResponse(active_sessions=active)
 
@@ -147,6 +151,8 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
     ) -> pb.ReportSessionResultResponse:
         if not request.HasField("result"):
             raise InvalidArgument("result is required")
+        # Under mTLS a gateway reports only as itself; the core then refuses sessions not given to that gateway.
+        require_gateway_identity(context, request.result.gateway_id, "ReportSessionResult")
         duplicate = await self._core.report_result(result_from_proto(request.result))
         return pb.ReportSessionResultResponse(duplicate=duplicate)
 
