@@ -60,7 +60,7 @@ class GatewaySeams:
     """Ports to use instead of the ones built from settings (embedded wiring and tests); ``None`` builds it.
 
     ``isolation`` replaces the host's isolation probe (:func:`runtimes.local.probe_isolation`), which the gateway
-    otherwise runs once at open when its runtimes are local.
+    otherwise runs once at open when it builds local runtimes itself.
     """
 
     runtimes: RuntimeFactory | None = None
@@ -170,7 +170,7 @@ class GatewayApp:
         monitor = DependencyMonitor(
             probes if settings.dependency_probes else {}, interval_s=settings.dependency_probe_interval_s
         )
-        isolation, cannot_run = await _isolation(settings, seams.isolation)
+        isolation, cannot_run = await _isolation(settings, seams)
         pipeline = SessionPipeline(
             pipeline_config(settings),
             gateway_id=settings.gateway_id,
@@ -263,9 +263,13 @@ def task_roots(settings: GatewaySettings, *, cwd: Path | None = None) -> tuple[P
     return ((cwd or Path.cwd()).absolute(),)
 
 
-async def _isolation(settings: GatewaySettings, probed: IsolationProbe | None) -> tuple[IsolationProbe | None, str]:
-    """Probe (once) what isolation this host provides; return the probe and why no session can run, if so."""
-    if settings.default_runtime != "local" and probed is None:
+async def _isolation(settings: GatewaySettings, seams: GatewaySeams) -> tuple[IsolationProbe | None, str]:
+    """Probe (once) what isolation this host provides; return the probe and why no session can run, if so.
+
+    Nothing is probed for a gateway of container runtimes, or one whose runtimes a seam replaces (fakes).
+    """
+    probed = seams.isolation
+    if probed is None and (settings.default_runtime != "local" or seams.runtimes is not None):
         return None, ""
     probe = probed or await probe_isolation()
     minimum = Isolation(settings.min_isolation)
