@@ -21,7 +21,7 @@ def repo(tmp_path: Path) -> HistoryRepo:
 
 @pytest.fixture
 async def service(tmp_path: Path):
-    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state", local_isolation="none")))
+    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state", local_isolation="none", min_isolation="none")))
     yield svc
     await svc.close()
 
