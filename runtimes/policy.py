@@ -31,10 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
+from polar_core.task_paths import check_task_paths
 from runtimes._limits import parse_size
 from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
 
-__all__ = ["OPERATOR_ONLY", "RESERVED_ENV", "OperatorPolicy", "apply_task_runtime", "is_under"]
+__all__ = ["OPERATOR_ONLY", "RESERVED_ENV", "OperatorPolicy", "TaskAdmission", "apply_task_runtime", "is_under"]
+
+CHECK_SOCKET = "/run/polar/admission-check.sock"
+"""A stand-in proxy socket for checking tables where no tunnel exists (the rollout server, ``polar run``)."""
 
 OPERATOR_ONLY = frozenset({"proxy_socket", "docker_host", "container_root", "sandbox_uid", "sandbox_gid",
                            "min_isolation"})  # fmt: skip
@@ -198,3 +202,75 @@ def _stronger(a: Isolation, b: Isolation) -> Isolation:
 
 def _widen(field: str, value: Any, why: str) -> InvalidArgument:
     return InvalidArgument(f"runtime.{field} = {value!r} widens the sandbox: {why}", details={"field": field})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskAdmission:
+    """The whole-task check run before a task is recorded (the rollout server's SubmitTask, ``polar run`` and
+    ``polar generate``): host paths under the task roots, and the agent's and the evaluator's runtime tables within
+    the operator's policy. The gateway and the evaluator check the same again on their own settings.
+
+    Attributes:
+        policy: What the operator allows beyond its options.
+        task_roots: Directories the task's repository and test-patch paths must lie under.
+        agent: The operator's options for agent runtimes (the gateway's: ``network``, ...).
+        evaluator: The operator's options for evaluation runtimes (the evaluator's).
+    """
+
+    policy: OperatorPolicy
+    task_roots: tuple[Path, ...]
+    agent: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    evaluator: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        task_roots: Sequence[Path],
+        network: str = NetworkMode.PROXY.value,
+        min_isolation: str = Isolation.BWRAP.value,
+        read_only_roots: Sequence[Path] = (),
+        images: Sequence[str] = (),
+    ) -> TaskAdmission:
+        """The check for a fleet whose gateways run ``network`` and whose services share these settings."""
+        agent: dict[str, Any] = {"network": network}
+        if network == NetworkMode.PROXY.value:
+            agent["proxy_socket"] = CHECK_SOCKET
+        return cls(
+            OperatorPolicy(Isolation(min_isolation), tuple(read_only_roots), tuple(images)), tuple(task_roots), agent
+        )
+
+    def check(self, task: Mapping[str, Any]) -> None:
+        """Check a task in the task file's shape (``runtime: {kind, image, ...}``, ``evaluator: {strategy, ...}``).
+
+        Raises:
+            InvalidArgument: A host path outside the task roots, or a runtime table that widens the policy.
+        """
+        check_task_paths(task, self.task_roots)
+        runtime = task.get("runtime")
+        if runtime is not None and not isinstance(runtime, Mapping):
+            raise InvalidArgument("runtime must be a mapping")
+        agent_table = dict(runtime or {})
+        apply_task_runtime(self.policy, self.agent, agent_table)
+        evaluator = task.get("evaluator")
+        if not isinstance(evaluator, Mapping):
+            return
+        nested = evaluator.get("options")
+        options: Mapping[str, Any] = nested if isinstance(nested, Mapping) else evaluator
+        table = options.get("runtime")
+        image = agent_table.get("image") if agent_table.get("kind") in _CONTAINER_NAMES else None
+        if table is None and not image:
+            return
+        if table is not None and not isinstance(table, Mapping):
+            raise InvalidArgument("evaluator.runtime must be a mapping")
+        table = dict(table or {})
+        if image:
+            table.setdefault("kind", RuntimeKind.DOCKER.value)
+            table["image"] = image
+        try:
+            apply_task_runtime(self.policy, self.evaluator, table)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"evaluator: {exc.message}", details=exc.details) from None
+
+
+_CONTAINER_NAMES = tuple(kind.value for kind in _CONTAINERS)
