@@ -201,3 +201,35 @@ def test_bad_staleness_fields_fail_polar_run_before_anything_starts(tmp_path: Pa
             main(["run", str(path), "--out", str(out)])
         assert exit_info.value.code == 2
         assert not out.exists()  # nothing was started or written
+
+
+def test_a_task_that_widens_the_sandbox_fails_polar_run_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from polar_run.cli import main
+
+    path = _task_file(tmp_path, harness={"name": "command", "argv": ["true"]}, runtime={"network": "host"})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path), "--out", str(out)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "runtime.network = 'host' widens the sandbox" in lines[0]
+    assert not out.exists()
+
+
+def test_a_repository_outside_the_task_directory_fails_polar_run(tmp_path: Path) -> None:
+    from polar_run.cli import main
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for i, repo in enumerate((str(outside), "link")):
+        (tmp_path / str(i) / "task").mkdir(parents=True)
+        (tmp_path / str(i) / "task" / "link").symlink_to(outside)
+        harness = {"name": "command", "argv": ["true"]}
+        path = _task_file(tmp_path / str(i), harness=harness, metadata={"repo": repo})
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", str(path), "--out", str(tmp_path / "out")])
+        assert exit_info.value.code == 2
+        assert not (tmp_path / "out").exists()
