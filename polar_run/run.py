@@ -295,7 +295,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         harness_bin_dir=prepared.harness_bin_dir,
         running_workers=default_workers(prepared.backend, options.workers),
         context_length=context_length(options.overrides.context_length),
-        task_roots=(prepared.task_dir.absolute(),),
+        task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
     )
 
 

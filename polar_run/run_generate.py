@@ -193,7 +193,7 @@ def _stack_options(options: GenerateOptions, prepared: Sequence[PreparedTask]) -
     first = prepared[0]
     bin_dirs = {p.harness_bin_dir for p in prepared if p.harness_bin_dir is not None}
     dataset = options.dataset.absolute()
-    roots = [dataset if dataset.is_dir() else dataset.parent]
+    roots = [dataset if dataset.is_dir() else dataset.parent, *options.overrides.task_roots]
     for p in prepared:
         if p.task_dir.absolute() not in roots:
             roots.append(p.task_dir.absolute())

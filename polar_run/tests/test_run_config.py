@@ -233,3 +233,29 @@ def test_a_repository_outside_the_task_directory_fails_polar_run(tmp_path: Path)
             main(["run", str(path), "--out", str(tmp_path / "out")])
         assert exit_info.value.code == 2
         assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_line_that_widens_the_sandbox_fails_polar_generate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from polar_run.cli import main
+
+    dataset = tmp_path / "data" / "tasks.jsonl"
+    dataset.parent.mkdir()
+    (tmp_path / "data" / "repo").mkdir()
+    line = {"task_id": "t", "instruction": "x", "harness": {"name": "command", "argv": ["true"]}}
+    good = {**line, "metadata": {"repo": "repo"}}
+    wide = {**line, "runtime": {"kind": "local", "isolation": "none", "network": "host"}}
+    outside = {**line, "metadata": {"repo": "/"}}
+    for i, (bad, why) in enumerate(((wide, "widens the sandbox"), (outside, "not under the operator's task roots"))):
+        dataset.write_text(json.dumps(good) + "\n" + json.dumps({**bad, "task_id": f"bad{i}"}) + "\n")
+        out = tmp_path / f"out{i}"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", str(dataset), "--out", str(out)])
+        assert exit_info.value.code == 2
+        (error,) = capsys.readouterr().err.strip().splitlines()
+        assert f"task 'bad{i}'" in error
+        assert why in error
+        assert not out.exists()
