@@ -97,7 +97,8 @@ class EvaluatorService:
             if handle in self._entries or self._result_path(handle).exists():
                 return handle
             if self._config.task_roots is not None:
-                check_task_paths({"evaluator": dict(params.spec.options)}, self._config.task_roots)
+                snapshot = {"repo": params.repository_snapshot} if params.repository_snapshot else {}
+                check_task_paths({"evaluator": {**params.spec.options, **snapshot}}, self._config.task_roots)
             strategy = build_strategy(params.spec)
             runtime = None
             if strategy.needs_runtime:

@@ -9,14 +9,14 @@ from typing import Any
 
 import grpc
 import pytest
+from polar.common.v1 import session_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 from polar.gateway.v1 import gateway_service_pb2_grpc as pb_grpc
-from polar.common.v1 import session_pb2, task_pb2
 
 from gateway.app import GatewayApp, GatewaySeams, pipeline_config
 from gateway.models import PipelineConfig
-from gateway.settings import GatewaySettings
 from gateway.server import start_server
+from gateway.settings import GatewaySettings
 from gateway.testing import FakeAgentRunner, FakeProxy, FakeRuntimeFactory
 from runtimes import Isolation
 from runtimes.local import IsolationProbe

@@ -116,7 +116,7 @@ def test_the_operators_options_alone_give_the_operators_spec() -> None:
             {"read_only_paths": ["/opt/harnesses/x"]},
             "read_only_paths",
             (Path("/opt/harnesses"), Path("/opt/harnesses/x")),
-        ),  # noqa: E501
+        ),
         ({"env": {"TASK": "2"}}, "env", {"OPERATOR": "1", "TASK": "2"}),
         ({"image": "registry.example/polar/swe:7"}, "image", "registry.example/polar/swe:7"),
         ({"kind": "docker"}, "kind", RuntimeKind.DOCKER),
