@@ -23,6 +23,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,16 @@ from evaluator.strategies.base import opt_float
 from evaluator.trace_rewards import check_trace_rewards
 from polar_core.errors import InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
-from runtimes import DefaultRuntimeFactory, RuntimeCancelled, RuntimeKind, RuntimeSpec
+from polar_core.task_paths import check_task_paths
+from runtimes import (
+    DefaultRuntimeFactory,
+    Isolation,
+    OperatorPolicy,
+    RuntimeCancelled,
+    RuntimeKind,
+    RuntimeSpec,
+    apply_task_runtime,
+)
 
 __all__ = ["EvaluatorService"]
 
@@ -88,6 +98,9 @@ class EvaluatorService:
         async with lock:
             if handle in self._entries or self._result_path(handle).exists():
                 return handle
+            if self._config.task_roots is not None:
+                snapshot = {"repo": params.repository_snapshot} if params.repository_snapshot else {}
+                check_task_paths({"evaluator": {**params.spec.options, **snapshot}}, self._config.task_roots)
             strategy = build_strategy(params.spec)
             runtime = None
             if strategy.needs_runtime:
@@ -111,17 +124,31 @@ class EvaluatorService:
         return handle
 
     def _runtime_spec(self, params: PrepareParams) -> RuntimeSpec:
-        table: dict[str, Any] = dict(params.spec.options.get("runtime") or {})
+        """The task's ``runtime`` table over the evaluator's own options (:mod:`runtimes.policy`).
+
+        Raises:
+            InvalidArgument: The table is malformed or widens what the evaluator's settings allow.
+        """
+        raw = params.spec.options.get("runtime") or {}
+        if not isinstance(raw, Mapping):
+            raise InvalidArgument("evaluator.runtime must be a mapping")
+        table: dict[str, Any] = dict(raw)
         if params.image:
             table.setdefault("kind", RuntimeKind.DOCKER.value)
             table["image"] = params.image
-        defaults: dict[str, Any] = {
+        operator: dict[str, Any] = {
             "isolation": self._config.local_isolation,
+            "min_isolation": self._config.min_isolation,
             "docker_host": self._config.docker_host or None,
             "memory_limit": self._config.docker_memory_limit,
             "pids_limit": self._config.docker_pids_limit,
         }
-        return RuntimeSpec.from_mapping(table, **defaults)
+        policy = OperatorPolicy(
+            min_isolation=Isolation(self._config.min_isolation),
+            read_only_roots=self._config.read_only_roots,
+            images=self._config.allowed_images,
+        )
+        return apply_task_runtime(policy, operator, table)
 
     def _context(self, handle: str, params: PrepareParams, runtime: Runtime | None) -> EvalContext:
         workdir = self._config.evaluations_dir / handle

@@ -32,9 +32,11 @@ def docker_env():
 
 @pytest.fixture
 async def service(tmp_path: Path, docker_env):
-    client, _ = docker_env
+    client, image = docker_env
     factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=client)
-    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state")), runtime_factory=factory)
+    # The session's image reaches the evaluator from the task: the operator allows it by name.
+    settings = EvaluatorSettings(state_dir=tmp_path / "state", allowed_images=[image])
+    svc = EvaluatorService(evaluator_config(settings), runtime_factory=factory)
     yield svc
     await svc.close()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}) == []

@@ -18,6 +18,7 @@ from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayCl
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
+from rollout_server.task_check import TaskCheck
 
 __all__ = ["RolloutApp"]
 
@@ -110,6 +111,7 @@ class RolloutApp:
             ),
             clock=clock,
             current_policy=current_policy,
+            task_check=TaskCheck.from_settings(settings),
         )
         scheduler = Scheduler(
             core,

@@ -99,7 +99,9 @@ class RolloutCore:
         *,
         clock: Callable[[], float] = time.time,
         current_policy: CurrentPolicyVersion | None = None,
+        task_check: Callable[[bytes], None] | None = None,
     ) -> None:
+        self._task_check = task_check
         self.store = store
         self.gateways = gateways
         self.config = config or CoreConfig()
@@ -120,7 +122,7 @@ class RolloutCore:
             The task's summary and whether it already existed.
 
         Raises:
-            InvalidArgument: Malformed task.
+            InvalidArgument: Malformed task, or one the operator's policy refuses (``task_check``).
             AlreadyExists: The id is taken by a different task.
             ResourceExhausted: Too many active tasks.
         """
@@ -133,6 +135,8 @@ class RolloutCore:
             raise InvalidArgument("num_samples must be at least 1", details={"task_id": new.task_id})
         if new.early_stop_min_usable < 0 or new.early_stop_min_usable > new.num_samples:
             raise InvalidArgument("early_stop_min_usable_sessions must be between 0 and num_samples")
+        if self._task_check is not None:
+            self._task_check(new.spec)  # the operator's policy: paths under the task roots, no wider sandbox
         existing = await self.store.get_task(new.task_id)
         if existing is None:
             if len(await self.store.active_tasks()) >= self.config.max_active_tasks:

@@ -6,7 +6,8 @@ Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them 
     ├── PathEscapesSession      a path leaves the session directory
     └── FileTooLarge            a file to download is over the download limit
     polar_core.errors.FailedPrecondition
-    └── RuntimeNotStarted       exec/upload/download before start() or after stop()
+    ├── RuntimeNotStarted       exec/upload/download before start() or after stop()
+    └── IsolationUnavailable    this host cannot provide the operator's minimum isolation
     polar_core.errors.Unavailable
     └── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
     polar_core.errors.Cancelled
@@ -17,7 +18,14 @@ from __future__ import annotations
 
 from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 
-__all__ = ["FileTooLarge", "PathEscapesSession", "RuntimeCancelled", "RuntimeDied", "RuntimeNotStarted"]
+__all__ = [
+    "FileTooLarge",
+    "IsolationUnavailable",
+    "PathEscapesSession",
+    "RuntimeCancelled",
+    "RuntimeDied",
+    "RuntimeNotStarted",
+]
 
 
 class PathEscapesSession(InvalidArgument):
@@ -38,3 +46,7 @@ class RuntimeDied(Unavailable):
 
 class RuntimeCancelled(Cancelled):
     """The runtime was cancelled."""
+
+
+class IsolationUnavailable(FailedPrecondition):
+    """This host cannot provide the isolation the operator requires (the message names what is missing)."""
