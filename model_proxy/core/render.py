@@ -51,6 +51,21 @@ _WINDOW = 2
 _GIL_FREE_CHARS = 16_384
 """Texts at least this long are tokenised with ``encode_batch`` (releases the GIL; a little slower when short)."""
 _KEEPS_EVERY_CHAR = frozenset({"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts"})
+_ASCII_STABLE = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase"})
+"""Normalizers that leave ASCII text as it is (so an ASCII text need not be normalised to be measured)."""
+
+
+def _ascii_stable(tokenizer: Any) -> bool:
+    """Whether the tokenizer's normalizer (if any) leaves ASCII text unchanged."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        normalizer = json.loads(backend.to_str()).get("normalizer") if backend is not None else None
+    except (ValueError, AttributeError):
+        return False
+    if normalizer is None:
+        return True
+    parts = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    return all(part.get("type") in _ASCII_STABLE for part in parts)
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
@@ -180,6 +195,7 @@ class ChatRenderer:
             )
         self.max_token_chars = max_token_chars(tokenizer)
         self._normalizer = getattr(backend, "normalizer", None) if backend is not None else None
+        self._ascii_stable = _ascii_stable(tokenizer)
         self.compiled_rendering = self._probe_compiled()
         self.incremental = bool(self._boundary_ids) and self._probe_tokenisation()
         self.incremental_rendering = self.compiled_rendering
@@ -212,7 +228,8 @@ class ChatRenderer:
         """Refuse ``text`` if it certainly has ``limit`` tokens or more, without tokenising it.
 
         Costs nothing for a text shorter than ``limit * max_token_chars`` characters; a longer one is normalised
-        (if the tokenizer normalises) and its length compared.
+        (if the tokenizer normalises, unless the text is ASCII and the normalizer leaves ASCII alone) and its
+        length compared.
 
         Raises:
             ContextLengthExceeded: ``ceil(characters / max_token_chars) >= limit`` (the prompt's lower bound).
@@ -220,7 +237,9 @@ class ChatRenderer:
         most = self.max_token_chars
         if most is None or limit <= 0 or len(text) < limit * most:
             return
-        chars = len(self._normalizer.normalize_str(text)) if self._normalizer is not None else len(text)
+        chars = len(text)
+        if self._normalizer is not None and not (self._ascii_stable and text.isascii()):
+            chars = len(self._normalizer.normalize_str(text))
         at_least = -(-chars // most)
         if at_least >= limit:
             raise ContextLengthExceeded(at_least, limit, at_least=True)

@@ -90,7 +90,7 @@ async def test_a_session_over_its_call_cap_gets_a_retryable_429(make_app, tokeni
     _, other = await app.registry.open("other", "policy")
     async with _client(app) as client:
         held = [asyncio.create_task(client.post(path, json=body, headers={"x-api-key": busy})) for _ in range(2)]
-        while len(backend.requests) < 2:
+        while len(backend.requests) < 2:  # noqa: ASYNC110 - waits on the backend's own state
             await asyncio.sleep(0.01)
         refused = await client.post(path, json=body, headers={"x-api-key": busy})
         assert refused.status_code == 429, refused.text
@@ -99,7 +99,7 @@ async def test_a_session_over_its_call_cap_gets_a_retryable_429(make_app, tokeni
         assert refused.headers["x-should-retry"] == "true"
         # Another session is not limited by this one's calls.
         other_call = asyncio.create_task(client.post(path, json=body, headers={"x-api-key": other}))
-        while len(backend.requests) < 3:
+        while len(backend.requests) < 3:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         backend.hold.set()
         assert [r.status_code for r in await asyncio.gather(*held, other_call)] == [200, 200, 200]
@@ -191,7 +191,7 @@ async def test_a_large_prompt_is_tokenised_off_the_event_loop(make_app, backend,
     large = {**body, "messages": [{"role": "user", "content": "word " * 12_000}]}  # 60 kB: fits the context
     async with _client(app) as client:
         big_call = asyncio.create_task(client.post(path, json=large, headers={"x-api-key": big}))
-        while not big_started.is_set():
+        while not big_started.is_set():  # noqa: ASYNC110 - a threading.Event, set in a worker thread
             await asyncio.sleep(0.01)
         r = await client.post(path, json=body, headers={"x-api-key": small})
         assert r.status_code == 200
