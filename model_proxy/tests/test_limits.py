@@ -205,3 +205,30 @@ async def test_count_tokens_refuses_nothing_and_counts_a_large_prompt(app, clien
     r = await client.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": token})
     assert r.status_code == 200
     assert r.json()["input_tokens"] > 20_000 / 16
+
+
+async def test_a_chunked_body_over_the_limit_is_413_through_uvicorn(make_app, backend) -> None:
+    """Over a real socket: ``Transfer-Encoding: chunked`` with no size declared, refused while it arrives."""
+    app = make_app(backend, max_body_bytes=4096)
+    _, token = await app.registry.open("s1", "policy")
+    await app.start()
+    try:
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(64):
+                yield b" " * 1024
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{app.http_port}") as client:
+            r = await client.post("/v1/messages", content=chunks(), headers={"x-api-key": token})
+            assert r.request.headers["transfer-encoding"] == "chunked"
+            assert r.status_code == 413
+            assert r.json()["type"] == "error"
+            ok = await client.post(
+                "/v1/messages",
+                json={"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-api-key": token},
+            )
+            assert ok.status_code == 200
+    finally:
+        await app.close()
+    assert len(app.registry.get("s1").records) == 1
