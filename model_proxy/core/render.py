@@ -39,14 +39,59 @@ from typing import Any
 
 from model_proxy.core.prefix_cache import CacheEntry, PrefixCache, common_prefix_len, ids_json
 from model_proxy.core.template import ClockReading, CompiledTemplate, clock_still_reads, template_messages
+from model_proxy.errors import ContextLengthExceeded
 from model_proxy.models import ChatMessage, ToolCall, ToolSpec
 from polar_core.errors import Internal
 
-__all__ = ["ChatRenderer", "PrefixCache", "RenderedPrompt", "fallback_messages"]
+__all__ = ["ChatRenderer", "PrefixCache", "RenderedPrompt", "fallback_messages", "max_token_chars"]
 
 _log = logging.getLogger(__name__)
 _WINDOW = 2
 """Old messages rendered around the appended ones (besides the system message)."""
+_GIL_FREE_CHARS = 16_384
+"""Texts at least this long are tokenised with ``encode_batch`` (releases the GIL; a little slower when short)."""
+_KEEPS_EVERY_CHAR = frozenset({"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts"})
+_ASCII_STABLE = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase"})
+"""Normalizers that leave ASCII text as it is (so an ASCII text need not be normalised to be measured)."""
+
+
+def _ascii_stable(tokenizer: Any) -> bool:
+    """Whether the tokenizer's normalizer (if any) leaves ASCII text unchanged."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        normalizer = json.loads(backend.to_str()).get("normalizer") if backend is not None else None
+    except (ValueError, AttributeError):
+        return False
+    if normalizer is None:
+        return True
+    parts = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    return all(part.get("type") in _ASCII_STABLE for part in parts)
+
+
+def max_token_chars(tokenizer: Any) -> int | None:
+    """The most input characters one token can stand for, or None where no such bound holds (see above)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        config = json.loads(backend.to_str())
+        model = config["model"]
+        kind = model.get("type")
+        if kind == "Unigram" and not model.get("byte_fallback"):
+            return None  # unknown characters fuse into one <unk>
+        if kind == "BPE" and model.get("fuse_unk") and not model.get("byte_fallback"):
+            return None
+        if kind not in ("BPE", "Unigram"):
+            return None  # WordPiece: one [UNK] stands for a whole unknown word
+        pre = config.get("pre_tokenizer")
+        parts = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+        for part in parts:
+            if part.get("type") not in _KEEPS_EVERY_CHAR or part.get("behavior") == "Removed":
+                return None
+        longest = max((len(token) for token in backend.get_vocab(with_added_tokens=True)), default=0)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return longest or None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,6 +193,9 @@ class ChatRenderer:
             self._boundary_ids = frozenset(
                 i for i, tok in decoder.items() if not tok.lstrip and not tok.rstrip and not tok.normalized
             )
+        self.max_token_chars = max_token_chars(tokenizer)
+        self._normalizer = getattr(backend, "normalizer", None) if backend is not None else None
+        self._ascii_stable = _ascii_stable(tokenizer)
         self.compiled_rendering = self._probe_compiled()
         self.incremental = bool(self._boundary_ids) and self._probe_tokenisation()
         self.incremental_rendering = self.compiled_rendering
@@ -176,10 +224,39 @@ class ChatRenderer:
             raise Internal("chat template did not render to text")
         return text
 
+    def check_fits(self, text: str, limit: int) -> None:
+        """Refuse ``text`` if it certainly has ``limit`` tokens or more, without tokenising it.
+
+        Costs nothing for a text shorter than ``limit * max_token_chars`` characters; a longer one is normalised
+        (if the tokenizer normalises, unless the text is ASCII and the normalizer leaves ASCII alone) and its
+        length compared.
+
+        Raises:
+            ContextLengthExceeded: ``ceil(characters / max_token_chars) >= limit`` (the prompt's lower bound).
+        """
+        most = self.max_token_chars
+        if most is None or limit <= 0 or len(text) < limit * most:
+            return
+        chars = len(text)
+        if self._normalizer is not None and not (self._ascii_stable and text.isascii()):
+            chars = len(self._normalizer.normalize_str(text))
+        at_least = -(-chars // most)
+        if at_least >= limit:
+            raise ContextLengthExceeded(at_least, limit, at_least=True)
+
     def render(
-        self, messages: list[ChatMessage], tools: list[ToolSpec], cache: PrefixCache | None, call_id: str
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec],
+        cache: PrefixCache | None,
+        call_id: str,
+        *,
+        token_limit: int = 0,
     ) -> RenderedPrompt:
-        """Render and tokenise a prompt, reusing what ``cache`` remembers when safe, and remember it there."""
+        """Render and tokenise a prompt, reusing what ``cache`` remembers when safe, and remember it there.
+
+        ``token_limit`` (when set) refuses, before tokenisation, a prompt that :meth:`check_fits` proves too long.
+        """
         conversation, tool_dicts = self._inputs(messages, tools)
         prepared = template_messages(conversation)
         template = self._compiled_for(tool_dicts) if self.compiled_rendering else None
@@ -201,6 +278,8 @@ class ChatRenderer:
                 out = _render_full(template, prepared, tool_dicts, cache is not None and self.incremental_rendering)
         if self._verify and template is not None and out.text != self.reference_text(messages, tools):
             raise Internal("incremental rendering differs from apply_chat_template")
+        if token_limit:
+            self.check_fits(out.text, token_limit)
         rendered = self._tokenize(out.text, cache, call_id, hint)
         if cache is not None and rendered.entry is not None:
             entry = rendered.entry
@@ -266,15 +345,21 @@ class ChatRenderer:
         cache.add(new)
         return _Tokenized(RenderedPrompt(text, ids, start_tok, parent, joined), new)
 
+    def _encode(self, text: str) -> Any:
+        assert self._fast is not None
+        if len(text) >= _GIL_FREE_CHARS:
+            return self._fast.encode_batch([text], add_special_tokens=False)[0]
+        return self._fast.encode(text, add_special_tokens=False)
+
     def _full(self, text: str) -> list[int]:
         if self._fast is not None:
-            return list(self._fast.encode(text, add_special_tokens=False).ids)
+            return list(self._encode(text).ids)
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def _encode_with_boundaries(self, text: str) -> tuple[list[int], list[int], list[int]]:
         if self._fast is None:
             return self._full(text), [], []
-        enc = self._fast.encode(text, add_special_tokens=False)
+        enc = self._encode(text)
         ids: list[int] = enc.ids
         boundary = self._boundary_ids
         chars: list[int] = []

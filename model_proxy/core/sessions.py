@@ -12,8 +12,10 @@ records in memory; the others are *released* and read back from ``completions.js
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import hashlib
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -23,12 +25,14 @@ from typing import Any
 from opentelemetry.context import Context
 
 from model_proxy.core.render import PrefixCache
-from model_proxy.core.store import SessionMeta, SessionStore
-from model_proxy.errors import UnknownSession
+from model_proxy.core.store import Recovery, SessionMeta, SessionStore
+from model_proxy.errors import RecordNotWritten, UnknownSession
 from polar_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from polar_core.records import CompletionRecord
 
 __all__ = ["Session", "SessionRegistry"]
+
+_log = logging.getLogger(__name__)
 
 # A durable append this fast (moving average) may run inline when no other call is in flight.
 _INLINE_WRITE_LIMIT_S = 0.001
@@ -53,6 +57,12 @@ class Session:
     trace_context: Context | None = None
     # Records dropped from memory (closed and not read lately): their number, or -1 while they are held.
     released_count: int = -1
+    # The seq of the next record (one past the last one stored; a quarantined line may leave a gap).
+    next_seq: int = 0
+    # HTTP calls of this session being handled (body read to answer sent): capped by max_calls_per_session.
+    http_calls: int = 0
+    # Held while a call of this session renders and tokenises (its prefix cache is not shared between threads).
+    render_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""
@@ -106,10 +116,19 @@ class SessionRegistry:
         # event loop when nothing else is in flight (see ``append``). Starts pessimistic: threads first.
         self.append_seconds = _INLINE_WRITE_LIMIT_S
 
+    @property
+    def recovery(self) -> Recovery:
+        """What loading the stored sessions had to repair (see :class:`~model_proxy.core.store.Recovery`)."""
+        return self._store.recovery
+
     def load(self) -> int:
-        """Load stored sessions (after a restart); returns how many."""
+        """Load stored sessions (after a restart); returns how many.
+
+        One session's corrupt files never stop the load: they are quarantined and reported (:attr:`recovery`).
+        """
         for stored in self._store.load_all():
             session = Session(stored.meta, stored.records, PrefixCache(self._cache_entries))
+            session.next_seq = stored.records[-1].seq + 1 if stored.records else 0
             self._by_id[stored.meta.session_id] = session
             for digest in stored.meta.token_digests:
                 self._by_digest[digest] = session
@@ -222,13 +241,18 @@ class SessionRegistry:
         of a millisecond costs nobody anything and saves the ~0.13 ms round trip to a thread.
         """
         async with session.write_lock:
-            record.seq = len(session.records)
-            if not self.append_inline(alone=alone):
-                # Shielded: a caller that goes away must not leave a half-written line behind.
-                await asyncio.shield(asyncio.to_thread(self._timed_append, record, prompt_ids_json))
-            else:
-                # A page-cache write (fsync off), or a lone call's durable write on a fast disk: inline.
-                self._timed_append(record, prompt_ids_json)
+            record.seq = session.next_seq
+            try:
+                if not self.append_inline(alone=alone):
+                    # Shielded: a caller that goes away must not leave a half-written line behind.
+                    await asyncio.shield(asyncio.to_thread(self._timed_append, record, prompt_ids_json))
+                else:
+                    # A page-cache write (fsync off), or a lone call's durable write on a fast disk: inline.
+                    self._timed_append(record, prompt_ids_json)
+            except OSError as exc:
+                _log.error("could not write a record of session %r: %s", session.session_id, exc)
+                raise RecordNotWritten(f"the completion record could not be written ({exc.strerror})") from None
+            session.next_seq += 1
             session.records.append(record)
         session.notify()
         return record
@@ -258,12 +282,14 @@ class SessionRegistry:
     async def watch(self, session_id: str, from_seq: int) -> AsyncIterator[CompletionRecord]:
         """Yield records from ``from_seq`` on; ends when the session is closed and has no call in flight."""
         session = self.get(session_id)
-        next_seq = max(0, from_seq)
+        records = await self.records(session)
+        # Seqs are positions unless a quarantined line left a gap: find the first record at or after from_seq.
+        position = bisect.bisect_left(records, max(0, from_seq), key=lambda r: r.seq)
         while True:
             records = await self.records(session)
-            while next_seq < len(records):
-                yield records[next_seq]
-                next_seq += 1
+            while position < len(records):
+                yield records[position]
+                position += 1
             if session.closed and session.in_flight == 0:
                 return
             await session.wake.wait()

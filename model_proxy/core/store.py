@@ -2,12 +2,26 @@
 
 Completion records are appended one JSON line each and made durable (``fdatasync``) before the call is
 answered, so a restarted proxy loses no finished call. ``session.json`` holds the session's metadata and the
-SHA-256 digests of its tokens (never a token itself); it is replaced atomically. A torn last line (a crash
-mid-append) is dropped on load.
+SHA-256 digests of its tokens (never a token itself); it is replaced atomically. With ``fsync`` on, the
+directory is fsync'd too after a file is created or renamed in it, so the new name survives a power cut.
+
+Recovery at start (:meth:`SessionStore.load_all`) keeps every record that was synced:
+
+* An append that fails part-way (disk full, I/O error) is cut back to the file's previous size at once, so it
+  never leaves half a line in front of the next append.
+* A torn last line (no newline: a crash mid-append, never answered) is cut off.
+* A bad complete line anywhere (not a record) is moved out, and reading goes on. If a record follows the bad
+  bytes on the same line (a torn append followed by a later one), the record is kept.
+* A corrupt ``session.json`` is renamed ``session.json.corrupt``; when the directory holds records, the
+  session is restored *closed* (its tokens are lost with the file) so its records stay readable.
+
+Nothing is deleted: removed bytes go, with their offset, to ``completions.jsonl.quarantine`` (one JSON line
+each, the bytes base64-encoded), and :attr:`SessionStore.recovery` counts what was done (logged at ERROR).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -20,10 +34,13 @@ from typing import Any
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
 
-__all__ = ["SessionMeta", "SessionStore", "StoredSession"]
+__all__ = ["Recovery", "SessionMeta", "SessionStore", "StoredSession"]
 
 _log = logging.getLogger(__name__)
 _SAFE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_RECORDS = "completions.jsonl"
+_QUARANTINE = "completions.jsonl.quarantine"
+_RECORD_START = b'{"session_id":'  # every record line starts so (the record's first field)
 
 
 @dataclasses.dataclass(slots=True)
@@ -36,6 +53,104 @@ class SessionMeta:
     closed: bool = False
     policy_version: str = ""
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Recovery:
+    """What the last :meth:`SessionStore.load_all` had to repair (all zero on a clean start).
+
+    Attributes:
+        corrupt_sessions: Directories whose ``session.json`` was unreadable (renamed ``session.json.corrupt``).
+        restored_closed: Of those, the sessions restored closed from their records.
+        quarantined_lines: Bad record lines moved to a quarantine file.
+        torn_tails: Torn last lines cut off (and kept in the quarantine file).
+    """
+
+    corrupt_sessions: list[str] = dataclasses.field(default_factory=list)
+    restored_closed: list[str] = dataclasses.field(default_factory=list)
+    quarantined_lines: int = 0
+    torn_tails: int = 0
+
+    @property
+    def clean(self) -> bool:
+        """Whether nothing had to be repaired."""
+        return not (self.corrupt_sessions or self.quarantined_lines or self.torn_tails)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse_meta(raw: bytes) -> SessionMeta:
+    """``session.json``'s content; raises ValueError on anything not a well-typed session."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    try:
+        meta = SessionMeta(**data)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    fields = (meta.session_id, meta.model, meta.policy_version)
+    if not all(isinstance(f, str) for f in fields) or not meta.session_id:
+        raise ValueError("session_id, model and policy_version must be strings")
+    if not isinstance(meta.token_digests, list) or not all(isinstance(d, str) for d in meta.token_digests):
+        raise ValueError("token_digests must be a list of strings")
+    if not isinstance(meta.closed, bool) or not isinstance(meta.metadata, dict):
+        raise ValueError("closed must be a boolean and metadata an object")
+    return meta
+
+
+def _parse_record(raw: bytes) -> CompletionRecord | None:
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("seq"), int):
+            return None
+        return CompletionRecord.from_dict(data)
+    except (ValueError, TypeError, AttributeError, InvalidArgument, RecursionError):
+        return None
+
+
+@dataclasses.dataclass(slots=True)
+class _Scan:
+    records: list[CompletionRecord]
+    keep: list[bytes]  # the lines to keep, newline included
+    removed: list[tuple[int, str, bytes]]  # (offset, reason, bytes)
+    torn: bool
+
+
+def _scan(data: bytes) -> _Scan:
+    """Split a records file into good lines and bad bytes (see the module docstring)."""
+    scan = _Scan([], [], [], False)
+    offset = 0
+    while offset < len(data):
+        end = data.find(b"\n", offset)
+        if end < 0:
+            scan.removed.append((offset, "torn last line", data[offset:]))
+            scan.torn = True
+            break
+        here, raw, offset = offset, data[offset : end + 1], end + 1
+        record = _parse_record(raw)
+        if record is not None:
+            scan.records.append(record)
+            scan.keep.append(raw)
+            continue
+        start = raw.find(_RECORD_START, 1)
+        while start > 0:
+            record = _parse_record(raw[start:])
+            if record is not None:
+                break
+            start = raw.find(_RECORD_START, start + 1)
+        if record is not None:
+            scan.removed.append((here, "bytes before a record", raw[:start]))
+            scan.records.append(record)
+            scan.keep.append(raw[start:])
+        else:
+            scan.removed.append((here, "not a record", raw))
+    return scan
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,6 +186,8 @@ class SessionStore:
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self._root = root / "sessions"
         self._fsync = fsync
+        self._known: set[Path] = set()  # record files whose directory entry is known to be durable
+        self.recovery = Recovery()
 
     @property
     def blocking(self) -> bool:
@@ -80,10 +197,24 @@ class SessionStore:
     def _dir(self, session_id: str) -> Path:
         return self._root / _dirname(session_id)
 
-    def save_meta(self, meta: SessionMeta) -> None:
-        """Write ``session.json`` atomically."""
-        directory = self._dir(meta.session_id)
+    def _sync_dir(self, path: Path) -> None:
+        if self._fsync:
+            _fsync_dir(path)
+
+    def _make_dir(self, directory: Path) -> None:
+        """Create a session directory (and the root), each new name made durable in its parent."""
+        if directory.is_dir():
+            return
+        missing = [p for p in (self._root.parent, self._root) if not p.is_dir()]
         directory.mkdir(parents=True, exist_ok=True)
+        for path in missing:
+            self._sync_dir(path.parent)
+        self._sync_dir(self._root)
+
+    def save_meta(self, meta: SessionMeta) -> None:
+        """Write ``session.json`` atomically (and durably, with ``fsync`` on: file, then directory)."""
+        directory = self._dir(meta.session_id)
+        self._make_dir(directory)
         tmp = directory / "session.json.tmp"
         with tmp.open("w", encoding="utf-8") as fh:
             json.dump(dataclasses.asdict(meta), fh)
@@ -91,62 +222,161 @@ class SessionStore:
             if self._fsync:
                 os.fsync(fh.fileno())
         tmp.replace(directory / "session.json")
+        self._sync_dir(directory)
 
     def append(self, record: CompletionRecord, prompt_ids_json: str | None = None) -> None:
         """Append one record to its session's ``completions.jsonl`` and make it durable.
+
+        An append that fails part-way is cut back to the file's previous size before the error propagates, so
+        the file never holds half a line in front of a later record.
 
         Args:
             record: The record.
             prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
                 (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
+
+        Raises:
+            OSError: The record could not be written (nothing of it is left in the file, if the disk allows).
         """
         data = memoryview(_record_line(record, prompt_ids_json).encode("utf-8"))
-        path = self._dir(record.session_id) / "completions.jsonl"
+        path = self._dir(record.session_id) / _RECORDS
         # Plain descriptor calls: no buffered text file object per record. fdatasync makes an append durable
         # (it flushes the data and the file size) without the metadata that reading it back does not need.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            while data:
-                data = data[os.write(fd, data) :]
-            if self._fsync:
-                os.fdatasync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+                if self._fsync:
+                    os.fdatasync(fd)
+            except OSError:
+                self._cut_back(fd, path, size)
+                raise
         finally:
             os.close(fd)
+        if path not in self._known:
+            self._sync_dir(path.parent)  # the file may be new: make its name durable once
+            self._known.add(path)
+
+    @staticmethod
+    def _cut_back(fd: int, path: Path, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            _log.error("could not cut a failed append back out of %s: %s (recovered at the next start)", path, exc)
 
     def load_all(self) -> list[StoredSession]:
-        """Load every stored session (records in seq order)."""
+        """Load every stored session (records in seq order), repairing what a crash or a bad disk left.
+
+        Never fails because of one session's files: see the module docstring; :attr:`recovery` says what was done.
+        """
+        self.recovery = Recovery()
         if not self._root.is_dir():
             return []
         out: list[StoredSession] = []
         for directory in sorted(self._root.iterdir()):
             meta_path = directory / "session.json"
-            if not meta_path.is_file():
+            if not directory.is_dir() or not meta_path.is_file():
                 continue
-            meta = SessionMeta(**json.loads(meta_path.read_text(encoding="utf-8")))
-            out.append(StoredSession(meta, self._load_records(directory / "completions.jsonl")))
+            records = self._load_records(directory / _RECORDS, repair=True)
+            try:
+                meta = _parse_meta(meta_path.read_bytes())
+                if _dirname(meta.session_id) != directory.name:
+                    raise ValueError(f"it names session {meta.session_id!r}, not this directory's")
+            except (OSError, ValueError) as exc:
+                restored = self._quarantine_meta(directory, records, exc)
+                if restored is None:
+                    continue
+                meta = restored
+            self._known.add(directory / _RECORDS)
+            out.append(StoredSession(meta, records))
         return out
 
-    def load_records(self, session_id: str) -> list[CompletionRecord]:
-        """Read one session's records back (a released session's, see ``SessionRegistry.records``)."""
-        return self._load_records(self._dir(session_id) / "completions.jsonl")
+    def _quarantine_meta(self, directory: Path, records: list[CompletionRecord], exc: Exception) -> SessionMeta | None:
+        """Move a corrupt ``session.json`` aside; restore the session closed when its records name it."""
+        meta_path = directory / "session.json"
+        moved = meta_path.with_name("session.json.corrupt")
+        meta_path.replace(moved)
+        self._sync_dir(directory)
+        self.recovery.corrupt_sessions.append(directory.name)
+        ids = {r.session_id for r in records}
+        if len(ids) != 1 or _dirname(records[0].session_id) != directory.name:
+            _log.error("session file %s is corrupt (%s): moved to %s; no session restored", meta_path, exc, moved)
+            return None
+        meta = SessionMeta(
+            records[0].session_id,
+            records[-1].model,
+            [],
+            closed=True,
+            policy_version=records[-1].policy_version,
+            metadata={"recovered": "session.json was corrupt; restored closed from its records"},
+        )
+        self.save_meta(meta)
+        self.recovery.restored_closed.append(meta.session_id)
+        _log.error(
+            "session file %s is corrupt (%s): moved to %s; session %r restored closed with its %d records "
+            "(its tokens are lost)",
+            meta_path,
+            exc,
+            moved,
+            meta.session_id,
+            len(records),
+        )
+        return meta
 
-    @staticmethod
-    def _load_records(path: Path) -> list[CompletionRecord]:
+    def load_records(self, session_id: str) -> list[CompletionRecord]:
+        """Read one session's records back (a released session's, see ``SessionRegistry.records``).
+
+        Bad lines are skipped (and logged), not repaired: the files are repaired at start only.
+        """
+        return self._load_records(self._dir(session_id) / _RECORDS, repair=False)
+
+    def _load_records(self, path: Path, *, repair: bool) -> list[CompletionRecord]:
         if not path.is_file():
             return []
-        records: list[CompletionRecord] = []
-        data = path.read_bytes()
-        good = 0
-        for raw in data.splitlines(keepends=True):
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                records.append(CompletionRecord.from_dict(json.loads(raw)))
-            except (ValueError, InvalidArgument):
-                break
-            good += len(raw)
-        if good != len(data):
-            _log.warning("dropping a torn record at the end of %s", path)
+        scan = _scan(path.read_bytes())
+        if scan.removed and not repair:
+            _log.error("skipping %d bad record lines in %s", len(scan.removed), path)
+        elif scan.removed:
+            self._repair(path, scan)
+        return scan.records
+
+    def _repair(self, path: Path, scan: _Scan) -> None:
+        """Quarantine the removed bytes (durably), then rewrite ``path`` to the kept lines."""
+        quarantine = path.with_name(_QUARANTINE)
+        lines = [
+            _dumps({"offset": offset, "reason": reason, "bytes_b64": base64.b64encode(raw).decode("ascii")}) + "\n"
+            for offset, reason, raw in scan.removed
+        ]
+        with quarantine.open("a", encoding="utf-8") as fh:
+            fh.writelines(lines)
+            fh.flush()
+            if self._fsync:
+                os.fsync(fh.fileno())
+        bad = sum(1 for _, reason, _ in scan.removed if reason != "torn last line")
+        self.recovery.quarantined_lines += bad
+        self.recovery.torn_tails += int(scan.torn)
+        if bad:
+            tmp = path.with_name(_RECORDS + ".tmp")
+            with tmp.open("wb") as out:
+                out.writelines(scan.keep)
+                out.flush()
+                if self._fsync:
+                    os.fsync(out.fileno())
+            tmp.replace(path)
+        else:  # only a torn tail: cut it off in place
             with path.open("r+b") as fh:
-                fh.truncate(good)
-        return records
+                fh.truncate(sum(len(line) for line in scan.keep))
+                if self._fsync:
+                    os.fsync(fh.fileno())
+        self._sync_dir(path.parent)
+        _log.log(
+            logging.ERROR if bad else logging.WARNING,
+            "%s: %d bad lines quarantined, %d torn last line cut off, %d records kept (removed bytes in %s)",
+            path,
+            bad,
+            int(scan.torn),
+            len(scan.records),
+            quarantine,
+        )

@@ -12,15 +12,19 @@ Routes (``<prefix>`` is anything, e.g. ``/v1`` or ``/anything/v1``):
 The session token is the API key (``x-api-key``, ``Authorization: Bearer``, ``x-goog-api-key`` or ``?key=``);
 it is checked before the body is read, and nothing is recorded for a refused call. Every error leaves through
 :meth:`ProxyHttp._error` in the caller's provider shape.
+
+Limits (see ``docs/proxy.md``): the body is size-limited while it is read (:mod:`model_proxy.http.body`), must
+be strict UTF-8 JSON without lone surrogates, and a session has at most ``max_calls_per_session`` calls in
+flight (429 beyond). A body of ``offload_bytes`` or more is decoded, parsed, rendered and tokenised in a worker
+thread, so one huge prompt never holds the event loop that serves every other session.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -30,10 +34,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from model_proxy.core.engine import ProxyEngine
+from model_proxy.core.engine import Call, ProxyEngine
 from model_proxy.core.sessions import Session
-from model_proxy.errors import MalformedRequest
+from model_proxy.errors import TooManyCalls
+from model_proxy.http.body import decode_json, read_body
 from model_proxy.http.errors import error_info, retry_headers
 from model_proxy.protocols import (
     AnthropicAdapter,
@@ -52,25 +58,59 @@ _GOOGLE = re.compile(r"/models/([^/:]+):(generateContent|streamGenerateContent)$
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+class _ReleasingStream(StreamingResponse):
+    """An SSE response that frees its call and the session's slot however it ends (done, error, disconnect).
 
+    Starlette does not close a body iterator that a disconnect cancelled (or one that never started), so
+    without this the call would keep its gate ticket and the session its slot.
+    """
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError("number out of range")
-    return value
+    def __init__(self, content: AsyncGenerator[bytes, None], call: Call, release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._content = content
+        self._call = call
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._content.aclose()
+            finally:
+                self._call.discard()
+                self._release()
 
 
 class ProxyHttp:
     """Builds and serves the Starlette app over a :class:`ProxyEngine`."""
 
-    def __init__(self, engine: ProxyEngine, *, retry_after_s: float, max_body_bytes: int, model_name: str) -> None:
+    def __init__(
+        self,
+        engine: ProxyEngine,
+        *,
+        retry_after_s: float,
+        max_body_bytes: int,
+        model_name: str,
+        max_calls_per_session: int = 8,
+        offload_bytes: int = 64 * 1024,
+    ) -> None:
+        """Create the app.
+
+        Args:
+            engine: The call engine.
+            retry_after_s: Retry hint of retryable errors when nothing better is known.
+            max_body_bytes: Largest accepted request body (413 beyond, counted while reading).
+            model_name: Listed by ``GET /v1/models`` besides the session's model.
+            max_calls_per_session: Calls one session may have in flight (429 beyond).
+            offload_bytes: Bodies at least this large are parsed, rendered and tokenised in a worker thread.
+        """
         self.engine = engine
         self._retry_after_s = retry_after_s
         self._max_body = max_body_bytes
         self._model_name = model_name
+        self._max_calls = max_calls_per_session
+        self._offload = offload_bytes
         self.anthropic = AnthropicAdapter()
         self.openai_chat = OpenAIChatAdapter()
         self.openai_responses = OpenAIResponsesAdapter()
@@ -84,7 +124,7 @@ class ProxyHttp:
         adapter = self._adapter_for(request, path)
         try:
             if path == "/" and request.method in ("GET", "HEAD"):
-                return Response(status_code=200) if request.method == "HEAD" else JSONResponse({"status": "ok"})
+                return Response(status_code=200) if request.method == "HEAD" else JSONResponse(self._health())
             if request.method == "GET" and (path.endswith("/models") or "/models/" in path):
                 return self._models(request, adapter, path)
             if request.method != "POST":
@@ -100,6 +140,21 @@ class ProxyHttp:
             raise NotFound(f"no route for POST {path}")
         except Exception as exc:
             return self._error(adapter, exc)
+
+    def _health(self) -> dict[str, Any]:
+        """``GET /``: ``{"status": "ok"}``, plus what the start had to repair in the stored sessions, if anything."""
+        recovery = self.engine.registry.recovery
+        if recovery.clean:
+            return {"status": "ok"}
+        return {
+            "status": "ok",
+            "repaired_at_start": {
+                "corrupt_session_files": len(recovery.corrupt_sessions),
+                "sessions_restored_closed": len(recovery.restored_closed),
+                "quarantined_record_lines": recovery.quarantined_lines,
+                "torn_last_lines": recovery.torn_tails,
+            },
+        }
 
     def _adapter_for(self, request: Request, path: str) -> ProtocolAdapter:
         if path.endswith(("/messages", "/messages/count_tokens")):
@@ -129,17 +184,39 @@ class ProxyHttp:
             token = value.strip() if scheme.lower() == "bearer" else None
         return self.engine.registry.authenticate(token)
 
-    async def _json(self, request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
-            raise MalformedRequest(f"request body is larger than {self._max_body} bytes")
-        body = await request.body()
-        if len(body) > self._max_body:
-            raise MalformedRequest(f"request body is larger than {self._max_body} bytes")
-        try:
-            return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
-        except (ValueError, RecursionError):
-            raise MalformedRequest("request body is not valid JSON") from None
+    def _admit(self, session: Session) -> Callable[[], None]:
+        """Take one of the session's call slots; returns the (idempotent) release.
+
+        Raises:
+            TooManyCalls: The session has ``max_calls_per_session`` calls in flight already.
+        """
+        if session.http_calls >= self._max_calls:
+            raise TooManyCalls(
+                f"this session already has {session.http_calls} calls in flight (the limit is {self._max_calls})",
+                retry_after_s=self._retry_after_s,
+            )
+        session.http_calls += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                session.http_calls -= 1
+
+        return release
+
+    async def _parse(
+        self, request: Request, adapter: ProtocolAdapter, path_model: str | None = None, path_stream: bool = False
+    ) -> tuple[ParsedRequest, bool]:
+        """Read, decode and validate the body; returns the parsed request and whether it is large."""
+        body = await read_body(request, self._max_body)
+        large = len(body) >= self._offload
+
+        def parse() -> ParsedRequest:
+            return adapter.parse(decode_json(body), path_model=path_model, path_stream=path_stream)
+
+        return (await asyncio.to_thread(parse) if large else parse()), large
 
     # ----- endpoints ---------------------------------------------------------------------------------
 
@@ -169,30 +246,37 @@ class ProxyHttp:
         )
 
     async def _count_tokens(self, request: Request) -> Response:
-        self._session(request)
-        parsed = self.anthropic.parse(await self._json(request))
-        return JSONResponse({"input_tokens": self.engine.count_tokens(parsed.internal)})
+        release = self._admit(self._session(request))
+        try:
+            parsed, large = await self._parse(request, self.anthropic)
+            return JSONResponse({"input_tokens": await self.engine.count_tokens(parsed.internal, offload=large)})
+        finally:
+            release()
 
     async def _call(
         self, request: Request, adapter: ProtocolAdapter, path_model: str | None, path_stream: bool
     ) -> Response:
         session = self._session(request)
-        parsed = adapter.parse(await self._json(request), path_model=path_model, path_stream=path_stream)
-        parent = _trace_context(session, request)
-        if adapter is self.google and path_stream and request.query_params.get("alt") != "sse":
-            # Without alt=sse Google streams a JSON array; one element holding the whole answer is valid.
-            call = await self.engine.start_call(session, parsed.internal, trace_context=parent)
-            result = await call.collect()
-            return JSONResponse([adapter.response(parsed, result)])
-        call = await self.engine.start_call(session, parsed.internal, trace_context=parent)
-        if not parsed.internal.stream or call.was_cut:
-            # A call cut by a weight update before its stream began gets a plain retryable status (collect
-            # raises GenerationAborted), which every SDK retries by itself.
-            result = await call.collect()
-            return JSONResponse(adapter.response(parsed, result))
-        return StreamingResponse(self._sse(adapter, parsed, call), media_type="text/event-stream", headers=_SSE_HEADERS)
+        release = self._admit(session)
+        streaming = False
+        try:
+            parsed, large = await self._parse(request, adapter, path_model, path_stream)
+            parent = _trace_context(session, request)
+            call = await self.engine.start_call(session, parsed.internal, trace_context=parent, offload=large)
+            if adapter is self.google and path_stream and request.query_params.get("alt") != "sse":
+                # Without alt=sse Google streams a JSON array; one element holding the whole answer is valid.
+                return JSONResponse([adapter.response(parsed, await call.collect())])
+            if not parsed.internal.stream or call.was_cut:
+                # A call cut by a weight update before its stream began gets a plain retryable status (collect
+                # raises GenerationAborted), which every SDK retries by itself.
+                return JSONResponse(adapter.response(parsed, await call.collect()))
+            streaming = True
+            return _ReleasingStream(self._sse(adapter, parsed, call), call, release)
+        finally:
+            if not streaming:
+                release()
 
-    async def _sse(self, adapter: ProtocolAdapter, parsed: ParsedRequest, call: Any) -> AsyncIterator[bytes]:
+    async def _sse(self, adapter: ProtocolAdapter, parsed: ParsedRequest, call: Any) -> AsyncGenerator[bytes, None]:
         try:
             stream: AsyncGenerator[bytes, None] = adapter.stream(parsed, call)  # type: ignore[assignment]
             async with aclosing(stream) as events:

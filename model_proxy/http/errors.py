@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
-from model_proxy.errors import ContextLengthExceeded
+from model_proxy.errors import ContextLengthExceeded, RequestTooLarge, TooManyCalls
 from model_proxy.protocols.base import ErrorInfo
 from polar_core.errors import (
     AlreadyExists,
@@ -30,8 +30,13 @@ _log = logging.getLogger(__name__)
 def error_info(exc: BaseException, *, protocol: str, retry_after_s: float) -> ErrorInfo:
     """Map an exception to a status and kind; anything not a :class:`PolarError` is our bug (500).
 
-    Overload is 529 for Anthropic (its own overload status) and 503 elsewhere.
+    Overload is 529 for Anthropic (its own overload status) and 503 elsewhere; a body over the limit is 413 and
+    a session over its concurrent-call cap is 429 (retryable) in every protocol.
     """
+    if isinstance(exc, RequestTooLarge):
+        return ErrorInfo(413, "too_large", exc.message)
+    if isinstance(exc, TooManyCalls):
+        return ErrorInfo(429, "rate_limit", exc.message, exc.retry_after_s or retry_after_s)
     if isinstance(exc, ContextLengthExceeded):
         return ErrorInfo(400, "context_length", exc.message, prompt_tokens=exc.prompt_tokens, limit=exc.limit)
     if isinstance(exc, InvalidArgument):

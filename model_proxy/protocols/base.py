@@ -31,10 +31,11 @@ class ErrorInfo:
 
     Attributes:
         status: The HTTP status.
-        kind: ``invalid_request``, ``context_length``, ``authentication``, ``permission``, ``not_found``,
-            ``conflict``, ``overloaded``, ``unavailable``, ``timeout``, ``unimplemented`` or ``internal``.
+        kind: ``invalid_request``, ``too_large``, ``context_length``, ``rate_limit``, ``authentication``,
+            ``permission``, ``not_found``, ``conflict``, ``overloaded``, ``unavailable``, ``timeout``,
+            ``unimplemented`` or ``internal``.
         message: A sentence for the caller (never a token, never a stack trace).
-        retry_after_s: The retry hint, for overload and unavailability.
+        retry_after_s: The retry hint, for overload, rate limits and unavailability.
         prompt_tokens: For ``context_length``: the prompt's size.
         limit: For ``context_length``: the model's context.
     """

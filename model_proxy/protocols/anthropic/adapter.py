@@ -27,7 +27,9 @@ __all__ = ["AnthropicAdapter"]
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "end_turn"}
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
+    "too_large": "invalid_request_error",  # 413; the SDKs know no request_too_large type
     "context_length": "invalid_request_error",
+    "rate_limit": "rate_limit_error",
     "authentication": "authentication_error",
     "permission": "permission_error",
     "not_found": "not_found_error",

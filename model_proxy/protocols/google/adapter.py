@@ -20,7 +20,9 @@ __all__ = ["GoogleAdapter", "lower_schema"]
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "abort": "STOP"}
 _STATUS = {
     "invalid_request": "INVALID_ARGUMENT",
+    "too_large": "INVALID_ARGUMENT",
     "context_length": "INVALID_ARGUMENT",
+    "rate_limit": "RESOURCE_EXHAUSTED",
     "authentication": "UNAUTHENTICATED",
     "permission": "PERMISSION_DENIED",
     "not_found": "NOT_FOUND",

@@ -28,7 +28,9 @@ __all__ = ["OpenAIChatAdapter", "openai_error_body", "openai_internal_request", 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "length": "length", "abort": "stop"}
 _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
+    "too_large": ("invalid_request_error", "request_too_large"),
     "context_length": ("invalid_request_error", "context_length_exceeded"),
+    "rate_limit": ("requests", "rate_limit_exceeded"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
     "permission": ("invalid_request_error", "permission_denied"),
     "not_found": ("invalid_request_error", "not_found"),
