@@ -62,6 +62,7 @@ _ROLLOUT: Mapping[str, frozenset[Role]] = {
     "Heartbeat": _G,
     "DrainGateway": _G,
     "ReportSessionResult": _G,
+    "ReportSessionResultStream": _G,
     "RegisterProxy": _I,
 }
 
@@ -87,7 +88,7 @@ _PROXY: Mapping[str, frozenset[Role]] = {
     "GetPolicy": _I | _T,
 }
 
-_RECONSTRUCTOR: Mapping[str, frozenset[Role]] = {"Reconstruct": _G | _I}
+_RECONSTRUCTOR: Mapping[str, frozenset[Role]] = {"Reconstruct": _G | _I, "ReconstructStream": _G | _I}
 
 _EVALUATOR: Mapping[str, frozenset[Role]] = {"Prepare": _G | _I, "Evaluate": _G | _I, "Release": _G | _I}
 

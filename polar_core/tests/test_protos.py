@@ -66,6 +66,7 @@ _SERVICES: list[tuple[ModuleType, str, set[str]]] = [
             "Heartbeat",
             "DrainGateway",
             "ReportSessionResult",
+            "ReportSessionResultStream",
             "UpdatePolicy",
             "GetPolicy",
             "RegisterProxy",
@@ -93,7 +94,7 @@ _SERVICES: list[tuple[ModuleType, str, set[str]]] = [
             "GetPolicy",
         },
     ),
-    (reconstructor_service_pb2, "ReconstructorService", {"Reconstruct"}),
+    (reconstructor_service_pb2, "ReconstructorService", {"Reconstruct", "ReconstructStream"}),
     (evaluator_service_pb2, "EvaluatorService", {"Prepare", "Evaluate", "Release"}),
 ]
 
@@ -101,6 +102,11 @@ _SERVER_STREAMING = {
     ("RolloutService", "WatchTask"),
     ("GatewayService", "WatchSessions"),
     ("ModelProxyService", "WatchCompletions"),
+    ("ReconstructorService", "ReconstructStream"),
+}
+_CLIENT_STREAMING = {
+    ("RolloutService", "ReportSessionResultStream"),
+    ("ReconstructorService", "ReconstructStream"),
 }
 
 
@@ -129,7 +135,7 @@ def test_service_has_rpcs(module: ModuleType, service: str, rpcs: set[str]) -> N
         assert method.input_type.name == f"{name}Request"
         assert method.output_type.name == f"{name}Response"
         assert method.server_streaming == ((service, name) in _SERVER_STREAMING)
-        assert not method.client_streaming
+        assert method.client_streaming == ((service, name) in _CLIENT_STREAMING)
 
 
 def test_completion_carries_contract_fields() -> None:

@@ -14,6 +14,13 @@ from rollout_server.models import ResultRecord
 from rollout_server.servicer import RolloutServicer
 
 
+class _Context:
+    """A servicer context without mTLS (no certificate identity)."""
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+
 class _Core:
     """Records reports by idempotency key, as RolloutCore.report_result does."""
 
@@ -60,13 +67,13 @@ async def test_a_streamed_result_is_joined_in_order_and_recorded_once() -> None:
     servicer = _servicer(core)
     messages = _messages(traces=7, chunk=2)
     assert len(messages) == 4
-    reply = await servicer.ReportSessionResultStream(_stream(messages), None)  # type: ignore[arg-type]
+    reply = await servicer.ReportSessionResultStream(_stream(messages), _Context())  # type: ignore[arg-type]
     assert not reply.duplicate
     (recorded,) = core.recorded.values()
     payload = session_pb2.SessionResult.FromString(recorded.payload)
     assert [t.trace_index for t in payload.traces] == list(range(7))
     # A gateway retrying the report sends the whole stream again: a duplicate, nothing added.
-    again = await servicer.ReportSessionResultStream(_stream(messages), None)  # type: ignore[arg-type]
+    again = await servicer.ReportSessionResultStream(_stream(messages), _Context())  # type: ignore[arg-type]
     assert again.duplicate
     assert len(core.recorded) == 1
     assert len(session_pb2.SessionResult.FromString(core.recorded["s#1"].payload).traces) == 7
@@ -78,12 +85,12 @@ async def test_a_stream_without_its_result_first_or_cut_short_records_nothing() 
     messages = _messages(traces=4, chunk=2)
     for bad in (messages[1:], [], [messages[0], messages[0]]):
         with pytest.raises(InvalidArgument):
-            await servicer.ReportSessionResultStream(_stream(bad), None)  # type: ignore[arg-type]
+            await servicer.ReportSessionResultStream(_stream(bad), _Context())  # type: ignore[arg-type]
 
     async def cut() -> AsyncIterator[Any]:
         yield messages[0]
         raise ConnectionError("the gateway went away")
 
     with pytest.raises(ConnectionError):
-        await servicer.ReportSessionResultStream(cut(), None)  # type: ignore[arg-type]
+        await servicer.ReportSessionResultStream(cut(), _Context())  # type: ignore[arg-type]
     assert core.recorded == {}
