@@ -1,7 +1,8 @@
 """The Docker runtime: one container per session, driven through the Docker SDK.
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
-no capabilities, ``no-new-privileges``, an unprivileged user, a read-only root file system (tmpfs ``/tmp``, the
+no capabilities, ``no-new-privileges``, every command as an unprivileged user (the keeper as uid 0, which commands
+cannot signal), a read-only root file system (tmpfs ``/tmp``, the
 session directory on a volume), memory and pids limits, a disk quota on the session volume (the watchdog of
 :mod:`runtimes._quota`; ``storage_opt`` size on the writable layer when the root is writable and the storage
 driver supports it), and labels that name their owner, so
@@ -153,6 +154,7 @@ class DockerRuntime(SessionRuntime):
         self._container: Any | None = None
         self._root = PurePosixPath(spec.container_root)
         self._volume_host_dir: Path | None = None
+        self._user = f"{spec.sandbox_uid}:{spec.sandbox_gid}"
         self._quota_breach: str | None = None
 
     @property
@@ -196,7 +198,9 @@ class DockerRuntime(SessionRuntime):
         argv = wrap_command("python3", str(self._root / _FORWARDER), port=spec.proxy_port, socket_path=socket_path,
                             argv=())  # fmt: skip
         container = self._live()
-        await asyncio.to_thread(container.exec_run, argv, workdir="/", environment=self.environment(None), detach=True)
+        await asyncio.to_thread(
+            container.exec_run, argv, workdir="/", environment=self.environment(None), detach=True, user=self._user
+        )
         probe = (
             "import socket, sys, time\n"
             "for _ in range(100):\n"
@@ -233,7 +237,9 @@ class DockerRuntime(SessionRuntime):
             "working_dir": "/",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "user": f"{self._spec.sandbox_uid}:{self._spec.sandbox_gid}",
+            # The keeper (init and ``sleep infinity``) runs as uid 0 without capabilities, every command as the
+            # sandbox user: a command cannot signal the keeper, so ``kill -9 -1`` cannot end its own container.
+            "user": "0:0",
             "read_only": self._spec.read_only_root,
             "tmpfs": {"/tmp": f"size={parse_size(self._spec.tmp_size)},mode=1777,exec"},
             # An anonymous volume (removed with the container): writable under a read-only root, and reachable
@@ -327,7 +333,7 @@ class DockerRuntime(SessionRuntime):
             return await asyncio.to_thread(allocated_bytes, self._volume_host_dir, stop_above=limit)
         argv = ["du", "-skx", str(self._volume_target())]
         try:
-            done = await asyncio.to_thread(container.exec_run, argv, demux=True)
+            done = await asyncio.to_thread(container.exec_run, argv, demux=True, user=self._user)
         except docker.errors.DockerException:
             return 0  # the container is going away; the command's own result says so
         out = (done.output[0] or b"").split()
@@ -357,7 +363,7 @@ class DockerRuntime(SessionRuntime):
         started = time.monotonic()
         try:
             exit_code, (out, err) = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self.environment(env)),
+                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self.environment(env), self._user),
                 timeout + _EXEC_GRACE_S,
             )
         except TimeoutError:
@@ -381,9 +387,9 @@ class DockerRuntime(SessionRuntime):
 
     @staticmethod
     def _exec_blocking(
-        container: Any, argv: list[str], workdir: str, env: dict[str, str]
+        container: Any, argv: list[str], workdir: str, env: dict[str, str], user: str
     ) -> tuple[int | None, tuple[bytes | None, bytes | None]]:
-        result = container.exec_run(argv, workdir=workdir, environment=env, demux=True)
+        result = container.exec_run(argv, workdir=workdir, environment=env, demux=True, user=user)
         return result.exit_code, result.output
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
