@@ -358,7 +358,7 @@ class SessionPipeline:
             s.dependency_unavailable = True  # an outage, not the policy's failure (retried without using an attempt)
         if isinstance(exc, DiskQuotaExceeded):
             # The agent filled its workspace: its own doing, so a scored status with the reason, not infra.
-            settle(s, TerminalStatus.INVALID_PATCH, f"{where}: {exc.message}")
+            settle(s, TerminalStatus.INVALID_PATCH, exc.message)
             return
         if isinstance(exc, TimeoutError):
             message = f"session deadline passed in {where}"
