@@ -1,8 +1,15 @@
 """Red team: a hostile agent inside the local runtime (as root and as an unprivileged host user) and Docker.
 
 Each attack in :mod:`integration_tests.support.sandbox_attacks` must fail, bounded by the sandbox's limits,
-with the host file, the process outside and the other session untouched. Patch collection refuses a giant
-file or patch with a clear reason (``PatchTooLarge``, which the pipeline turns into ``invalid_patch``).
+with the host file, the process outside, the other session's command and files, the stand-in for the proxy's
+records and the host listeners untouched: capabilities, remount, signals and ptrace, other sessions, the host
+process's credentials in the environment and ``/proc``, loopback/LAN/Internet connections, nested user
+namespaces, fork and memory bombs, giant and sparse files, ``/tmp``/``/dev/shm`` fills, a disk fill past the
+workspace quota (``DiskQuotaExceeded``), symlinks planted for the runtime's upload and download. Patch
+collection refuses a giant file or patch with a clear reason (``PatchTooLarge``, which the pipeline turns into
+``invalid_patch``). The end-to-end version on a real gateway is ``test_redteam_gateway.py``; the evaluator-side
+attacks (pytest configuration and ``conftest.py`` tricks, killing pytest at import) are in
+``test_redteam_evaluator.py``; control-plane credentials by role in ``test_roles.py``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
 * ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
 
 Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
-rlimits always); the first session logs what this host cannot enforce. Every command gets a clean
+rlimits always) and the workspace disk quota of :mod:`runtimes._quota` (a watchdog on the session directory);
+the first session logs what this host cannot enforce. Every command gets a clean
 environment: a fixed ``PATH`` plus what every runtime sets
 (:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
 ``LANG``, ``POLAR_SESSION_DIR``, the spec's and the caller's variables). Nothing from the host leaks in.
