@@ -9,7 +9,8 @@ driver supports it), and labels that name their owner, so
 :func:`reap_orphaned_containers` can remove containers whose owning process died. ``cancel`` and ``stop``
 remove the container and its volume (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
-process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
+process group on timeout (and a small ``sh`` wrapper kills what is left in it when the command ends); the image
+therefore needs ``sh``, ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ _TIMEOUT_EXIT_CODES = (124, 137)
 TUNNEL_DIR = "/polar/tunnel"
 _FORWARDER = ".polar/tunnel.py"
 _FORWARDER_READY_S = 20.0
+# ``timeout`` leads a process group of its own; when the command ends, whatever it left in that group (a fork
+# bomb's children, background jobs) is killed too, so one command cannot leave the container full of processes.
+_REAP = 'timeout -k 5 "$0" "$@" & pid=$!; wait $pid; rc=$?; kill -9 -- -$pid 2>/dev/null; exit $rc'
 
 
 def _owner_labels(session_id: str) -> dict[str, str]:
@@ -359,7 +363,7 @@ class DockerRuntime(SessionRuntime):
         env: Mapping[str, str] | None,
         timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
     ) -> ExecResult:
-        wrapped = ["timeout", "-k", "5", f"{timeout:.3f}", *argv]
+        wrapped = ["sh", "-c", _REAP, f"{timeout:.3f}", *argv]
         started = time.monotonic()
         try:
             exit_code, (out, err) = await asyncio.wait_for(
