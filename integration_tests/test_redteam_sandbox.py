@@ -375,3 +375,41 @@ async def test_a_giant_patch_is_invalid_patch_and_the_gateway_keeps_serving() ->
         assert results["next"].status is not TerminalStatus.INFRA_ERROR
     finally:
         await pipeline.close(grace_s=5)
+
+
+class _DiskFillAgent(FakeAgentRunner):
+    """A fake harness whose session ``filler`` breaks its sandbox's disk quota while it runs."""
+
+    async def run(self, runtime: Runtime, prepared: Any, *, timeout_s: float) -> AgentRun:
+        if runtime.session_id == "filler":
+            await super().run(runtime, prepared, timeout_s=timeout_s)  # its model calls are recorded first
+            raise DiskQuotaExceeded("the sandbox of filler used more than its disk quota (over 130 MiB allocated)")
+        return await super().run(runtime, prepared, timeout_s=timeout_s)
+
+
+async def test_a_disk_quota_breach_is_invalid_patch_with_its_calls_kept() -> None:
+    proxy = FakeProxy()
+    pipeline = SessionPipeline(
+        PipelineConfig(step_retries=1),
+        gateway_id="gw-redteam",
+        runtimes=FakeRuntimeFactory(),
+        agents=_DiskFillAgent(proxy),
+        proxy=proxy,
+        reconstructor=FakeReconstructor(),
+        evaluator=FakeEvaluator(),
+        sink=RecordingSink(),
+    )
+    try:
+        results = {}
+        for session_id in ("filler", "next"):
+            spec = SessionSpec(session_id=session_id, task_id="t", harness=HarnessConfig("fake"),
+                               evaluator=EvaluatorConfig("script", {}))  # fmt: skip
+            await pipeline.start_session(spec)
+            results[session_id] = await pipeline.wait_done(session_id)
+        assert results["filler"].status is TerminalStatus.INVALID_PATCH  # the agent's doing: scored, not infra
+        assert "disk quota" in results["filler"].error_message
+        assert results["filler"].reward == 0.0
+        assert results["filler"].traces  # the captured calls are reconstructed, with reward 0
+        assert results["next"].status not in (TerminalStatus.INVALID_PATCH, TerminalStatus.INFRA_ERROR)
+    finally:
+        await pipeline.close(grace_s=5)
