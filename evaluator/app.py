@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from pathlib import Path
+
 from opentelemetry.sdk.trace import TracerProvider
 
 from evaluator.core import EvaluatorService
 from evaluator.models import EvaluatorConfig
 from evaluator.ports import RuntimeFactory
 from evaluator.settings import EvaluatorSettings
+from runtimes import Isolation
+from runtimes.local import IsolationProbe, probe_isolation
 
 __all__ = ["EvaluatorApp", "evaluator_config"]
+
+_log = logging.getLogger(__name__)
 
 
 def evaluator_config(settings: EvaluatorSettings) -> EvaluatorConfig:
@@ -25,6 +33,11 @@ def evaluator_config(settings: EvaluatorSettings) -> EvaluatorConfig:
         docker_host=settings.docker_host,
         docker_memory_limit=settings.docker_memory_limit,
         docker_pids_limit=settings.docker_pids_limit,
+        max_patch_bytes=settings.max_patch_bytes,
+        min_isolation=settings.min_isolation,
+        read_only_roots=tuple(Path(p) for p in settings.read_only_roots),
+        allowed_images=tuple(settings.allowed_images),
+        task_roots=tuple(Path(p).absolute() for p in settings.task_roots) or (Path.cwd().absolute(),),
     )
 
 
@@ -45,6 +58,7 @@ class EvaluatorApp:
         *,
         tracer_provider: TracerProvider | None = None,
         runtime_factory: RuntimeFactory | None = None,
+        isolation: IsolationProbe | None = None,
     ) -> EvaluatorApp:
         """Build the evaluator from its settings.
 
@@ -52,9 +66,22 @@ class EvaluatorApp:
             settings: The evaluator's settings.
             tracer_provider: Accepted for the common shape; the evaluator makes no client spans.
             runtime_factory: Builds runtimes; default: local/docker/apptainer from the spec.
+            isolation: The host's isolation probe (tests); by default probed here, once, when the local
+                isolation is ``auto`` and no factory replaces the runtimes.
         """
         del tracer_provider
-        return cls(EvaluatorService(evaluator_config(settings), runtime_factory=runtime_factory))
+        config = evaluator_config(settings)
+        if settings.local_isolation == "auto" and (runtime_factory is None or isolation is not None):
+            probe = isolation or await probe_isolation()
+            shortfall = probe.shortfall(Isolation(settings.min_isolation))
+            if shortfall is not None:
+                _log.error("evaluator refuses evaluations in a local runtime: %s", shortfall)
+            else:
+                # Probed once: every local runtime uses the strongest level this host provides.
+                config = dataclasses.replace(config, local_isolation=probe.best.value)
+        if settings.min_isolation != "bwrap":
+            _log.warning("evaluator allows weak local isolation (min_isolation=%s)", settings.min_isolation)
+        return cls(EvaluatorService(config, runtime_factory=runtime_factory))
 
     async def close(self) -> None:
         """Release every live evaluation handle and its runtime."""

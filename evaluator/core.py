@@ -5,7 +5,8 @@ Every evaluation gets a handle and a directory ``<state_dir>/evaluations/<handle
 returned by every later Evaluate of that handle, even after Release or a restart, so an evaluation never
 runs twice. Runtimes are single-use: the one Prepare started is stopped as soon as its evaluation ends.
 
-Status rules (docs/evaluator.md): exceptions from runtimes or strategies are ``infra_error``; running past
+Status rules (docs/evaluator.md): exceptions from runtimes or strategies, and non-finite rewards, are
+``infra_error``; a patch over ``max_patch_bytes`` is ``invalid_patch`` (not applied at all); running past
 the deadline is ``eval_timeout``; Release during an evaluation is ``cancelled``; when the agent timed out,
 its patch is still evaluated and a ``resolved``/``unresolved`` verdict is reported as ``agent_timeout``
 with the reward the evaluation gave.
@@ -19,8 +20,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,16 @@ from evaluator.strategies.base import opt_float
 from evaluator.trace_rewards import check_trace_rewards
 from polar_core.errors import InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
-from runtimes import DefaultRuntimeFactory, RuntimeCancelled, RuntimeKind, RuntimeSpec
+from polar_core.task_paths import check_task_paths
+from runtimes import (
+    DefaultRuntimeFactory,
+    Isolation,
+    OperatorPolicy,
+    RuntimeCancelled,
+    RuntimeKind,
+    RuntimeSpec,
+    apply_task_runtime,
+)
 
 __all__ = ["EvaluatorService"]
 
@@ -86,6 +98,9 @@ class EvaluatorService:
         async with lock:
             if handle in self._entries or self._result_path(handle).exists():
                 return handle
+            if self._config.task_roots is not None:
+                snapshot = {"repo": params.repository_snapshot} if params.repository_snapshot else {}
+                check_task_paths({"evaluator": {**params.spec.options, **snapshot}}, self._config.task_roots)
             strategy = build_strategy(params.spec)
             runtime = None
             if strategy.needs_runtime:
@@ -109,17 +124,31 @@ class EvaluatorService:
         return handle
 
     def _runtime_spec(self, params: PrepareParams) -> RuntimeSpec:
-        table: dict[str, Any] = dict(params.spec.options.get("runtime") or {})
+        """The task's ``runtime`` table over the evaluator's own options (:mod:`runtimes.policy`).
+
+        Raises:
+            InvalidArgument: The table is malformed or widens what the evaluator's settings allow.
+        """
+        raw = params.spec.options.get("runtime") or {}
+        if not isinstance(raw, Mapping):
+            raise InvalidArgument("evaluator.runtime must be a mapping")
+        table: dict[str, Any] = dict(raw)
         if params.image:
             table.setdefault("kind", RuntimeKind.DOCKER.value)
             table["image"] = params.image
-        defaults: dict[str, Any] = {
+        operator: dict[str, Any] = {
             "isolation": self._config.local_isolation,
+            "min_isolation": self._config.min_isolation,
             "docker_host": self._config.docker_host or None,
             "memory_limit": self._config.docker_memory_limit,
             "pids_limit": self._config.docker_pids_limit,
         }
-        return RuntimeSpec.from_mapping(table, **defaults)
+        policy = OperatorPolicy(
+            min_isolation=Isolation(self._config.min_isolation),
+            read_only_roots=self._config.read_only_roots,
+            images=self._config.allowed_images,
+        )
+        return apply_task_runtime(policy, operator, table)
 
     def _context(self, handle: str, params: PrepareParams, runtime: Runtime | None) -> EvalContext:
         workdir = self._config.evaluations_dir / handle
@@ -186,6 +215,11 @@ class EvaluatorService:
     async def _score(self, entry: _Entry, artifacts: Artifacts, limit_s: float) -> EvaluationResult:
         if artifacts.agent_status is AgentStatus.CANCELLED:
             return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message="the agent run was cancelled")
+        size = len(artifacts.patch or b"")
+        if size > self._config.max_patch_bytes:
+            message = f"the patch is {size} bytes, over the evaluator's limit of {self._config.max_patch_bytes} bytes"
+            entry.ctx.log.write("the agent's patch is too large", message)
+            return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=message)
         try:
             async with asyncio.timeout(limit_s + _BACKSTOP_GRACE_S):
                 return await entry.strategy.evaluate(entry.ctx, artifacts)
@@ -264,7 +298,13 @@ class EvaluatorService:
 
 
 def _check_rewards(result: EvaluationResult, artifacts: Artifacts) -> EvaluationResult:
-    # Per-trace rewards that do not fit the traces are the evaluator's failure, told as such (never dropped).
+    # Per-trace rewards that do not fit the traces, and rewards that are not finite numbers (NaN, ±inf, from a
+    # reward.json or a custom evaluator), are the evaluator's failure, told as such (never dropped or passed on):
+    # infra_error, reward 0, not trainable, so such a value never reaches a loss or counts as a success.
+    bad = [r for r in (result.reward, *result.trace_rewards) if not math.isfinite(r)]
+    if bad:
+        message = f"invalid evaluator result: non-finite reward {bad[0]!r} refused (rewards must be finite numbers)"
+        return EvaluationResult(0.0, TerminalStatus.INFRA_ERROR, result.test_outcomes, error_message=message)
     try:
         check_trace_rewards(artifacts.traces, result.trace_rewards)
     except InvalidArgument as exc:

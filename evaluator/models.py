@@ -49,6 +49,12 @@ class EvaluatorConfig:
         docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
         docker_memory_limit: Memory limit of evaluation containers.
         docker_pids_limit: Process limit of evaluation containers.
+        max_patch_bytes: The largest patch evaluated; a larger one is ``invalid_patch`` (the gateway's limit).
+        min_isolation: The weakest local isolation allowed (``bwrap``, ``unshare`` or ``none``).
+        read_only_roots: Host directories under which a task's ``runtime.read_only_paths`` may lie.
+        allowed_images: Glob patterns of container images a task (or the session's image) may name.
+        task_roots: Host directories a task's repository and test-patch paths must lie under; ``None`` checks
+            nothing.
     """
 
     evaluations_dir: Path
@@ -61,6 +67,11 @@ class EvaluatorConfig:
     docker_host: str = ""
     docker_memory_limit: str = "4g"
     docker_pids_limit: int = 1024
+    max_patch_bytes: int = 64 * 1024 * 1024
+    min_isolation: str = "bwrap"
+    read_only_roots: tuple[Path, ...] = ()
+    allowed_images: tuple[str, ...] = ()
+    task_roots: tuple[Path, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -27,6 +27,16 @@ class EvaluatorSettings(ServiceSettings):
         docker_host: Docker daemon URL; empty uses the Docker SDK's defaults.
         docker_memory_limit: Memory limit of evaluation containers.
         docker_pids_limit: Process limit of evaluation containers.
+        max_patch_bytes: The largest patch evaluated (default 64 MiB, the gateway's limit); a larger one is
+            ``invalid_patch`` with the sizes in its message.
+        min_isolation: The weakest local isolation allowed: ``bwrap`` (default); ``unshare`` or ``none`` only when
+            set explicitly (every evaluation then logs a WARNING). Probed once at start; a host below it logs an
+            ERROR and refuses every evaluation that needs a local runtime with FAILED_PRECONDITION.
+        task_roots: Host directories a task's ``repo``, ``repo_path`` and ``test_patch`` paths must resolve
+            under (after symlinks); empty means the working directory at start.
+        read_only_roots: Host directories under which a task's ``runtime.read_only_paths`` may lie; empty allows
+            none.
+        allowed_images: Glob patterns of container images a task may name; empty allows none.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_EVALUATOR_", frozen=True, extra="forbid")
@@ -41,6 +51,11 @@ class EvaluatorSettings(ServiceSettings):
     docker_host: str = ""
     docker_memory_limit: str = "4g"
     docker_pids_limit: int = 1024
+    max_patch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    task_roots: list[str] = Field(default_factory=list)
+    read_only_roots: list[str] = Field(default_factory=list)
+    allowed_images: list[str] = Field(default_factory=list)
 
     @property
     def evaluations_dir(self) -> Path:

@@ -19,8 +19,8 @@ import asyncio
 import collections
 import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
-from pathlib import PurePosixPath
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gateway.errors import PatchTooLarge
@@ -41,7 +41,9 @@ from gateway.workspace import WorkspaceBase, validate_repository, workspace_base
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from polar_core.git_trees import TreeCache
 from polar_core.records import AgentStatus
+from polar_core.task_paths import check_task_paths
 from runtimes import ExecResult, NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
+from runtimes.policy import OperatorPolicy, apply_task_runtime
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
@@ -100,6 +102,8 @@ class HarnessAgentRunner:
             temporary directory).
         check_programs: Refuse at admission a ``local``-runtime task whose harness program is not on this host
             (:func:`gateway.harness_check.check_program`).
+        task_roots: Host directories the task's repository and test-patch paths must lie under
+            (:func:`polar_core.task_paths.check_task_paths`); ``None`` checks nothing (tests and fakes).
     """
 
     def __init__(
@@ -114,7 +118,9 @@ class HarnessAgentRunner:
         trees: TreeCache | None = None,
         check_programs: bool = False,
         max_patch_bytes: int = MAX_PATCH_BYTES,
+        task_roots: Sequence[Path] | None = None,
     ) -> None:
+        self._task_roots = tuple(task_roots) if task_roots is not None else None
         self._check_programs = check_programs
         self._max_patch_bytes = max_patch_bytes
         self._default_model = default_model
@@ -130,9 +136,15 @@ class HarnessAgentRunner:
         """Check the harness name, its options (a dry run of the pure adapter) and the metadata keys read here.
 
         Raises:
-            InvalidArgument: Something in the task would make the session fail at INIT.
+            InvalidArgument: Something in the task would make the session fail at INIT, or a host path of the
+                task is not under the operator's task roots.
             FailedPrecondition: The harness's CLI is not installed on this gateway (with ``check_programs``).
         """
+        if self._task_roots is not None:
+            check_task_paths(
+                {"metadata": dict(spec.metadata), "evaluator": {"options": dict(spec.evaluator.options)}},
+                self._task_roots,
+            )
         name = spec.harness.name
         if name not in self._names:
             raise InvalidArgument(
@@ -264,45 +276,50 @@ def _string_list(value: Any) -> list[str]:
 
 @dataclasses.dataclass
 class SpecRuntimeFactory:
-    """Builds each session's runtime from its task's ``runtime`` table over a :mod:`runtimes` factory.
+    """Builds each session's runtime from the operator's options narrowed by its task's ``runtime`` table.
+
+    The task's table goes through :func:`runtimes.policy.apply_task_runtime`: it may narrow what the operator
+    allows (network, isolation, limits, paths), never widen it.
 
     Attributes:
         inner: The runtimes package's factory.
         default_kind: Kind used when the task leaves it unspecified.
-        defaults: Runtime options the task's table may override (``network``, ``isolation``, ...).
+        defaults: The operator's runtime options (``network``, ``read_only_paths``, ``isolation``, ...).
         tunnel: The gateway's proxy tunnel: a ``network: proxy`` runtime without its own ``proxy_socket`` gets
             the tunnel's socket and sandbox port.
+        policy: What tasks may ask for beyond the operator's options (minimum isolation, read-only roots,
+            images).
     """
 
     inner: RuntimeFactory
     default_kind: str = "local"
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tunnel: ProxyTunnel | None = None
+    policy: OperatorPolicy = dataclasses.field(default_factory=OperatorPolicy)
 
     def runtime_spec(self, spec: SessionSpec) -> RuntimeSpec:
         """The runtime spec of a session.
 
         Raises:
-            InvalidArgument: The task's runtime table is malformed.
+            InvalidArgument: The task's runtime table is malformed or widens the operator's policy.
         """
-        kind = spec.runtime.kind or self.default_kind
-        table: dict[str, Any] = {**self.defaults, **spec.runtime.options, "kind": kind}
-        extra = spec.runtime.options.get("read_only_paths")
-        if "read_only_paths" in self.defaults and isinstance(extra, list):
-            # The gateway's own paths (installed harnesses) stay visible when a task adds more.
-            table["read_only_paths"] = [*self.defaults["read_only_paths"], *extra]
+        operator: dict[str, Any] = {**self.defaults, "kind": self.default_kind}
+        if self.tunnel is not None and not operator.get("proxy_socket"):
+            # Also when the operator's network is narrower: a proxy-mode task then fails the network check.
+            operator["proxy_socket"] = self.tunnel.socket_path
+            operator.setdefault("proxy_port", self.tunnel.sandbox_port)
+        table: dict[str, Any] = dict(spec.runtime.options)
+        if spec.runtime.kind:
+            table["kind"] = spec.runtime.kind
         if spec.runtime.image:
             table["image"] = spec.runtime.image
-        if table.get("network") == NetworkMode.PROXY.value and not table.get("proxy_socket") and self.tunnel:
-            table["proxy_socket"] = self.tunnel.socket_path
-            table.setdefault("proxy_port", self.tunnel.sandbox_port)
-        return RuntimeSpec.from_mapping(table)
+        return apply_task_runtime(self.policy, operator, table)
 
     def validate(self, spec: SessionSpec) -> None:
         """Check the task's runtime table at admission.
 
         Raises:
-            InvalidArgument: The table is malformed.
+            InvalidArgument: The table is malformed or widens the operator's policy.
         """
         self.runtime_spec(spec)
 
@@ -310,6 +327,6 @@ class SpecRuntimeFactory:
         """Return the unstarted runtime of ``spec``.
 
         Raises:
-            InvalidArgument: The task's runtime table is malformed.
+            InvalidArgument: The task's runtime table is malformed or widens the operator's policy.
         """
         return self.inner.create(self.runtime_spec(spec), session_id=spec.session_id)

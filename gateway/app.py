@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
@@ -42,9 +43,14 @@ from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition
 from polar_core.records import CompletionRecord
-from runtimes import DefaultRuntimeFactory
+from polar_core.roles import Role
+from runtimes import DefaultRuntimeFactory, Isolation
+from runtimes.local import IsolationProbe, probe_isolation
+from runtimes.policy import OperatorPolicy
 
-__all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "pipeline_config"]
+__all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "operator_policy", "pipeline_config", "task_roots"]
+
+_log = logging.getLogger(__name__)
 
 # The checkout this package runs from (``scripts/setup_harnesses.sh`` installs ``.harnesses`` there).
 _CHECKOUT = Path(__file__).resolve().parents[1]
@@ -52,7 +58,11 @@ _CHECKOUT = Path(__file__).resolve().parents[1]
 
 @dataclasses.dataclass
 class GatewaySeams:
-    """Ports to use instead of the ones built from settings (embedded wiring and tests); ``None`` builds it."""
+    """Ports to use instead of the ones built from settings (embedded wiring and tests); ``None`` builds it.
+
+    ``isolation`` replaces the host's isolation probe (:func:`runtimes.local.probe_isolation`), which the gateway
+    otherwise runs once at open when it builds local runtimes itself.
+    """
 
     runtimes: RuntimeFactory | None = None
     agents: AgentRunner | None = None
@@ -60,6 +70,7 @@ class GatewaySeams:
     reconstructor: ReconstructorClient | None = None
     evaluator: EvaluatorClient | None = None
     sink: ResultSink | None = None
+    isolation: IsolationProbe | None = None
 
 
 class _NoProxy:
@@ -90,7 +101,7 @@ class _Clients:
         s = self._settings
         made = cls(
             address,
-            auth_token=s.auth_token,
+            auth_token=s.presented_token(Role.GATEWAY),
             tracer_provider=self._tracer_provider,
             tls=s.tls(),
             max_message_bytes=s.max_message_bytes,
@@ -160,10 +171,11 @@ class GatewayApp:
         monitor = DependencyMonitor(
             probes if settings.dependency_probes else {}, interval_s=settings.dependency_probe_interval_s
         )
+        isolation, cannot_run = await _isolation(settings, seams)
         pipeline = SessionPipeline(
             pipeline_config(settings),
             gateway_id=settings.gateway_id,
-            runtimes=seams.runtimes or _runtimes(settings, tunnel, bin_dir),
+            runtimes=seams.runtimes or _runtimes(settings, tunnel, bin_dir, isolation),
             agents=seams.agents or _agents(settings, tunnel, bin_dir),
             proxy=proxy or _NoProxy(),
             reconstructor=reconstructor,
@@ -172,6 +184,7 @@ class GatewayApp:
             metrics=metrics,
             tracer=tracer_provider.get_tracer("gateway") if tracer_provider is not None else None,
             dependencies=monitor,
+            cannot_run=cannot_run,
         )
         monitor.start()
         clients.closers.insert(0, monitor.stop)
@@ -235,12 +248,55 @@ def harness_bin_dir(settings: GatewaySettings, *, cwd: Path | None = None) -> Pa
     return None
 
 
-def _runtimes(settings: GatewaySettings, tunnel: ProxyTunnel, bin_dir: Path | None) -> RuntimeFactory:
+def operator_policy(settings: GatewaySettings) -> OperatorPolicy:
+    """What the gateway's settings allow tasks beyond its runtime options."""
+    return OperatorPolicy(
+        min_isolation=Isolation(settings.min_isolation),
+        read_only_roots=tuple(Path(p) for p in settings.read_only_roots),
+        images=tuple(settings.allowed_images),
+    )
+
+
+def task_roots(settings: GatewaySettings, *, cwd: Path | None = None) -> tuple[Path, ...]:
+    """The directories task paths must lie under: the setting, else the working directory."""
+    if settings.task_roots:
+        return tuple(Path(p).absolute() for p in settings.task_roots)
+    return ((cwd or Path.cwd()).absolute(),)
+
+
+async def _isolation(settings: GatewaySettings, seams: GatewaySeams) -> tuple[IsolationProbe | None, str]:
+    """Probe (once) what isolation this host provides; return the probe and why no session can run, if so.
+
+    Nothing is probed for a gateway of container runtimes, or one whose runtimes a seam replaces (fakes).
+    """
+    probed = seams.isolation
+    if probed is None and (settings.default_runtime != "local" or seams.runtimes is not None):
+        return None, ""
+    probe = probed or await probe_isolation()
+    minimum = Isolation(settings.min_isolation)
+    shortfall = probe.shortfall(minimum)
+    if shortfall is not None:
+        _log.error("gateway refuses every session: %s (set POLAR_GATEWAY_MIN_ISOLATION to allow weaker)", shortfall)
+        return probe, shortfall
+    if minimum is not Isolation.BWRAP:
+        _log.warning("gateway allows weak isolation (min_isolation=%s); this host provides %s",
+                     minimum.value, probe.best.value)  # fmt: skip
+    return probe, ""
+
+
+def _runtimes(
+    settings: GatewaySettings, tunnel: ProxyTunnel, bin_dir: Path | None, isolation: IsolationProbe | None
+) -> RuntimeFactory:
+    defaults = _runtime_defaults(settings, bin_dir)
+    if isolation is not None:
+        # Probed once here: every session uses the strongest level this host provides.
+        defaults["isolation"] = isolation.best.value
     return SpecRuntimeFactory(
         DefaultRuntimeFactory(base_dir=settings.state_dir / "runtimes"),
         default_kind=settings.default_runtime,
-        defaults=_runtime_defaults(settings, bin_dir),
+        defaults=defaults,
         tunnel=tunnel,
+        policy=operator_policy(settings),
     )
 
 
@@ -251,12 +307,15 @@ def _agents(settings: GatewaySettings, tunnel: ProxyTunnel, bin_dir: Path | None
         tunnel=tunnel,
         default_model=settings.default_model,
         check_programs=settings.default_runtime == "local",
+        task_roots=task_roots(settings),
     )
 
 
 def _runtime_defaults(settings: GatewaySettings, bin_dir: Path | None) -> dict[str, Any]:
     """Runtime options every task gets unless its runtime table says otherwise."""
-    defaults: dict[str, Any] = {"network": settings.runtime_network}
+    defaults: dict[str, Any] = {"network": settings.runtime_network, "min_isolation": settings.min_isolation}
+    if settings.docker_host:
+        defaults["docker_host"] = settings.docker_host
     if bin_dir is not None:
         # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree.
         defaults["read_only_paths"] = [str(bin_dir.parent if bin_dir.name == ".bin" else bin_dir)]

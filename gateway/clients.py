@@ -7,14 +7,15 @@ Each client owns one channel (opened with tracing and the control-plane token), 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from polar.evaluator.v1 import evaluator_service_pb2, evaluator_service_pb2_grpc
 from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
-from polar.reconstructor.v1 import reconstructor_service_pb2_grpc
+from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
 from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
 from gateway import convert
@@ -31,9 +32,11 @@ from gateway.models import (
 )
 from gateway.registration import HeartbeatReply, Lease
 from polar_core.channels import open_channel
-from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
-from polar_core.records import CompletionRecord, TerminalStatus
-from polar_core.rpc_client import rpc
+from polar_core.convert import completion_to_proto, trace_from_proto, trace_to_proto
+from polar_core.errors import Internal, Unimplemented
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, chunk_budget, chunked
+from polar_core.records import CompletionRecord, ReconstructionStats, TerminalStatus, Trace
+from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
 
 __all__ = [
@@ -67,6 +70,7 @@ class _Client:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.target = target
+        self._chunk_bytes = chunk_budget(max_message_bytes)
         self._channel = open_channel(
             target,
             tracer_provider=tracer_provider,
@@ -133,7 +137,7 @@ class GrpcProxyClient(_Client):
         token = ""
         while True:
             request = model_proxy_service_pb2.ListCompletionsRequest(
-                session_id=session_id, page_size=self._page_size, page_token=token
+                session_id=session_id, page_size=self._page_size, page_token=token, max_page_bytes=self._chunk_bytes
             )
             reply = await rpc(
                 self._stub.ListCompletions(request, timeout=timeout_s), f"proxy {self.target} ListCompletions"
@@ -145,7 +149,11 @@ class GrpcProxyClient(_Client):
 
 
 class GrpcReconstructorClient(_Client):
-    """A :class:`gateway.ports.ReconstructorClient` over ``ReconstructorService`` (completions sent inline)."""
+    """A :class:`gateway.ports.ReconstructorClient` over ``ReconstructorService``.
+
+    Completions go out and traces come back in chunks well under the message limit (``ReconstructStream``),
+    so no message grows with the session; a reconstructor without that RPC gets the unary ``Reconstruct``.
+    """
 
     service = "polar.reconstructor.v1.ReconstructorService"
 
@@ -177,14 +185,41 @@ class GrpcReconstructorClient(_Client):
         builder: BuilderConfig,
         timeout_s: float,
     ) -> Reconstruction:
-        """Call Reconstruct."""
-        request = convert.reconstruct_request(
-            completions, task_id=task_id, reward=reward, status=status, builder=builder
-        )
-        reply = await rpc(
-            self._stub.Reconstruct(request, timeout=timeout_s), f"reconstructor {self.target} Reconstruct"
-        )
-        return convert.reconstruction_from_proto(reply)
+        """Call ReconstructStream (Reconstruct when the reconstructor predates it)."""
+        what = f"reconstructor {self.target} ReconstructStream"
+        header = convert.reconstruct_request([], task_id=task_id, reward=reward, status=status, builder=builder)
+        try:
+            return await self._reconstruct_stream(header, completions, timeout_s=timeout_s, what=what)
+        except Unimplemented:
+            request = convert.reconstruct_request(
+                completions, task_id=task_id, reward=reward, status=status, builder=builder
+            )
+            reply = await rpc(
+                self._stub.Reconstruct(request, timeout=timeout_s), f"reconstructor {self.target} Reconstruct"
+            )
+            return convert.reconstruction_from_proto(reply)
+
+    async def _reconstruct_stream(
+        self,
+        header: reconstructor_service_pb2.ReconstructRequest,
+        completions: Sequence[CompletionRecord],
+        *,
+        timeout_s: float,
+        what: str,
+    ) -> Reconstruction:
+        messages = _reconstruct_messages(header, completions, self._chunk_bytes)
+        traces: list[Trace] = []
+        stats: ReconstructionStats | None = None
+        try:
+            async for reply in self._stub.ReconstructStream(messages, timeout=timeout_s):
+                traces.extend(trace_from_proto(t) for t in reply.traces)
+                if reply.HasField("stats"):
+                    stats = convert.stats_from_proto(reply.stats)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, what) from None
+        if stats is None:
+            raise Internal(f"{what}: the stream ended without statistics")
+        return Reconstruction(traces, stats)
 
 
 class GrpcEvaluatorClient(_Client):
@@ -257,16 +292,31 @@ class _RolloutClient(_Client):
 
 
 class GrpcResultSink(_RolloutClient):
-    """A :class:`gateway.ports.ResultSink` that calls the rollout server's ReportSessionResult."""
+    """A :class:`gateway.ports.ResultSink` over the rollout server's ReportSessionResultStream.
+
+    The result goes first and its traces follow in chunks well under the message limit, so a long session's
+    result is never one message; a rollout server without that RPC gets the unary ReportSessionResult.
+    """
 
     default_timeout_s = 30.0
 
     async def report(self, result: SessionResult) -> None:
-        """Call ReportSessionResult (idempotent by the result's idempotency key).
+        """Call ReportSessionResultStream (idempotent by the result's idempotency key).
 
         The call waits (up to its timeout) for a rollout server that is restarting instead of failing at once,
-        so a result finished during the outage is delivered when the server is back.
+        so a result finished during the outage is delivered when the server is back. A retried report is one
+        stream again from the start; the server records a result once, when its stream is complete.
         """
+        try:
+            await rpc(
+                self._stub.ReportSessionResultStream(
+                    _result_messages(result, self._chunk_bytes), timeout=self._timeout_s, wait_for_ready=True
+                ),
+                f"rollout server {self.target} ReportSessionResultStream",
+            )
+            return
+        except Unimplemented:
+            pass
         request = rollout_service_pb2.ReportSessionResultRequest(result=convert.result_to_proto(result))
         await rpc(
             self._stub.ReportSessionResult(request, timeout=self._timeout_s, wait_for_ready=True),
@@ -297,3 +347,25 @@ class GrpcRolloutRegistrar(_RolloutClient):
             f"rollout server {self.target} Heartbeat",
         )
         return convert.heartbeat_reply_from_proto(reply)
+
+
+def _reconstruct_messages(
+    header: reconstructor_service_pb2.ReconstructRequest, completions: Sequence[CompletionRecord], max_bytes: int
+) -> Iterator[reconstructor_service_pb2.ReconstructStreamRequest]:
+    """The ``ReconstructStream`` messages: the request, then the completions in chunks of about ``max_bytes``."""
+    yield reconstructor_service_pb2.ReconstructStreamRequest(request=header)
+    for chunk in chunked((completion_to_proto(c) for c in completions), max_bytes):
+        yield reconstructor_service_pb2.ReconstructStreamRequest(
+            completions=reconstructor_service_pb2.CompletionList(completions=chunk)
+        )
+
+
+def _result_messages(
+    result: SessionResult, max_bytes: int
+) -> Iterator[rollout_service_pb2.ReportSessionResultStreamRequest]:
+    """The ``ReportSessionResultStream`` messages: the result without traces, then its traces in chunks."""
+    yield rollout_service_pb2.ReportSessionResultStreamRequest(
+        result=convert.result_to_proto(dataclasses.replace(result, traces=[]))
+    )
+    for chunk in chunked((trace_to_proto(t) for t in result.traces), max_bytes):
+        yield rollout_service_pb2.ReportSessionResultStreamRequest(traces=rollout_service_pb2.TraceChunk(traces=chunk))

@@ -62,7 +62,7 @@ from gateway.rewards import stamp_traces
 from gateway.session import Session, settle
 from gateway.steps import SessionSteps
 from gateway.wrapup import WrapUp
-from polar_core.errors import DeadlineExceeded, Internal, InvalidArgument, PolarError, Unavailable
+from polar_core.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
 from runtimes.errors import DiskQuotaExceeded
 
@@ -95,6 +95,8 @@ class SessionPipeline:
         dependencies: Whether proxy, evaluator and reconstructor are reachable; while one is not, the gateway
             advertises no capacity and refuses new sessions, and a RUN the proxy's outage spoilt is not scored.
             ``None`` assumes they always are.
+        cannot_run: Why this gateway can run no session at all (the host lacks the operator's minimum
+            isolation); when set, StartSession raises FailedPrecondition with it and the capacity is 0.
     """
 
     def __init__(
@@ -112,7 +114,9 @@ class SessionPipeline:
         clock: Callable[[], float] = time.time,
         tracer: trace.Tracer | None = None,
         dependencies: DependencyMonitor | None = None,
+        cannot_run: str = "",
     ) -> None:
+        self._cannot_run = cannot_run
         self._config = config
         self._dependencies = dependencies
         self._runtimes = runtimes
@@ -170,6 +174,7 @@ class SessionPipeline:
             InvalidArgument: The harness is unknown, or its options or the runtime table are malformed.
             SessionConflict: The session runs with a different attempt.
             GatewayDraining: The gateway accepts no new sessions.
+            FailedPrecondition: The host cannot provide the operator's minimum isolation.
             GatewayBusy: The gateway is full or POSTRUN is backed up (with a retry delay).
         """
         existing = self._sessions.get(spec.session_id)
@@ -183,6 +188,8 @@ class SessionPipeline:
                 )
         if self._draining:
             raise GatewayDraining("the gateway is draining and accepts no new sessions")
+        if self._cannot_run:
+            raise FailedPrecondition(self._cannot_run)
         self._agents.validate(spec)
         self._runtimes.validate(spec)
         self._admit_or_refuse()
@@ -246,7 +253,7 @@ class SessionPipeline:
             self.gateway_id,
             self._config.max_sessions,
             active,
-            0 if self._draining else available,
+            0 if self._draining or self._cannot_run else available,
             self.stage_snapshots(),
             self._draining,
         )

@@ -48,9 +48,21 @@ class GatewaySettings(ServiceSettings):
         advertise_address: ``host:port`` the rollout server reaches this gateway at; empty means ``host:port``
             of the gRPC server (the machine's host name when it binds every interface).
         default_runtime: Runtime kind used when a task leaves it unspecified.
-        runtime_network: Network of runtimes unless a task says otherwise: ``proxy`` (loopback only, plus the
-            model proxy through the gateway's Unix-socket tunnel; nothing else is reachable), ``host`` (the
-            host's network: harnesses reach the proxy, and everything else, directly) or ``none``.
+        runtime_network: Network of runtimes, and the most a task may ask for (a task may narrow it): ``proxy``
+            (loopback only, plus the model proxy through the gateway's Unix-socket tunnel; nothing else is
+            reachable), ``host`` (the host's network: harnesses reach the proxy, and everything else, directly) or
+            ``none``.
+        min_isolation: The weakest local-runtime isolation allowed (``bwrap``; ``unshare`` or ``none`` only when
+            set explicitly, and then every session logs a WARNING). Probed once at start: a host that cannot
+            provide it refuses every session with FAILED_PRECONDITION naming what is missing and advertises no
+            capacity. A task may ask for stronger isolation, never weaker (docs/runtimes.md).
+        task_roots: Host directories under which a task's repository and test-patch paths (``metadata.repo``,
+            ``evaluator.repo``, ``evaluator.repo_path``, ``evaluator.test_patch``) must resolve, after symlinks;
+            anything else is INVALID_ARGUMENT. Empty means the working directory at start.
+        read_only_roots: Host directories under which a task may add ``runtime.read_only_paths`` (besides the
+            gateway's own read-only paths); empty allows none.
+        allowed_images: Glob patterns of container images a task may name (``runtime.image``); empty allows none.
+        docker_host: Docker daemon URL of ``docker`` runtimes; empty uses the Docker SDK's defaults.
         sandbox_proxy_port: Loopback port inside ``proxy``-network runtimes where the tunnel reaches the proxy.
         tunnel_dir: Directory of the tunnel's Unix socket; empty means ``state_dir/tunnel`` (or a private
             ``/tmp`` directory when that path is too long for a socket).
@@ -98,6 +110,11 @@ class GatewaySettings(ServiceSettings):
     advertise_address: str = ""
     default_runtime: Literal["local", "docker", "apptainer"] = "local"
     runtime_network: Literal["host", "none", "proxy"] = "proxy"
+    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    task_roots: list[str] = Field(default_factory=list)
+    read_only_roots: list[str] = Field(default_factory=list)
+    allowed_images: list[str] = Field(default_factory=list)
+    docker_host: str = ""
     sandbox_proxy_port: int = Field(default=18080, ge=1, le=65535)
     tunnel_dir: str = ""
     harness_bin_dir: str = ""

@@ -32,9 +32,11 @@ def docker_env():
 
 @pytest.fixture
 async def service(tmp_path: Path, docker_env):
-    client, _ = docker_env
+    client, image = docker_env
     factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=client)
-    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state")), runtime_factory=factory)
+    # The session's image reaches the evaluator from the task: the operator allows it by name.
+    settings = EvaluatorSettings(state_dir=tmp_path / "state", allowed_images=[image])
+    svc = EvaluatorService(evaluator_config(settings), runtime_factory=factory)
     yield svc
     await svc.close()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"}) == []
@@ -100,3 +102,26 @@ async def test_hanging_test_is_eval_timeout(service, docker_env, tmp_path: Path)
     _, result = await _evaluate(service, image, spec, Artifacts(), timeout_s=5.0)
     assert result.status is TerminalStatus.EVAL_TIMEOUT
     assert result.reward == 0.0
+
+
+async def test_trusted_invocation_holds_against_config_conftest_and_exit(service, docker_env) -> None:
+    # The same trusted pytest invocation in the container (its own pytest): a patch adding a pytest.toml that
+    # loads a plugin, a conftest forcing every test to pass, or an os._exit(0) at import is judged honestly.
+    _, image = docker_env
+    spec, _ = example_spec("paginate")
+    repo = Path(spec.options["repo"])
+    force_pass = (
+        "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+    )
+    source = (repo / "pagination.py").read_text()
+    attacks = {
+        "config": {"pytest.toml": '[pytest]\naddopts = ["-p", "evil"]\npythonpath = ["."]\n', "evil.py": force_pass},
+        "conftest": {"conftest.py": force_pass},
+        "exit": {"pagination.py": "import os\nos._exit(0)\n" + source},
+    }
+    for name, changes in attacks.items():
+        _, result = await _evaluate(service, image, spec, Artifacts(patch=make_patch(repo, changes)))
+        assert result.status is TerminalStatus.UNRESOLVED, (name, result.error_message)
+        failing = {o.test_id.split("::")[1] for o in result.test_outcomes if o.status is not TestStatus.PASSED}
+        assert "test_partial_last_page" in failing, name

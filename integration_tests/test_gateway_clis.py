@@ -107,6 +107,7 @@ async def run_session(
     options: Mapping[str, Any] | None = None,
     runtime: task_pb2.RuntimeSpec | None = None,
     timeout_s: float = 60.0,
+    operator: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Start proxy, reconstructor and gateway, run one tool-loop session of ``harness``, stop everything."""
     turns = [tool_call_turn(harness, COMMAND), {"text": ANSWER}]
@@ -123,6 +124,7 @@ async def run_session(
             harness_bin_dir=str(BIN_DIR),
             metrics_port=-1,
             step_timeout_s=60,
+            **(operator or {}),
         )
         gateway = await start_server(settings, seams=GatewaySeams(evaluator=evaluator))
         stack.push_async_callback(gateway.stop, None)
@@ -255,10 +257,12 @@ async def test_cli_in_docker_through_the_tunnel(
             await asyncio.sleep(0.2)
 
     runtime = task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_DOCKER, image=image)
-    runtime.options.update({"docker_host": daemon.url, "read_only_paths": mounts})
+    runtime.options.update({"read_only_paths": mounts})
+    # The daemon, the image and the extra mounts are the operator's to allow; the task names them.
+    operator = {"docker_host": daemon.url, "allowed_images": [image], "read_only_roots": mounts}
     watcher = asyncio.create_task(watch_container())
     try:
-        outcome = await run_session(tmp_path, tokenizer, harness, options=options, runtime=runtime)
+        outcome = await run_session(tmp_path, tokenizer, harness, options=options, runtime=runtime, operator=operator)
     finally:
         watcher.cancel()
     check_tool_loop(outcome, tokenizer)

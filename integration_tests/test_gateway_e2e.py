@@ -148,6 +148,9 @@ async def test_cancel_mid_run_tears_down(stack: Stack) -> None:
         ("command", {}, {}, "argv"),
         ("command", {"argv": ["true"]}, {"no_such_key": 1}, "unknown runtime option"),
         ("command", {"argv": ["true"]}, {"network": "internet"}, "invalid runtime option"),
+        ("command", {"argv": ["true"]}, {"network": "host"}, "runtime.network = 'host' widens the sandbox"),
+        ("command", {"argv": ["true"]}, {"isolation": "none"}, "runtime.isolation = 'none' widens the sandbox"),
+        ("command", {"argv": ["true"]}, {"proxy_socket": "/tmp/x.sock"}, "set by the operator"),
     ],
 )
 async def test_malformed_task_is_refused_at_admission(

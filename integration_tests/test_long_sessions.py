@@ -129,3 +129,46 @@ async def test_long_sessions_carry(tmp_path: Path) -> None:
         reply = await client.submit(long_task("long-task", calls=TASK_CALLS, tool_bytes=TOOL_BYTES, samples=SAMPLES))
         await client.wait(reply.task_id, poll_s=0.5)
         await _check_task(client, stack, reply.task_id)
+
+
+SMALL_LIMIT = 4 * 1024 * 1024  # the smallest max_message_bytes a service accepts
+SMALL_LIMIT_TOOL_BYTES = 7000  # a 60-call session's result (per-request traces) is then ~3x SMALL_LIMIT
+_SERVICE_PREFIXES = ("POLAR_PROXY_", "POLAR_GATEWAY_", "POLAR_ROLLOUT_", "POLAR_RECONSTRUCTOR_", "POLAR_EVALUATOR_")
+
+
+@pytest.mark.timeout(600)
+async def test_a_long_session_carries_with_every_service_at_the_smallest_message_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every server and channel at 4 MiB, and a session whose completions and traces are several times that:
+    only the size-paged and streamed paths (ListCompletions pages, ReconstructStream,
+    ReportSessionResultStream, GetTask's trace cursor, WatchTask's split results) carry it."""
+    for prefix in _SERVICE_PREFIXES:
+        monkeypatch.setenv(f"{prefix}MAX_MESSAGE_BYTES", str(SMALL_LIMIT))
+    script = tmp_path / "script.jsonl"
+    options = stack_options(tmp_path / "state", script, calls=CALLS, tool_bytes=SMALL_LIMIT_TOOL_BYTES)
+    async with (
+        EmbeddedStack.start(options) as stack,
+        RolloutClient(stack.rollout_address, token=stack.token, timeout_s=120, max_message_bytes=SMALL_LIMIT) as client,
+    ):
+        reply = await client.submit(long_task("small-limit", calls=CALLS, tool_bytes=SMALL_LIMIT_TOOL_BYTES))
+        await client.wait(reply.task_id, poll_s=0.5)
+        (result,) = [r async for r in client.results(reply.task_id)]
+        assert result.status == "resolved", result.error_message
+        assert result.statistics.completions == CALLS
+        assert [t.trace_index for t in result.traces] == list(range(CALLS))
+        assert len(result.traces[-1].prompt_token_ids) > 32_768
+        assert result.ByteSize() > 2.5 * SMALL_LIMIT  # several messages' worth, in one session's result
+
+        (watched,) = [r async for r in client.watch(reply.task_id)]
+        assert watched == result
+
+        # The limit is in force: the result in one message is refused, by the server's send limit.
+        metadata = bearer_metadata(stack.token)
+        async with grpc.aio.insecure_channel(
+            stack.rollout_address, options=[("grpc.max_receive_message_length", 64 * SMALL_LIMIT)]
+        ) as channel:
+            stub = rollout_service_pb2_grpc.RolloutServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetTask(pb.GetTaskRequest(task_id=reply.task_id), metadata=metadata, timeout=60)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

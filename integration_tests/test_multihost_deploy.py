@@ -36,6 +36,15 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "reconstructor": ReconstructorSettings,
     "evaluator": EvaluatorSettings,
 }
+# The role tokens each shipped service holds (docs/security.md): what it accepts, plus what it presents. No
+# shipped service holds the legacy all-roles ``auth_token``.
+ROLE_TOKENS: dict[str, set[str]] = {
+    "rollout": {"trainer", "gateway", "internal", "admin"},
+    "gateway": {"gateway", "internal"},
+    "proxy": {"trainer", "gateway", "internal"},
+    "reconstructor": {"gateway", "internal"},
+    "evaluator": {"gateway"},
+}
 _ADDRESS = re.compile(r"(?<![\w.-])([a-z][a-z0-9-]*):(\d+)\b")
 _SUBSTITUTION = re.compile(r"\$\{(\w+)(?:[:?-][^}]*)?\}")
 
@@ -117,8 +126,14 @@ def test_compose_runs_every_service_with_valid_settings(
             check_env_name(name, key)
         settings = load_settings(monkeypatch, name, env)
         assert settings.host == "0.0.0.0"
-        assert settings.auth_token == "placeholder"
-        assert str(service["environment"][f"{_env_prefix(SETTINGS[name])}AUTH_TOKEN"]).startswith("${POLAR_TOKEN")
+        assert settings.auth_token == ""
+        for role in ("trainer", "gateway", "internal", "admin"):
+            key = f"{_env_prefix(SETTINGS[name])}{role.upper()}_TOKEN"
+            if role in ROLE_TOKENS[name]:
+                assert getattr(settings, f"{role}_token") == "placeholder", (name, role)
+                assert str(service["environment"][key]).startswith(f"${{POLAR_{role.upper()}_TOKEN"), key
+            else:
+                assert key not in service["environment"], f"{name} holds the {role} token it does not need"
         assert TelemetrySettings.model_validate(
             {k.lower(): v for k, v in env.items() if k.startswith("OTEL_")}
         ).export_enabled
@@ -133,6 +148,8 @@ def test_compose_runs_every_service_with_valid_settings(
             if host in services:
                 assert port in ports[host], f"{name}: {host}:{port} but {host} listens on {sorted(ports[host])}"
     gateway = load_settings(monkeypatch, "gateway", _compose_env(services["gateway"]))
+    assert isinstance(gateway, GatewaySettings)
+    assert gateway.runtime_network == "proxy", "sandboxes must not get the host's network"
     for field in ("proxy_address", "reconstructor_address", "evaluator_address", "rollout_address"):
         assert getattr(gateway, field).split(":")[0] in services, field
     rollout = load_settings(monkeypatch, "rollout", _compose_env(services["rollout"]))
@@ -146,7 +163,7 @@ def test_compose_substitutions_are_defined_in_the_env_example(compose: dict[str,
     used = set(_SUBSTITUTION.findall(text))
     example = (DEPLOY / "polar.env.example").read_text()
     defined = {line.split("=", 1)[0] for line in example.splitlines() if "=" in line and not line.startswith("#")}
-    assert used == {"POLAR_TOKEN", "POLAR_DB_PASSWORD"}
+    assert used == {f"POLAR_{r}_TOKEN" for r in ("TRAINER", "GATEWAY", "INTERNAL", "ADMIN")} | {"POLAR_DB_PASSWORD"}
     assert used <= defined
 
 
@@ -269,9 +286,11 @@ def test_polar_containers_load_their_settings(
                     env[item["name"]] = secrets[ref["name"]]["stringData"][ref["key"]]
                 else:
                     env[item["name"]] = item["value"]
-            assert f"{_env_prefix(SETTINGS[name])}AUTH_TOKEN" in env, f"{name} runs without the token"
             settings = load_settings(monkeypatch, name, env, toml_path)
-            assert settings.auth_token == secrets["polar-secrets"]["stringData"]["token"]
+            assert settings.auth_token == "", f"{name} holds the all-roles token"
+            for role in ("trainer", "gateway", "internal", "admin"):
+                want = secrets["polar-secrets"]["stringData"][f"{role}-token"] if role in ROLE_TOKENS[name] else ""
+                assert getattr(settings, f"{role}_token") == want, (name, role)
             container_ports = {p["containerPort"] for p in container["ports"]}
             assert listening_ports(settings) == container_ports, name
             for probe in ("readinessProbe", "livenessProbe"):
@@ -283,6 +302,9 @@ def test_polar_containers_load_their_settings(
             if "polar.dev/host" in selector:
                 node_of[workload["metadata"]["name"]] = selector["polar.dev/host"]
             if isinstance(settings, GatewaySettings):
+                assert settings.runtime_network == "proxy", "sandboxes must not get the host's network"
+                assert pod.get("hostUsers") is False, "procMount: Unmasked needs the pod's own user namespace"
+                assert container["securityContext"]["procMount"] == "Unmasked"
                 for field in ("proxy_address", "reconstructor_address", "evaluator_address", "rollout_address"):
                     assert getattr(settings, field).split(":")[0] in service_ports, field
                 proxies_of_gateways.append((workload["metadata"]["name"], settings.proxy_address.split(":")[0]))

@@ -42,6 +42,7 @@ def test_generate_over_the_tiny_dataset(tmp_path: Path) -> None:
         "--backend", "scripted", "--model", "tiny",
         "--backend-option", f"script={plain}", "--backend-option", f"sessions={json.dumps(sessions)}",
         "--harness-dir", str(HARNESS_BIN.parent.parent),
+        "--task-root", str(REPO / "examples" / "tasks"),  # the dataset names the example tasks' repositories
         cwd=tmp_path, timeout_s=170,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

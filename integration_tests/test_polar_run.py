@@ -151,7 +151,9 @@ def _check_run_directory(out: Path, *, sessions: int, status: str | None) -> lis
 
 def _command_task(tmp: Path) -> Path:
     data = yaml.safe_load((PAGINATE / "task.yaml").read_text())
-    data["evaluator"]["repo"] = str(PAGINATE / "repo")
+    # Beside the task file: task paths must lie under its directory (the operator's task roots).
+    shutil.copytree(PAGINATE / "repo", tmp / "repo", dirs_exist_ok=True)
+    data["evaluator"]["repo"] = "repo"
     data["harness"] = {"name": "command", "argv": ["python3", "-c", AGENT]}
     data["timeout_seconds"] = 60
     path = tmp / "task.yaml"

@@ -163,6 +163,7 @@ async def test_results_deliveries_and_durability(store_factory: StoreFactory) ->
     assert got[0].policy_versions == ["v2", "v10"]
     assert (await reopened.task_results("t", 1)) == []
     assert (await reopened.task_results("t", payload=False))[0].payload == b""
+    assert (await reopened.task_results("t", limit=1)) == got
     assert (await reopened.get_result(rows[1].session_id)) == got[0]
     assert (await reopened.get_task("t")).results_count == 1  # type: ignore[union-attr]
     gateway = await reopened.get_gateway("g")

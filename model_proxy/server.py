@@ -15,6 +15,7 @@ from model_proxy.ports import Backend
 from model_proxy.rollout_client import GrpcRolloutRegistrar
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
+from polar_core.roles import Role
 from polar_core.server import RunningService, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 
@@ -63,7 +64,10 @@ def join_fleet(
     """Start registering with ``settings.rollout_address`` (the app's gate must be paused)."""
     address = settings.advertise_address or _advertised(settings.host, port)
     registrar = GrpcRolloutRegistrar(
-        settings.rollout_address, auth_token=settings.auth_token, tracer_provider=tracer_provider, tls=settings.tls()
+        settings.rollout_address,
+        auth_token=settings.presented_token(Role.INTERNAL),
+        tracer_provider=tracer_provider,
+        tls=settings.tls(),
     )
     membership = FleetMembership(
         app.weights,

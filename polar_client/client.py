@@ -18,7 +18,7 @@ from polar_client.policy import PauseModeName, PolicyUpdateResult, pause_mode_to
 from polar_client.taskfile import load_task, task_from_mapping
 from polar_core.channels import open_channel
 from polar_core.durations import duration
-from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_BYTES
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, chunk_budget
 from polar_core.tls import TlsFiles
 
 __all__ = ["RolloutClient", "TaskLike"]
@@ -69,6 +69,7 @@ class RolloutClient:
             self._channel
         )
         self._timeout = timeout_s
+        self._chunk_bytes = chunk_budget(max_message_bytes)
 
     async def __aenter__(self) -> Self:
         return self
@@ -107,12 +108,15 @@ class RolloutClient:
         from_index: int = 0,
         max_results: int = 0,
         max_page_bytes: int = 0,
+        from_trace_index: int = 0,
+        max_result_bytes: int = 0,
     ) -> pb.GetTaskResponse:
         """Return the task's state, statistics and (unless ``summary_only``) its finished session results.
 
         ``omit_traces`` leaves the traces out of every result; ``from_index``, ``max_results`` and
         ``max_page_bytes`` select one page (its ``next_result_index`` is the next page's ``from_index``, 0 after
-        the last); :meth:`results` pages through them all.
+        the last); with ``max_result_bytes`` a larger result is cut after the traces that fit and the page's
+        ``next_trace_index`` is the next page's ``from_trace_index``; :meth:`results` pages through them all.
         """
         request = pb.GetTaskRequest(
             task_id=task_id,
@@ -121,21 +125,42 @@ class RolloutClient:
             from_result_index=from_index,
             max_results=max_results,
             max_page_bytes=max_page_bytes,
+            from_trace_index=from_trace_index,
+            max_result_bytes=max_result_bytes,
         )
         return await self._stub.GetTask(request, timeout=self._timeout)
 
     async def results(
-        self, task_id: str, *, omit_traces: bool = False, max_page_bytes: int = DEFAULT_PAGE_BYTES
+        self, task_id: str, *, omit_traces: bool = False, max_page_bytes: int | None = None
     ) -> AsyncIterator[session_pb2.SessionResult]:
-        """Yield the task's finished session results, read with GetTask in pages of about ``max_page_bytes``."""
-        index = 0
+        """Yield the task's finished session results, read with GetTask in pages of about ``max_page_bytes``.
+
+        The default budget is half the channel's message limit (at most 4 MiB). A result larger than the budget
+        comes in several pages and is yielded once, whole.
+        """
+        budget = self._chunk_bytes if max_page_bytes is None else max_page_bytes
+        index, trace = 0, 0
+        partial: session_pb2.SessionResult | None = None
         while True:
-            reply = await self.get(task_id, omit_traces=omit_traces, from_index=index, max_page_bytes=max_page_bytes)
-            for result in reply.session_results:
+            reply = await self.get(
+                task_id,
+                omit_traces=omit_traces,
+                from_index=index,
+                max_page_bytes=budget,
+                from_trace_index=trace,
+                max_result_bytes=budget,
+            )
+            results = list(reply.session_results)
+            if partial is not None and results:
+                partial.traces.extend(results[0].traces)
+                results[0], partial = partial, None
+            if reply.next_trace_index and results:
+                partial = results.pop()
+            for result in results:
                 yield result
-            if not reply.next_result_index:
+            if not reply.next_result_index and not reply.next_trace_index:
                 return
-            index = reply.next_result_index
+            index, trace = reply.next_result_index, reply.next_trace_index
 
     async def list(self, *, page_size: int = 50, page_token: str = "") -> pb.ListTasksResponse:
         """Return a page of tasks, newest first."""
@@ -154,17 +179,32 @@ class RolloutClient:
         """Yield the task's session results as they finish (finished ones first), until the task is terminal.
 
         With ``reconnect``, a dropped stream is resumed from the next result index, so no result is seen twice
-        or missed. ``omit_traces`` leaves the traces out of every result.
+        or missed. ``omit_traces`` leaves the traces out of every result. A result larger than half the channel's
+        message limit arrives in several messages and is yielded once, whole.
         """
         next_index = from_index
         while True:
             try:
-                request = pb.WatchTaskRequest(task_id=task_id, from_result_index=next_index, omit_traces=omit_traces)
+                request = pb.WatchTaskRequest(
+                    task_id=task_id,
+                    from_result_index=next_index,
+                    omit_traces=omit_traces,
+                    max_result_bytes=self._chunk_bytes,
+                )
                 stream = self._stub.WatchTask(request)
+                partial: session_pb2.SessionResult | None = None
                 async for event in stream:
-                    if event.HasField("session_result"):
-                        next_index = event.result_index + 1
-                        yield event.session_result
+                    if not event.HasField("session_result"):
+                        continue
+                    if partial is not None and event.first_trace_index:
+                        partial.traces.extend(event.session_result.traces)
+                    else:
+                        partial = event.session_result
+                    if event.result_continues:
+                        continue
+                    next_index = event.result_index + 1
+                    result, partial = partial, None
+                    yield result
                 return
             except grpc.aio.AioRpcError as exc:
                 if not reconnect or exc.code() not in _RESUMABLE:

@@ -1,20 +1,55 @@
-"""Control-plane authentication: a shared bearer token on every gRPC call.
+"""Control-plane authentication and authorisation: bearer tokens and client certificates grant roles.
 
-Health checks and reflection stay open so orchestrators can probe a server without the secret. The token is
+A caller's roles come from two places:
+
+- **Its bearer token** (``authorization: Bearer <token>``). A server knows a set of tokens, each granting some
+  roles (:meth:`polar_core.settings.ServiceSettings.accepted_tokens`): ``trainer_token`` grants ``trainer``,
+  ``gateway_token`` ``gateway``, ``internal_token`` ``internal``, ``admin_token`` ``admin``, and the legacy
+  ``auth_token`` every role. When a server knows no token, the token grants every role (embedded stacks).
+- **Its client certificate**, under mutual TLS. URI subject alternative names ``polar:role:<role>`` grant that
+  role; ``polar:gateway:<id>`` grants ``gateway`` and binds the caller to gateway ``<id>`` (the rollout server
+  refuses RegisterGateway, Heartbeat, DrainGateway and ReportSessionResult for any other id). A certificate
+  with no ``polar:`` URI grants every role (mTLS then only authenticates, as before roles existed).
+
+The caller holds the roles both grant (the intersection), and may call a method when one of them is listed for
+it in :mod:`polar_core.roles`. A missing or unknown token is refused with ``UNAUTHENTICATED``, a known caller
+without a listed role with ``PERMISSION_DENIED``; both messages name the method, neither the token.
+
+Health checks and reflection stay open so orchestrators can probe a server without the secret. Tokens are
 compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
-__all__ = ["AUTH_METADATA_KEY", "TokenAuthInterceptor", "bearer_metadata"]
+from polar_core.errors import PermissionDenied
+from polar_core.roles import ALL_ROLES, TOKEN_DIGEST_PREFIX, Role, allowed_roles
+
+__all__ = [
+    "AUTH_METADATA_KEY",
+    "CERT_GATEWAY_PREFIX",
+    "CERT_ROLE_PREFIX",
+    "CertificateIdentity",
+    "RoleAuthInterceptor",
+    "TokenAuthInterceptor",
+    "bearer_metadata",
+    "certificate_identity",
+    "identity_from_uris",
+    "require_gateway_identity",
+]
 
 AUTH_METADATA_KEY = "authorization"
+CERT_ROLE_PREFIX = "polar:role:"
+CERT_GATEWAY_PREFIX = "polar:gateway:"
+_BEARER = b"Bearer "
+_CERT_PREFIX = "polar:"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
@@ -23,11 +58,100 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Refuses calls whose ``authorization`` metadata is not ``Bearer <token>`` with UNAUTHENTICATED."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class CertificateIdentity:
+    """What a client certificate says about its holder.
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    Attributes:
+        restricted: Whether the certificate carries ``polar:`` names at all; without them it grants every role
+            and binds no gateway id.
+        roles: The roles it grants (every role when not ``restricted``).
+        gateway_ids: The gateway ids it binds the caller to (``polar:gateway:<id>``).
+    """
+
+    restricted: bool = False
+    roles: frozenset[Role] = ALL_ROLES
+    gateway_ids: frozenset[str] = frozenset()
+
+
+_UNRESTRICTED = CertificateIdentity()
+
+
+def identity_from_uris(uris: list[str]) -> CertificateIdentity:
+    """The identity of a certificate with these URI subject alternative names."""
+    polar = [u for u in uris if u.startswith(_CERT_PREFIX)]
+    if not polar:
+        return _UNRESTRICTED
+    roles: set[Role] = set()
+    gateways: set[str] = set()
+    for uri in polar:
+        if uri.startswith(CERT_ROLE_PREFIX) and uri[len(CERT_ROLE_PREFIX) :] in {r.value for r in Role}:
+            roles.add(Role(uri[len(CERT_ROLE_PREFIX) :]))
+        elif uri.startswith(CERT_GATEWAY_PREFIX) and uri[len(CERT_GATEWAY_PREFIX) :]:
+            roles.add(Role.GATEWAY)
+            gateways.add(uri[len(CERT_GATEWAY_PREFIX) :])
+    return CertificateIdentity(True, frozenset(roles), frozenset(gateways))
+
+
+def certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> CertificateIdentity:
+    """The identity of the caller's client certificate (unrestricted without mTLS)."""
+    auth = context.auth_context() or {}
+    uris = [v.decode() if isinstance(v, bytes) else str(v) for v in auth.get("peer_uri", [])]
+    return identity_from_uris(uris)
+
+
+def require_gateway_identity(context: grpc.aio.ServicerContext[Any, Any], gateway_id: str, method: str) -> None:
+    """Refuse a gateway-scoped call about ``gateway_id`` from a certificate bound to other gateways.
+
+    Raises:
+        PermissionDenied: The caller's certificate restricts it and does not name ``gateway_id`` (an ``admin``
+            certificate may act for any gateway).
+    """
+    identity = certificate_identity(context)
+    if not identity.restricted or Role.ADMIN in identity.roles or gateway_id in identity.gateway_ids:
+        return
+    names = ", ".join(sorted(identity.gateway_ids)) or "no gateway id"
+    raise PermissionDenied(
+        f"{method} for gateway {gateway_id!r} refused: the caller's certificate names {names}",
+        details={"gateway_id": gateway_id},
+    )
+
+
+class RoleAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Admits a call when the roles of its token (and, under mTLS, its certificate) include one the method allows.
+
+    Args:
+        tokens: Every accepted token and the roles it grants; empty means calls need no token.
+        mtls: Whether the server requires client certificates, whose ``polar:`` names narrow the roles.
+    """
+
+    def __init__(self, tokens: Mapping[str, frozenset[Role]], *, mtls: bool = False) -> None:
+        self._tokens = [
+            (token.startswith(TOKEN_DIGEST_PREFIX), token.removeprefix(TOKEN_DIGEST_PREFIX).encode(), roles)
+            for token, roles in tokens.items()
+            if token
+        ]
+        self._mtls = mtls
+
+    def _token_roles(self, details: grpc.HandlerCallDetails) -> frozenset[Role] | None:
+        """The presented token's roles; every role when no token is configured; ``None`` for a bad token."""
+        if not self._tokens:
+            return ALL_ROLES
+        header = b""
+        for key, value in details.invocation_metadata or ():
+            if key == AUTH_METADATA_KEY:
+                header = value.encode() if isinstance(value, str) else value
+        if not header.startswith(_BEARER) or len(header) == len(_BEARER):
+            return None
+        presented = header[len(_BEARER) :]
+        digest = hashlib.sha256(presented).hexdigest().encode()
+        roles: set[Role] = set()
+        matched = False
+        for is_digest, expected, granted in self._tokens:  # every comparison runs: timing says nothing of which
+            if hmac.compare_digest(digest if is_digest else presented, expected):
+                matched = True
+                roles |= granted
+        return frozenset(roles) if matched else None
 
     async def intercept_service(
         self,
@@ -37,36 +161,107 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
         method = handler_call_details.method or ""
         if method.startswith(_OPEN_PREFIXES):
             return await continuation(handler_call_details)
-        presented = ""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == AUTH_METADATA_KEY:
-                presented = value if isinstance(value, str) else value.decode()
-        if not hmac.compare_digest(presented.encode(), self._expected):
-            handler = await continuation(handler_call_details)
-            if handler is None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        token_roles = self._token_roles(handler_call_details)
+        name = method.lstrip("/")
+        if token_roles is None:
+            message = f"{name}: missing or unknown control-plane token"
+            return _deny_like(handler, grpc.StatusCode.UNAUTHENTICATED, message)
+        allowed = allowed_roles(method)
+        if not self._mtls:
+            if token_roles & allowed:
                 return handler
-            return _deny_like(handler, "missing or wrong control-plane token")
-        return await continuation(handler_call_details)
+            return _deny_like(handler, grpc.StatusCode.PERMISSION_DENIED, _denied(name, allowed, token_roles))
+        return _checked_like(handler, lambda context: _check_certificate(context, name, allowed, token_roles))
 
 
-def _deny_like(handler: grpc.RpcMethodHandler[Any, Any], message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A denying handler with the same streaming shape and serializers as ``handler``."""
+def _denied(name: str, allowed: frozenset[Role], held: frozenset[Role]) -> str:
+    wanted = " or ".join(sorted(r.value for r in allowed if r is not Role.ADMIN)) or "admin"
+    has = ", ".join(sorted(r.value for r in held)) or "none"
+    return f"{name} needs role {wanted}; the caller has role {has}"
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield None  # pragma: no cover - abort raises
+def _check_certificate(
+    context: grpc.aio.ServicerContext[Any, Any], name: str, allowed: frozenset[Role], token_roles: frozenset[Role]
+) -> str | None:
+    """The denial message for a call whose certificate leaves it no allowed role, else ``None``."""
+    held = token_roles & certificate_identity(context).roles
+    return None if held & allowed else _denied(name, allowed, held)
 
-    kwargs = {
+
+class TokenAuthInterceptor(RoleAuthInterceptor):
+    """The single shared token of every role (kept for callers of the pre-role API)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__({token: ALL_ROLES})
+
+
+def _handler_kwargs(handler: grpc.RpcMethodHandler[Any, Any]) -> dict[str, Any]:
+    return {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+
+
+def _deny_like(
+    handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A denying handler with the same streaming shape and serializers as ``handler``."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(code, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(code, message)
+        yield None  # pragma: no cover - abort raises
+
+    kwargs = _handler_kwargs(handler)
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(unary, **kwargs)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)
+
+
+def _checked_like(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    check: Callable[[grpc.aio.ServicerContext[Any, Any]], str | None],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler``, run only after ``check(context)`` returns no denial message (else PERMISSION_DENIED)."""
+
+    async def _gate(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        message = check(context)
+        if message is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+
+    kwargs = _handler_kwargs(handler)
+    if handler.unary_unary is not None:
+        inner_uu: Any = handler.unary_unary  # grpc.aio handlers are coroutines; the stubs say plain functions
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await _gate(context)
+            return await inner_uu(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
+    if handler.stream_unary is not None:
+        inner_su: Any = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await _gate(context)
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+    inner: Any = handler.unary_stream if handler.unary_stream is not None else handler.stream_stream
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await _gate(context)
+        async for reply in inner(request, context):
+            yield reply
+
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(streaming, **kwargs)
     return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)

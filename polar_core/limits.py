@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol, TypeVar
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_PAGE_BYTES", "message_options", "within_budget"]
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_PAGE_BYTES",
+    "chunk_budget",
+    "chunked",
+    "message_options",
+    "within_budget",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """The receive/send limit of every server and channel unless a service's settings say otherwise."""
@@ -47,3 +54,30 @@ def within_budget(messages: Iterable[_M], max_bytes: int) -> Iterator[_M]:
         if index and total > max_bytes:
             return
         yield message
+
+
+def chunk_budget(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> int:
+    """The byte budget of one page or chunk on a hop limited to ``max_message_bytes``.
+
+    Half the limit (at most :data:`DEFAULT_PAGE_BYTES`), so a page that stops just under its budget, plus its
+    framing and the one message it may hold past the budget, still fits in a message.
+    """
+    return max(1, min(DEFAULT_PAGE_BYTES, max_message_bytes // 2))
+
+
+def chunked(messages: Iterable[_M], max_bytes: int) -> Iterator[list[_M]]:
+    """Split ``messages`` into consecutive chunks whose serialized sizes add up to at most ``max_bytes``.
+
+    A message larger than the budget is a chunk of its own; an empty iterable gives no chunk.
+    """
+    chunk: list[_M] = []
+    total = 0
+    for message in messages:
+        size = message.ByteSize()
+        if chunk and total + size > max_bytes:
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(message)
+        total += size
+    if chunk:
+        yield chunk

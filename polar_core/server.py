@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -16,9 +16,10 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.sdk.trace import TracerProvider
 
-from polar_core.auth import TokenAuthInterceptor
+from polar_core.auth import RoleAuthInterceptor
 from polar_core.grpc_errors import ErrorMappingInterceptor
 from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
+from polar_core.roles import ALL_ROLES, Role
 from polar_core.settings import ServiceSettings
 from polar_core.tls import TlsFiles, server_credentials
 
@@ -57,6 +58,7 @@ async def start_grpc_server(
     auth_token: str = "",
     tls: TlsFiles | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    tokens: Mapping[str, frozenset[Role]] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a gRPC server with health checking, reflection, OpenTelemetry and error mapping.
 
@@ -65,16 +67,22 @@ async def start_grpc_server(
         host: Interface to bind.
         port: Port to bind; 0 picks a free one, which is returned.
         tracer_provider: Provider for server spans; ``None`` uses the global (no-op unless configured).
-        auth_token: When set, every call but health checks and reflection must carry it.
-        tls: When set, serve mutual TLS: clients must present a certificate signed by ``tls.ca_file``.
+        auth_token: When set, every call but health checks and reflection must carry it (it grants every role).
+        tls: When set, serve mutual TLS: clients must present a certificate signed by ``tls.ca_file``, whose
+            ``polar:`` names narrow the caller's roles (:mod:`polar_core.auth`).
+        tokens: Accepted tokens and the roles each grants, on top of ``auth_token``; the method tables of
+            :mod:`polar_core.roles` say which roles may call what.
         max_message_bytes: The largest message the server receives or sends.
 
     Returns:
         The started server and the bound port.
     """
     interceptors: list[Any] = [aio_server_interceptor(tracer_provider=tracer_provider)]  # type: ignore[no-untyped-call]
+    accepted = dict(tokens or {})
     if auth_token:
-        interceptors.append(TokenAuthInterceptor(auth_token))
+        accepted[auth_token] = ALL_ROLES
+    if accepted or tls is not None:
+        interceptors.append(RoleAuthInterceptor(accepted, mtls=tls is not None))
     interceptors.append(ErrorMappingInterceptor())
     server = grpc.aio.server(interceptors=interceptors, options=message_options(max_message_bytes))
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -191,15 +199,21 @@ async def start_service_server(
     *,
     tracer_provider: TracerProvider | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """:func:`start_grpc_server` with the address, token, mTLS files and message limit of a service's settings."""
+    """:func:`start_grpc_server` with the address, tokens, mTLS files and message limit of a service's settings.
+
+    Raises:
+        InvalidArgument: The settings bind a non-loopback address with neither a token nor mTLS, and do not
+            say ``insecure`` (:meth:`ServiceSettings.check_listen_security`).
+    """
+    settings.check_listen_security()
     return await start_grpc_server(
         registrations,
         host=settings.host,
         port=settings.port,
         tracer_provider=tracer_provider,
-        auth_token=settings.auth_token,
         tls=settings.tls(),
         max_message_bytes=settings.max_message_bytes,
+        tokens=settings.accepted_tokens(),
     )
 
 

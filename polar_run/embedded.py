@@ -26,6 +26,7 @@ from typing import Any, Self
 from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
+from runtimes.policy import TaskAdmission
 
 __all__ = ["EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
 
@@ -53,6 +54,11 @@ class StackOptions:
             proxy session).
         session_grace_s: Slack on top of a task's ``timeout_seconds`` for runtime start and evaluation.
         fsync: Whether the proxy fsyncs each completion record.
+        task_roots: Directories the tasks' repository and test-patch paths must lie under (gateway, evaluator and
+            rollout server alike); ``polar run`` gives the task file's directory, ``polar generate`` the
+            dataset's and each task file's. Empty means the working directory.
+        read_only_roots: Where a task's ``runtime.read_only_paths`` may lie; the harness installation (above
+            ``harness_bin_dir``) is always allowed.
     """
 
     state_dir: Path
@@ -68,6 +74,28 @@ class StackOptions:
     max_attempts: int = 2
     session_grace_s: float = 300.0
     fsync: bool = False
+    task_roots: tuple[Path, ...] = ()
+    read_only_roots: tuple[Path, ...] = ()
+
+    def policy_settings(self) -> dict[str, Any]:
+        """The operator-policy settings every embedded service gets (the same for all three)."""
+        roots = [*self.read_only_roots]
+        bin_dir = self.harness_bin_dir
+        if bin_dir is not None:
+            roots.append(bin_dir.parents[1] if bin_dir.name == ".bin" and len(bin_dir.parents) > 1 else bin_dir)
+        task_roots = self.task_roots or (Path.cwd(),)
+        return {
+            "task_roots": [str(p.absolute()) for p in task_roots],
+            "read_only_roots": [str(p) for p in roots],
+        }
+
+    def admission(self) -> TaskAdmission:
+        """The check the embedded rollout server runs at SubmitTask, to run before the stack starts."""
+        settings = self.policy_settings()
+        return TaskAdmission.of(
+            task_roots=[Path(p) for p in settings["task_roots"]],
+            read_only_roots=[Path(p) for p in settings["read_only_roots"]],
+        )
 
 
 def context_length(value: int | None) -> int:
@@ -158,6 +186,7 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
         # Every service runs in this process: none can be unreachable, and a loop busy with the in-process
         # model must not look like an outage.
         dependency_probes=False,
+        **options.policy_settings(),
     )
 
 
@@ -173,6 +202,7 @@ def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_po
         session_grace_s=options.session_grace_s,
         dispatch_interval_s=0.2,
         heartbeat_interval_s=2.0,
+        **options.policy_settings(),
     )
 
 
@@ -227,7 +257,9 @@ class EmbeddedStack:
             )
             ports["reconstructor"] = stopping(recon)
             evaluator = await start_evaluator(
-                EvaluatorSettings(host=_HOST, state_dir=state / "evaluator", auth_token=token),
+                EvaluatorSettings(
+                    host=_HOST, state_dir=state / "evaluator", auth_token=token, **options.policy_settings()
+                ),
                 tracer_provider=create_tracer_provider("evaluator"),
             )
             ports["evaluator"] = stopping(evaluator)

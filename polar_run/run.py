@@ -223,8 +223,17 @@ class EmbeddedSession:
             await asyncio.sleep(0.5)
 
     async def submit(self, task: task_pb2.Task) -> str:
-        """Submit ``task``; return its id."""
-        reply = await self.client.submit(task)
+        """Submit ``task``; return its id.
+
+        Raises:
+            InvalidArgument: The rollout server refused the task (malformed, or against the operator's policy).
+        """
+        try:
+            reply = await self.client.submit(task)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument(f"the rollout server rejected task {task.task_id}: {exc.details()}") from None
+            raise
         if reply.already_existed:
             raise FailedPrecondition(f"task {reply.task_id} already exists in this run's store")
         return reply.task_id
@@ -286,6 +295,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         harness_bin_dir=prepared.harness_bin_dir,
         running_workers=default_workers(prepared.backend, options.workers),
         context_length=context_length(options.overrides.context_length),
+        task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
     )
 
 
@@ -315,6 +325,8 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
     """
     prepared = prepare_task(options.task_file, options.overrides)
     task = task_from_mapping(prepared.task)
+    stack_options = _stack_options(prepared, options, options.out / "state")
+    stack_options.admission().check(prepared.task)  # the operator's policy, before anything starts
     (options.out / "task.json").write_text(_json(prepared.task), encoding="utf-8")
     title = _describe(prepared, options)
     state = ProgressState(task.num_samples or 1)
@@ -322,7 +334,7 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
     started = time.monotonic()
     console.print(f"starting the embedded stack ({options.model} on {prepared.backend}) ...", soft_wrap=True)
     quiet_model_loading()
-    async with EmbeddedStack.start(_stack_options(prepared, options, options.out / "state")) as stack:
+    async with EmbeddedStack.start(stack_options) as stack:
         startup_s = time.monotonic() - started
         adopt_library_loggers()
         console.print(f"stack up in {startup_s:.1f}s", soft_wrap=True)
@@ -396,7 +408,8 @@ def make_console() -> Console:
 def run_command(options: RunOptions, *, verbose: bool = False) -> int:
     """Run ``polar run`` and return its exit code (0: completed with a learning signal)."""
     console = make_console()
-    prepare_task(options.task_file, options.overrides)  # fail on a bad task before touching --out
+    prepared = prepare_task(options.task_file, options.overrides)  # fail on a bad task before touching --out
+    _stack_options(prepared, options, options.out / "state").admission().check(prepared.task)
     prepare_out_dir(options.out, overwrite=options.overwrite)
     with start_logging(options.out / "polar.log", verbose=verbose):
         report = asyncio.run(run_task(options, console))

@@ -79,6 +79,8 @@ class RunOverrides:
         harness_root: The directory holding ``node_modules/.bin`` with the installed CLIs.
         context_length: The policy's context in tokens, prompt plus output (``--context-length``; the in-process
             ``tiny`` and ``smollm2`` models included).
+        task_roots: Directories (``--task-root``) the tasks' repository and test-patch paths may lie under,
+            besides the task file's (``polar run``) or the dataset's and task files' (``polar generate``).
     """
 
     samples: int | None = None
@@ -89,6 +91,7 @@ class RunOverrides:
     max_tokens: int | None = None
     harness_root: Path | None = None
     context_length: int | None = None
+    task_roots: tuple[Path, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

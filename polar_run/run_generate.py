@@ -188,6 +188,41 @@ async def _run_all(
     return [c for group, _ in per_task for c in group], attempts
 
 
+def _stack_options(options: GenerateOptions, prepared: Sequence[PreparedTask]) -> StackOptions:
+    """The embedded stack of a dataset; task paths may lie under the dataset's and each task file's directory."""
+    first = prepared[0]
+    bin_dirs = {p.harness_bin_dir for p in prepared if p.harness_bin_dir is not None}
+    dataset = options.dataset.absolute()
+    roots = [dataset if dataset.is_dir() else dataset.parent, *options.overrides.task_roots]
+    for p in prepared:
+        if p.task_dir.absolute() not in roots:
+            roots.append(p.task_dir.absolute())
+    return StackOptions(
+        state_dir=options.out / "state",
+        model=options.model,
+        backend=first.backend,
+        backend_options=first.backend_options,
+        harness_bin_dir=next(iter(bin_dirs)) if bin_dirs else None,
+        running_workers=default_workers(first.backend, options.workers),
+        context_length=context_length(options.overrides.context_length),
+        task_roots=tuple(roots),
+    )
+
+
+def check_policy(options: GenerateOptions, prepared: Sequence[PreparedTask]) -> None:
+    """Refuse, before anything starts, a task the embedded stack's operator policy would refuse at SubmitTask.
+
+    Raises:
+        InvalidArgument: The first such task, named with the reason.
+    """
+    admission = _stack_options(options, prepared).admission()
+    for p in prepared:
+        try:
+            admission.check(p.task)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"task {p.task_id!r}: {exc.message}", details=exc.details) from None
+
+
 async def _on_embedded(
     options: GenerateOptions, console: Console, tasks: Sequence[DatasetTask]
 ) -> tuple[list[PreparedTask], list[_Collected], dict[str, Any]]:
@@ -199,16 +234,7 @@ async def _on_embedded(
     started = time.monotonic()
     console.print(f"starting the embedded stack ({options.model} on {first.backend}) ...", soft_wrap=True)
     quiet_model_loading()
-    bin_dirs = {p.harness_bin_dir for p in prepared if p.harness_bin_dir is not None}
-    stack_options = StackOptions(
-        state_dir=options.out / "state",
-        model=options.model,
-        backend=first.backend,
-        backend_options=first.backend_options,
-        harness_bin_dir=next(iter(bin_dirs)) if bin_dirs else None,
-        running_workers=default_workers(first.backend, options.workers),
-        context_length=context_length(options.overrides.context_length),
-    )
+    stack_options = _stack_options(options, prepared)
     async with EmbeddedStack.start(stack_options) as stack:
         console.print(f"stack up in {time.monotonic() - started:.1f}s", soft_wrap=True)
         adopt_library_loggers()
@@ -388,7 +414,7 @@ def generate_command(options: GenerateOptions, *, verbose: bool = False) -> int:
     tasks = load_dataset(options.dataset)
     # Fail on a bad dataset before touching --out.
     if options.fleet is None:
-        _prepare_all(tasks, options.overrides)
+        check_policy(options, _prepare_all(tasks, options.overrides))
         prepare_out_dir(options.out, overwrite=options.overwrite)
     else:
         for t in tasks:

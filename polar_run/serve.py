@@ -79,6 +79,8 @@ class ServeOptions:
         host: Interface to bind (``None``: each service's setting).
         port: Port of a single service (``None``: its setting; ignored for several).
         check: Start, check every service's health, and return instead of serving.
+        insecure: Let a service listen on a non-loopback address with neither a token nor mTLS (``--insecure``;
+            each service's ``insecure`` setting).
     """
 
     services: Sequence[str] = ()
@@ -87,6 +89,7 @@ class ServeOptions:
     host: str | None = None
     port: int | None = None
     check: bool = False
+    insecure: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ class _Started:
     host: str
     port: int
     grpc_service: str
+    shared_token: bool = False
 
 
 async def serve(options: ServeOptions) -> int:
@@ -119,7 +123,7 @@ async def serve(options: ServeOptions) -> int:
             local = "127.0.0.1" if service.host in ("0.0.0.0", "::") else service.host
             addresses[name] = f"{local}:{service.port}"
             print(f"{name:<14} {service.host}:{service.port}  ({service.grpc_service})", flush=True)
-        if token:
+        if any(service.shared_token for service in started):
             print(f"control-plane token: {token}", flush=True)
         if options.check:
             return await _check_all(started)
@@ -133,7 +137,7 @@ async def _start_one(
     name: str, options: ServeOptions, *, several: bool, addresses: dict[str, str], token: str
 ) -> _Started:
     spec = service_spec(name)
-    overrides: dict[str, object] = {"host": options.host}
+    overrides: dict[str, object] = {"host": options.host, "insecure": True if options.insecure else None}
     if options.state_dir is not None:
         # Several services in one process each get their own folder under the given one.
         overrides["state_dir"] = options.state_dir / name if several else options.state_dir
@@ -143,14 +147,17 @@ async def _start_one(
     wiring = _wiring(name, settings, addresses, token)
     if wiring:
         settings = spec.settings_cls.load(options.config, **overrides, **wiring)
+    settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
-    return _Started(name, server, settings.host, port, spec.grpc_service)
+    return _Started(name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring)
 
 
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
     """Settings that connect ``name`` to the services already started in this process (unset ones only)."""
     wiring: dict[str, object] = {}
-    if token and not settings.auth_token:
+    if token and not settings.accepted_tokens():
+        # Only a service configured with no token at all gets the process's shared (all-roles) one: role
+        # tokens set by the operator are never widened by an injected token.
         wiring["auth_token"] = token
     if name == "gateway":
         for peer in ("proxy", "reconstructor", "evaluator", "rollout"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.roles import Role
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
 from reconstructor.models import ServiceDefaults
 from reconstructor.ports import CompletionSource
@@ -57,7 +58,7 @@ class ReconstructorApp:
         source = completion_source or ProxyCompletionSource(
             page_size=settings.proxy_page_size,
             timeout_s=settings.proxy_timeout_s,
-            auth_token=settings.auth_token,
+            auth_token=settings.presented_token(Role.INTERNAL),
             tracer_provider=tracer_provider,
             tls=settings.tls(),
             max_message_bytes=settings.max_message_bytes,

@@ -11,6 +11,7 @@ from polar.reconstructor.v1 import reconstructor_service_pb2
 
 from polar_core.convert import status_from_proto, trace_to_proto
 from polar_core.errors import InvalidArgument
+from polar_core.limits import chunked
 from polar_core.records import ReconstructionStats, ReconstructionStrategy
 from reconstructor.models import ReconstructionOptions, ReconstructionResult, ServiceDefaults, SessionOutcome
 from reconstructor.weights import WeightingMode
@@ -18,6 +19,7 @@ from reconstructor.weights import WeightingMode
 __all__ = [
     "options_from_proto",
     "outcome_from_proto",
+    "response_chunks_to_proto",
     "response_to_proto",
     "stats_to_proto",
     "strategy_from_proto",
@@ -75,6 +77,23 @@ def response_to_proto(result: ReconstructionResult) -> reconstructor_service_pb2
     return reconstructor_service_pb2.ReconstructResponse(
         traces=[trace_to_proto(t) for t in result.traces], stats=stats_to_proto(result.stats)
     )
+
+
+def response_chunks_to_proto(
+    result: ReconstructionResult, max_bytes: int
+) -> list[reconstructor_service_pb2.ReconstructStreamResponse]:
+    """The ``ReconstructStream`` answer of a reconstruction: its traces in chunks of about ``max_bytes``.
+
+    The last message carries the statistics (a session without traces gets one message with them only).
+    """
+    traces = [trace_to_proto(t) for t in result.traces]
+    replies = [
+        reconstructor_service_pb2.ReconstructStreamResponse(traces=chunk) for chunk in chunked(traces, max_bytes)
+    ]
+    if not replies:
+        replies.append(reconstructor_service_pb2.ReconstructStreamResponse())
+    replies[-1].stats.CopyFrom(stats_to_proto(result.stats))
+    return replies
 
 
 def stats_to_proto(stats: ReconstructionStats) -> reconstruction_pb2.ReconstructionStats:

@@ -9,7 +9,7 @@ from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 from polar_core.channels import open_channel
 from polar_core.convert import completion_from_proto
 from polar_core.errors import Internal, InvalidArgument, PolarError
-from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, chunk_budget
 from polar_core.records import CompletionRecord
 from polar_core.rpc_client import error_from_rpc
 from polar_core.tls import TlsFiles
@@ -74,7 +74,10 @@ class ProxyCompletionSource:
             page_token = ""
             while True:
                 request = model_proxy_service_pb2.ListCompletionsRequest(
-                    session_id=session_id, page_size=self._page_size, page_token=page_token
+                    session_id=session_id,
+                    page_size=self._page_size,
+                    page_token=page_token,
+                    max_page_bytes=chunk_budget(self._max_message_bytes),
                 )
                 try:
                     reply = await stub.ListCompletions(request, timeout=self._timeout_s)

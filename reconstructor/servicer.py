@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator
+
 import grpc
 from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
 
 from polar_core.convert import completion_from_proto
 from polar_core.errors import InvalidArgument
+from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, chunk_budget
 from polar_core.records import CompletionRecord
-from reconstructor.convert import options_from_proto, outcome_from_proto, response_to_proto
+from reconstructor.convert import options_from_proto, outcome_from_proto, response_chunks_to_proto, response_to_proto
 from reconstructor.core import reconstruct_session
 from reconstructor.models import ServiceDefaults
 from reconstructor.ports import CompletionSource
@@ -17,16 +20,24 @@ __all__ = ["ReconstructorServicer"]
 
 
 class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceServicer):
-    """Serves ``Reconstruct``.
+    """Serves ``Reconstruct`` and ``ReconstructStream``.
 
     Args:
         defaults: What unspecified request fields become (``app.py`` builds them from the settings).
         completion_source: Reads completions named by a ``ProxySource``.
+        max_message_bytes: The server's message limit; ``ReconstructStream`` answers in chunks well under it.
     """
 
-    def __init__(self, defaults: ServiceDefaults, completion_source: CompletionSource) -> None:
+    def __init__(
+        self,
+        defaults: ServiceDefaults,
+        completion_source: CompletionSource,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self._defaults = defaults
         self._source = completion_source
+        self._chunk_bytes = chunk_budget(max_message_bytes)
 
     async def Reconstruct(
         self,
@@ -39,6 +50,37 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
         records = await self._records(request)
         options = options_from_proto(request, self._defaults)
         return response_to_proto(reconstruct_session(records, options, outcome_from_proto(request)))
+
+    async def ReconstructStream(
+        self,
+        request_iterator: AsyncIterable[reconstructor_service_pb2.ReconstructStreamRequest],
+        context: grpc.aio.ServicerContext[
+            reconstructor_service_pb2.ReconstructStreamRequest, reconstructor_service_pb2.ReconstructStreamResponse
+        ],
+    ) -> AsyncIterator[reconstructor_service_pb2.ReconstructStreamResponse]:
+        """Reconstruct one session from streamed completions and stream its traces back in chunks."""
+        request: reconstructor_service_pb2.ReconstructRequest | None = None
+        records: list[CompletionRecord] = []
+        async for message in request_iterator:
+            part = message.WhichOneof("part")
+            if request is None:
+                if part != "request":
+                    raise InvalidArgument("the first ReconstructStream message must carry the request")
+                request = message.request
+                if request.WhichOneof("source") == "proxy":
+                    records = await self._records(request)
+                else:
+                    records = [completion_from_proto(c) for c in request.completions.completions]
+                    request.ClearField("completions")
+            elif part == "completions" and request.WhichOneof("source") != "proxy":
+                records.extend(completion_from_proto(c) for c in message.completions.completions)
+            else:
+                raise InvalidArgument("after the request, ReconstructStream takes only inline completion chunks")
+        if request is None:
+            raise InvalidArgument("ReconstructStream received no request")
+        result = reconstruct_session(records, options_from_proto(request, self._defaults), outcome_from_proto(request))
+        for reply in response_chunks_to_proto(result, self._chunk_bytes):
+            yield reply
 
     async def _records(self, request: reconstructor_service_pb2.ReconstructRequest) -> list[CompletionRecord]:
         source = request.WhichOneof("source")

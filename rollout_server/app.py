@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.roles import TOKEN_DIGEST_PREFIX, Role
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
@@ -17,8 +18,26 @@ from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayCl
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
+from rollout_server.task_check import TaskCheck
 
 __all__ = ["RolloutApp"]
+
+
+def _outgoing_tokens(settings: RolloutSettings) -> tuple[str, str]:
+    """The tokens the rollout server presents: to gateways and proxies (``internal``), and to trainer callbacks.
+
+    A callback goes wherever a trainer's task points it, so it never gets the internal token: with role tokens
+    set it gets the trainer token (which the trainer knows anyway; none when only its digest is configured),
+    and only a legacy setup (``auth_token``/``gateway_auth_token`` alone) sends that shared token.
+    """
+    if settings.internal_token or not settings.gateway_auth_token:
+        internal = settings.presented_token(Role.INTERNAL)
+    else:
+        internal = settings.gateway_auth_token
+    if not (settings.trainer_token or settings.gateway_token or settings.internal_token):
+        return internal, internal
+    trainer = settings.trainer_token
+    return internal, "" if trainer.startswith(TOKEN_DIGEST_PREFIX) else trainer
 
 
 class RolloutApp:
@@ -60,7 +79,7 @@ class RolloutApp:
         (from UpdatePolicy), or the highest integer version recorded in results before any update.
         """
         store = store or await open_store(settings.store_url, settings.state_dir)
-        token = settings.gateway_auth_token or settings.auth_token
+        token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(
             auth_token=token,
             timeout_s=settings.gateway_rpc_timeout_s,
@@ -69,10 +88,11 @@ class RolloutApp:
             max_message_bytes=settings.max_message_bytes,
         )
         sender = callback_sender or CallbackSenders(
-            auth_token=token,
+            auth_token=callback_token,
             timeout_s=settings.callback_timeout_s,
             tracer_provider=tracer_provider,
             max_message_bytes=settings.max_message_bytes,
+            tls=settings.tls(),
         )
         core = RolloutCore(
             store,
@@ -91,6 +111,7 @@ class RolloutApp:
             ),
             clock=clock,
             current_policy=current_policy,
+            task_check=TaskCheck.from_settings(settings),
         )
         scheduler = Scheduler(
             core,

@@ -10,6 +10,7 @@ A failed gateway call becomes one of the :mod:`rollout_server.errors` gateway er
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -149,6 +150,10 @@ class CallbackSenders:
     HTTP targets receive ``{"idempotency_key", "delivery_attempt", "session_result"}`` as JSON with an
     ``Idempotency-Key`` header; 2xx is success, 408/425/429/5xx and network errors are retried, other 4xx are
     permanent. gRPC targets get ``DeliverSessionResult``; INVALID_ARGUMENT is permanent, the rest is retried.
+
+    With ``tls`` (the fleet's mTLS files) callbacks use TLS too: gRPC targets get mTLS with this server's
+    certificate, HTTPS targets are verified against the fleet's CA and shown the same client certificate, and a
+    plain ``http://`` target is refused for good (its results are dead-lettered, never sent in the clear).
     """
 
     def __init__(
@@ -158,13 +163,16 @@ class CallbackSenders:
         timeout_s: float = 10.0,
         tracer_provider: TracerProvider | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TlsFiles | None = None,
     ) -> None:
         self._timeout = timeout_s
+        self._tls = tls
         self._http: httpx.AsyncClient | None = None
         self._stubs: StubPool[trainer_callback_service_pb2_grpc.TrainerCallbackServiceAsyncStub] = StubPool(
             trainer_callback_service_pb2_grpc.TrainerCallbackServiceStub,
             auth_token=auth_token,
             tracer_provider=tracer_provider,
+            tls=tls,
             max_message_bytes=max_message_bytes,
         )
 
@@ -175,8 +183,14 @@ class CallbackSenders:
         return await self._deliver_grpc(target.target, result, attempt)
 
     async def _deliver_http(self, url: str, result: ResultRecord, attempt: int) -> bool:
+        if self._tls is not None and not url.startswith("https://"):
+            raise DeliveryFailed(f"POST {url}: the fleet uses TLS, so callbacks must be https:// URLs", retryable=False)
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self._timeout)
+            verify: ssl.SSLContext | bool = True
+            if self._tls is not None:
+                verify = ssl.create_default_context(cafile=str(self._tls.ca_file))
+                verify.load_cert_chain(str(self._tls.cert_file), str(self._tls.key_file))
+            self._http = httpx.AsyncClient(timeout=self._timeout, verify=verify)
         body = {
             "idempotency_key": result.idempotency_key,
             "delivery_attempt": attempt,

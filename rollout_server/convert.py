@@ -14,7 +14,7 @@ from polar.rollout.v1 import rollout_service_pb2
 
 from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
-from polar_core.limits import within_budget
+from polar_core.limits import chunked
 from polar_core.records import TerminalStatus
 from rollout_server.models import (
     CallbackTarget,
@@ -45,6 +45,7 @@ __all__ = [
     "result_to_json",
     "result_to_proto",
     "results_page_to_proto",
+    "split_result",
     "summary_to_proto",
     "task_state_from_proto",
     "terminal_status_to_proto",
@@ -213,18 +214,72 @@ def result_to_proto(record: ResultRecord, *, omit_traces: bool = False) -> sessi
 
 
 def results_page_to_proto(
-    records: Sequence[ResultRecord], *, omit_traces: bool, max_results: int, max_bytes: int
-) -> tuple[list[session_pb2.SessionResult], int]:
-    """A page of ``records`` as SessionResults and the result_index of the next page (0 after the last).
+    records: Sequence[ResultRecord],
+    *,
+    omit_traces: bool,
+    max_results: int,
+    max_bytes: int,
+    from_trace: int = 0,
+    max_result_bytes: int = 0,
+) -> tuple[list[session_pb2.SessionResult], int, int]:
+    """A page of ``records`` as SessionResults, and where the next page starts (0, 0 after the last).
 
     At most ``max_results`` (0: any number) results whose serialized sizes stay within ``max_bytes`` (0: no
-    budget), and always one when there is one; ``omit_traces`` leaves every result's traces out.
+    budget), and always one when there is one; ``omit_traces`` leaves every result's traces out. The first
+    result starts at trace ``from_trace``. With ``max_result_bytes``, a result larger than it (or than
+    ``max_bytes``) starts a page of its own and is cut after the traces that fit, and the returned trace index
+    says where its next part starts.
+
+    Returns:
+        The page, the ``result_index`` of the next page's first result and the index of its first trace.
     """
     chosen = records[:max_results] if max_results > 0 else records
-    messages = (result_to_proto(r, omit_traces=omit_traces) for r in chosen)
-    page = list(within_budget(messages, max_bytes)) if max_bytes > 0 else list(messages)
-    more = len(page) < len(records)
-    return page, records[len(page)].result_index if more else 0
+    limit = min(b for b in (max_bytes, max_result_bytes) if b > 0) if max_result_bytes > 0 else 0
+    page: list[session_pb2.SessionResult] = []
+    total = 0
+    for position, record in enumerate(chosen):
+        message = result_to_proto(record, omit_traces=omit_traces)
+        first = from_trace if position == 0 else 0
+        if first:
+            del message.traces[:first]
+        size = message.ByteSize()
+        if page and ((max_bytes > 0 and total + size > max_bytes) or (limit and size > limit)):
+            return page, record.result_index, 0
+        if limit and size > limit:
+            part, _ = split_result(message, limit)[0]
+            page.append(part)
+            if len(part.traces) < len(message.traces):
+                return page, record.result_index, first + len(part.traces)
+            size = part.ByteSize()
+        else:
+            page.append(message)
+        total += size
+    if len(chosen) < len(records):
+        return page, records[len(chosen)].result_index, 0
+    return page, 0, 0
+
+
+def split_result(message: session_pb2.SessionResult, max_bytes: int) -> list[tuple[session_pb2.SessionResult, int]]:
+    """Split a result larger than ``max_bytes`` into parts that share its other fields and split its traces.
+
+    Each part holds the next traces that fit (at least one). Returns each part with the index of its first
+    trace; a result within the budget (or ``max_bytes`` 0, or one trace at most) is one part.
+    """
+    if max_bytes <= 0 or len(message.traces) <= 1 or message.ByteSize() <= max_bytes:
+        return [(message, 0)]
+    base = session_pb2.SessionResult()
+    base.CopyFrom(message)
+    del base.traces[:]
+    budget = max(1, max_bytes - base.ByteSize())
+    parts: list[tuple[session_pb2.SessionResult, int]] = []
+    first = 0
+    for chunk in chunked(message.traces, budget):
+        part = session_pb2.SessionResult()
+        part.CopyFrom(base)
+        part.traces.extend(chunk)
+        parts.append((part, first))
+        first += len(chunk)
+    return parts
 
 
 def result_to_json(record: ResultRecord) -> dict[str, Any]:

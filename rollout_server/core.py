@@ -51,6 +51,8 @@ _log = logging.getLogger(__name__)
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _MAX_PAGE = 1000
 _DEFAULT_PAGE = 50
+# Results a watcher reads from the store at a time: a stream holds a batch in memory, not a whole task.
+_WATCH_BATCH = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,7 +99,9 @@ class RolloutCore:
         *,
         clock: Callable[[], float] = time.time,
         current_policy: CurrentPolicyVersion | None = None,
+        task_check: Callable[[bytes], None] | None = None,
     ) -> None:
+        self._task_check = task_check
         self.store = store
         self.gateways = gateways
         self.config = config or CoreConfig()
@@ -118,7 +122,7 @@ class RolloutCore:
             The task's summary and whether it already existed.
 
         Raises:
-            InvalidArgument: Malformed task.
+            InvalidArgument: Malformed task, or one the operator's policy refuses (``task_check``).
             AlreadyExists: The id is taken by a different task.
             ResourceExhausted: Too many active tasks.
         """
@@ -131,6 +135,8 @@ class RolloutCore:
             raise InvalidArgument("num_samples must be at least 1", details={"task_id": new.task_id})
         if new.early_stop_min_usable < 0 or new.early_stop_min_usable > new.num_samples:
             raise InvalidArgument("early_stop_min_usable_sessions must be between 0 and num_samples")
+        if self._task_check is not None:
+            self._task_check(new.spec)  # the operator's policy: paths under the task roots, no wider sandbox
         existing = await self.store.get_task(new.task_id)
         if existing is None:
             if len(await self.store.active_tasks()) >= self.config.max_active_tasks:
@@ -186,12 +192,12 @@ class RolloutCore:
         return summarize(task, sessions, results, versions, deliveries)
 
     async def get_task(
-        self, task_id: str, *, with_results: bool = True, from_index: int = 0
+        self, task_id: str, *, with_results: bool = True, from_index: int = 0, limit: int = 0
     ) -> tuple[TaskSummary, list[ResultRecord]]:
         """Return a task's summary and (unless ``with_results`` is false) its results from ``from_index`` on,
-        in completion order."""
+        in completion order, at most ``limit`` of them unless it is 0."""
         task = await self._task(task_id)
-        results = await self.store.task_results(task_id, max(0, from_index)) if with_results else []
+        results = await self.store.task_results(task_id, max(0, from_index), limit=limit) if with_results else []
         return await self.summary(task), results
 
     async def list_tasks(self, page_size: int, page_token: str, state: TaskState | None) -> TaskPage:
@@ -222,7 +228,7 @@ class RolloutCore:
         while True:
             event = self._notifier.event(task_id)
             task = await self._task(task_id)
-            results = await self.store.task_results(task_id, next_index)
+            results = await self.store.task_results(task_id, next_index, limit=_WATCH_BATCH)
             if results:
                 summary = await self.summary(task)
                 for r in results:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc
 
+from polar_core.auth import require_gateway_identity
 from polar_core.durations import duration, seconds
 from polar_core.errors import InvalidArgument
 from rollout_server.convert import (
@@ -21,6 +22,7 @@ from rollout_server.convert import (
     result_from_proto,
     result_to_proto,
     results_page_to_proto,
+    split_result,
     stage_metrics_from_proto,
     summary_to_proto,
     task_state_from_proto,
@@ -31,6 +33,8 @@ from rollout_server.policy import PolicyCoordinator
 __all__ = ["RolloutServicer"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
+# Results a byte-budgeted GetTask page holds at most (when it sets no max_results).
+_PAGE_BATCH = 100
 
 
 class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
@@ -50,18 +54,42 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         )
 
     async def GetTask(self, request: pb.GetTaskRequest, context: Context) -> pb.GetTaskResponse:
-        if request.from_result_index < 0 or request.max_results < 0 or request.max_page_bytes < 0:
-            raise InvalidArgument("from_result_index, max_results and max_page_bytes must not be negative")
+        if (
+            min(
+                request.from_result_index,
+                request.max_results,
+                request.max_page_bytes,
+                request.from_trace_index,
+                request.max_result_bytes,
+            )
+            < 0
+        ):
+            raise InvalidArgument(
+                "from_result_index, max_results, max_page_bytes, from_trace_index and max_result_bytes"
+                " must not be negative"
+            )
+        # A paged read loads one batch of results from the store (one more says whether a next page exists).
+        batch = request.max_results or (_PAGE_BATCH if request.max_page_bytes else 0)
         summary, results = await self._core.get_task(
-            request.task_id, with_results=not request.summary_only, from_index=request.from_result_index
+            request.task_id,
+            with_results=not request.summary_only,
+            from_index=request.from_result_index,
+            limit=batch + 1 if batch else 0,
         )
-        page, next_index = results_page_to_proto(
+        page, next_index, next_trace = results_page_to_proto(
             results,
             omit_traces=request.omit_traces,
-            max_results=request.max_results,
+            max_results=batch,
             max_bytes=request.max_page_bytes,
+            from_trace=request.from_trace_index,
+            max_result_bytes=request.max_result_bytes,
         )
-        return pb.GetTaskResponse(task=summary_to_proto(summary), session_results=page, next_result_index=next_index)
+        return pb.GetTaskResponse(
+            task=summary_to_proto(summary),
+            session_results=page,
+            next_result_index=next_index,
+            next_trace_index=next_trace,
+        )
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: Context) -> pb.ListTasksResponse:
         page = await self._core.list_tasks(
@@ -73,17 +101,27 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
 
     async def WatchTask(self, request: pb.WatchTaskRequest, context: Context) -> AsyncIterator[pb.WatchTaskResponse]:
         async for result, summary in self._core.watch_task(request.task_id, request.from_result_index):
-            reply = pb.WatchTaskResponse(task=summary_to_proto(summary))
-            if result is not None:
-                reply.session_result.CopyFrom(result_to_proto(result, omit_traces=request.omit_traces))
-                reply.result_index = result.result_index
-            yield reply
+            info = summary_to_proto(summary)
+            if result is None:
+                yield pb.WatchTaskResponse(task=info)
+                continue
+            message = result_to_proto(result, omit_traces=request.omit_traces)
+            parts = split_result(message, request.max_result_bytes)
+            for number, (part, first_trace) in enumerate(parts):
+                yield pb.WatchTaskResponse(
+                    session_result=part,
+                    result_index=result.result_index,
+                    task=info,
+                    result_continues=number + 1 < len(parts),
+                    first_trace_index=first_trace,
+                )
 
     async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
         summary = await self._core.cancel_task(request.task_id, request.reason)
         return pb.CancelTaskResponse(task=summary_to_proto(summary))
 
     async def RegisterGateway(self, request: pb.RegisterGatewayRequest, context: Context) -> pb.RegisterGatewayResponse:
+        require_gateway_identity(context, request.gateway_id, "RegisterGateway")
         gateway = await self._core.register_gateway(gateway_from_register(request))
         config = self._core.config
         return pb.RegisterGatewayResponse(
@@ -93,6 +131,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        require_gateway_identity(context, request.gateway_id, "Heartbeat")
         drain, cancelled = await self._core.heartbeat(
             request.gateway_id,
             capacity=request.capacity,
@@ -103,6 +142,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         return pb.HeartbeatResponse(drain_requested=drain, cancelled_session_ids=cancelled)
 
     async def DrainGateway(self, request: pb.DrainGatewayRequest, context: Context) -> pb.DrainGatewayResponse:
+        require_gateway_identity(context, request.gateway_id, "DrainGateway")
         active = await self._core.drain_gateway(request.gateway_id)
         return pb.DrainGatewayResponse(active_sessions=active)
 
@@ -111,8 +151,31 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
     ) -> pb.ReportSessionResultResponse:
         if not request.HasField("result"):
             raise InvalidArgument("result is required")
+        # Under mTLS a gateway reports only as itself; the core then refuses sessions not given to that gateway.
+        require_gateway_identity(context, request.result.gateway_id, "ReportSessionResult")
         duplicate = await self._core.report_result(result_from_proto(request.result))
         return pb.ReportSessionResultResponse(duplicate=duplicate)
+
+    async def ReportSessionResultStream(
+        self, request_iterator: AsyncIterable[pb.ReportSessionResultStreamRequest], context: Context
+    ) -> pb.ReportSessionResultStreamResponse:
+        """Join a result streamed in parts and record it as ReportSessionResult does (once, when complete)."""
+        request: pb.ReportSessionResultRequest | None = None
+        async for message in request_iterator:
+            part = message.WhichOneof("part")
+            if request is None:
+                if part != "result":
+                    raise InvalidArgument("the first ReportSessionResultStream message must carry the result")
+                request = pb.ReportSessionResultRequest(result=message.result)
+            elif part == "traces":
+                request.result.traces.extend(message.traces.traces)
+            else:
+                raise InvalidArgument("after the result, ReportSessionResultStream takes only trace chunks")
+        if request is None:
+            raise InvalidArgument("ReportSessionResultStream received no result")
+        # One recording path: whatever ReportSessionResult checks (and its idempotency) applies here too.
+        reply = await self.ReportSessionResult(request, context)
+        return pb.ReportSessionResultStreamResponse(duplicate=reply.duplicate)
 
     async def UpdatePolicy(self, request: pb.UpdatePolicyRequest, context: Context) -> pb.UpdatePolicyResponse:
         drain = seconds(request.drain_timeout) if request.HasField("drain_timeout") else None

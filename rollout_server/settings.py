@@ -45,6 +45,14 @@ class RolloutSettings(ServiceSettings):
             no bound (see ``docs/rollout.md``, "Staleness").
         default_stale_policy: What a task that names no ``stale_policy`` does with a session beyond its bound:
             ``keep`` it with its lag, or ``resample`` it.
+        task_roots: Host directories a submitted task's repository and test-patch paths (``metadata.repo``,
+            ``evaluator.repo``, ``evaluator.repo_path``, ``evaluator.test_patch``) must lie under, after
+            symlinks; anything else is INVALID_ARGUMENT at SubmitTask, nothing recorded. Empty means the working
+            directory at start. Keep it equal to the gateways' and evaluators' ``task_roots``.
+        runtime_network: The most network a task's runtime may ask for: the gateways' ``runtime_network``.
+        min_isolation: The weakest isolation a task may ask for: the gateways' ``min_isolation``.
+        read_only_roots: Where a task's ``runtime.read_only_paths`` may lie: the gateways' ``read_only_roots``.
+        allowed_images: Glob patterns of images a task may name: the gateways' ``allowed_images``.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -74,3 +82,8 @@ class RolloutSettings(ServiceSettings):
     policy_load_timeout_s: float = Field(default=600.0, gt=0)
     default_max_policy_lag: int | None = Field(default=None, ge=0)
     default_stale_policy: Literal["keep", "resample"] = "keep"
+    task_roots: list[str] = Field(default_factory=list)
+    runtime_network: Literal["host", "none", "proxy"] = "proxy"
+    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    read_only_roots: list[str] = Field(default_factory=list)
+    allowed_images: list[str] = Field(default_factory=list)

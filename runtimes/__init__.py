@@ -10,8 +10,16 @@ starts a private ``dockerd`` lives in ``integration_tests/support/docker.py``, n
 from __future__ import annotations
 
 from runtimes.base import ExecResult, Runtime, resolve_in_root
-from runtimes.errors import FileTooLarge, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeNotStarted
+from runtimes.errors import (
+    FileTooLarge,
+    IsolationUnavailable,
+    PathEscapesSession,
+    RuntimeCancelled,
+    RuntimeDied,
+    RuntimeNotStarted,
+)
 from runtimes.factory import DefaultRuntimeFactory, RuntimeFactory, create_runtime
+from runtimes.policy import OperatorPolicy, apply_task_runtime
 from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
 
 __all__ = [
@@ -19,7 +27,9 @@ __all__ = [
     "ExecResult",
     "FileTooLarge",
     "Isolation",
+    "IsolationUnavailable",
     "NetworkMode",
+    "OperatorPolicy",
     "PathEscapesSession",
     "Runtime",
     "RuntimeCancelled",
@@ -28,6 +38,7 @@ __all__ = [
     "RuntimeKind",
     "RuntimeNotStarted",
     "RuntimeSpec",
+    "apply_task_runtime",
     "create_runtime",
     "resolve_in_root",
 ]

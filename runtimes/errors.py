@@ -7,7 +7,8 @@ Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them 
     ├── FileTooLarge            a file to download is over the download limit
     └── DiskQuotaExceeded       the sandbox's files outgrew its disk quota (its processes were killed)
     polar_core.errors.FailedPrecondition
-    └── RuntimeNotStarted       exec/upload/download before start() or after stop()
+    ├── RuntimeNotStarted       exec/upload/download before start() or after stop()
+    └── IsolationUnavailable    this host cannot provide the operator's minimum isolation
     polar_core.errors.Unavailable
     └── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
     polar_core.errors.Cancelled
@@ -21,6 +22,7 @@ from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Un
 __all__ = [
     "DiskQuotaExceeded",
     "FileTooLarge",
+    "IsolationUnavailable",
     "PathEscapesSession",
     "RuntimeCancelled",
     "RuntimeDied",
@@ -54,3 +56,7 @@ class RuntimeDied(Unavailable):
 
 class RuntimeCancelled(Cancelled):
     """The runtime was cancelled."""
+
+
+class IsolationUnavailable(FailedPrecondition):
+    """This host cannot provide the isolation the operator requires (the message names what is missing)."""

@@ -10,7 +10,12 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
   ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside.
 * ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
-* ``none`` — a plain subprocess (a warning is logged); for machines without namespaces.
+* ``none`` — a plain subprocess; for machines without namespaces.
+
+``unshare`` and ``none`` log a WARNING for every session that uses them. The spec's ``min_isolation`` is a floor:
+``auto`` never picks anything weaker, and a runtime that cannot reach it refuses to start with
+:class:`runtimes.errors.IsolationUnavailable` (``FailedPrecondition``). :func:`probe_isolation` says once, with the
+reason for each missing level, what this host provides (the gateway and the evaluator call it at start).
 
 Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
 rlimits always) and the workspace disk quota of :mod:`runtimes._quota` (a watchdog on the session directory);
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -38,11 +44,11 @@ from runtimes._process import run_process
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult
-from runtimes.errors import DiskQuotaExceeded, RuntimeDied
+from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["LocalRuntime", "detect_isolation"]
+__all__ = ["IsolationProbe", "LocalRuntime", "detect_isolation", "probe_isolation"]
 
 _log = logging.getLogger(__name__)
 
@@ -105,15 +111,61 @@ def _log_limits_once(probe: LimitProbe) -> None:
             _log.warning("local runtime: not enforced on this host: %s", missing)
 
 
+async def _probe_failure(tool: str, argv: Sequence[str], what: str) -> str | None:
+    """``None`` when ``argv`` runs; else why not (the tool missing, or its exit status and stderr)."""
+    if shutil.which(tool) is None:
+        return f"{tool} is not installed"
+    try:
+        result = await run_process(argv, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=10.0)
+    except OSError as exc:
+        return f"{tool} cannot be started: {exc}"
+    if result.ok:
+        return None
+    detail = (result.stderr or result.stdout).strip()[-300:] or f"exit status {result.exit_code}"
+    return f"{tool} cannot {what}: {detail}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IsolationProbe:
+    """What this host's local runtime can provide.
+
+    Attributes:
+        best: The strongest isolation that works here.
+        missing: Why each stronger level does not work (``"bubblewrap is not installed"``, ...).
+    """
+
+    best: Isolation
+    missing: Mapping[Isolation, str] = dataclasses.field(default_factory=dict)
+
+    def shortfall(self, minimum: Isolation) -> str | None:
+        """``None`` when ``minimum`` is available here; else what is missing, in one line."""
+        if self.best.rank >= minimum.rank:
+            return None
+        reason = self.missing.get(minimum) or f"{minimum.value} isolation is not available on this host"
+        return f"the operator's minimum isolation {minimum.value!r} is not available here: {reason}"
+
+
+async def probe_isolation() -> IsolationProbe:
+    """Probe, with the flags the runtime runs with, which isolation this host provides (``true`` as command).
+
+    Inside a container whose /proc is masked (Docker's default), creating namespaces works but mounting a fresh
+    /proc does not, and both tools need that: the probes find that out.
+    """
+    missing: dict[Isolation, str] = {}
+    bwrap = await _probe_failure("bwrap", [*_BWRAP_PROBE, "true"], "create its sandbox")
+    if bwrap is None:
+        return IsolationProbe(Isolation.BWRAP)
+    missing[Isolation.BWRAP] = bwrap.replace("bwrap is not installed", "bubblewrap (bwrap) is not installed")
+    unshare = await _probe_failure("unshare", [*_UNSHARE_FLAGS, "--net", "--", "true"], "create namespaces")
+    if unshare is None:
+        return IsolationProbe(Isolation.UNSHARE, missing)
+    missing[Isolation.UNSHARE] = unshare
+    return IsolationProbe(Isolation.NONE, missing)
+
+
 async def detect_isolation() -> Isolation:
     """Return the strongest isolation that works on this machine (probing with ``true``)."""
-    if shutil.which("bwrap") and await _probe([*_BWRAP_PROBE, "true"]):
-        return Isolation.BWRAP
-    # The probes use the flags the runtime runs with: inside a container whose /proc is masked (Docker's
-    # default), creating namespaces works but mounting a fresh /proc does not, and both tools need that.
-    if shutil.which("unshare") and await _probe([*_UNSHARE_FLAGS, "--net", "--", "true"]):
-        return Isolation.UNSHARE
-    return Isolation.NONE
+    return (await probe_isolation()).best
 
 
 class LocalRuntime(SessionRuntime):
@@ -163,10 +215,20 @@ class LocalRuntime(SessionRuntime):
         for sub in SESSION_SUBDIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
         isolation = self._spec.isolation
+        minimum = self._spec.min_isolation
         if isolation is Isolation.AUTO:
-            isolation = await detect_isolation()
+            probe = await probe_isolation()
+            shortfall = probe.shortfall(minimum)
+            if shortfall is not None:
+                raise IsolationUnavailable(shortfall)
+            isolation = probe.best
+        if isolation.rank < minimum.rank:
+            raise IsolationUnavailable(f"isolation {isolation.value!r} is weaker than the minimum {minimum.value!r}")
         if isolation is Isolation.NONE:
-            _log.warning("local runtime %s runs commands without isolation", self._session_id)
+            _log.warning("local runtime %s runs commands WITHOUT ISOLATION (the operator allows it)", self._session_id)
+        elif isolation is Isolation.UNSHARE:
+            _log.warning("local runtime %s runs commands with weak isolation 'unshare': the host file system is "
+                         "visible (the operator allows it)", self._session_id)  # fmt: skip
         self._isolation = isolation
         if isolation is Isolation.BWRAP:
             self._disable_userns = await bwrap_disables_userns()

@@ -43,6 +43,14 @@ class Isolation(enum.StrEnum):
     UNSHARE = "unshare"
     NONE = "none"
 
+    @property
+    def rank(self) -> int:
+        """Strength of an explicit level (``none`` 0, ``unshare`` 1, ``bwrap`` 2); ``auto`` ranks as ``none``."""
+        return _ISOLATION_RANK[self]
+
+
+_ISOLATION_RANK = {Isolation.AUTO: 0, Isolation.NONE: 0, Isolation.UNSHARE: 1, Isolation.BWRAP: 2}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RuntimeSpec:
@@ -69,6 +77,9 @@ class RuntimeSpec:
         read_only_root: Docker: a read-only root file system, with tmpfs ``/tmp`` and the session directory
             on a volume (turn off for images that must write elsewhere).
         isolation: Local runtime isolation.
+        min_isolation: The weakest isolation the local runtime may use: with ``isolation: auto`` it refuses to
+            start (``FailedPrecondition``) when this host offers nothing at least as strong. Set by the
+            operator's policy (:mod:`runtimes.policy`); a bare spec allows anything.
         read_only_paths: Extra host paths the sandbox may read, at the same path inside: bound read-only by the
             local bubblewrap sandbox (which always adds the Python in use and its prefix) and mounted
             read-only into a Docker container (e.g. installed harness CLIs and ``node``).
@@ -94,6 +105,7 @@ class RuntimeSpec:
     sandbox_gid: int = 65534
     read_only_root: bool = True
     isolation: Isolation = Isolation.AUTO
+    min_isolation: Isolation = Isolation.NONE
     read_only_paths: tuple[Path, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     docker_host: str | None = None
@@ -112,6 +124,12 @@ class RuntimeSpec:
                 parse_size(getattr(self, name))
             except ValueError:
                 raise InvalidArgument(f"runtime option {name} is not a size: {getattr(self, name)!r}") from None
+        if self.min_isolation is Isolation.AUTO:
+            raise InvalidArgument("min_isolation must be bwrap, unshare or none")
+        if self.isolation is not Isolation.AUTO and self.isolation.rank < self.min_isolation.rank:
+            raise InvalidArgument(
+                f"isolation {self.isolation.value!r} is weaker than the minimum {self.min_isolation.value!r}"
+            )
         if self.pids_limit < 1 or (self.cpu_time_limit_s is not None and self.cpu_time_limit_s < 1):
             raise InvalidArgument("runtime limits must be positive")
 
@@ -132,8 +150,9 @@ class RuntimeSpec:
                 merged["kind"] = RuntimeKind(merged["kind"])
             if "network" in merged:
                 merged["network"] = NetworkMode(merged["network"])
-            if "isolation" in merged:
-                merged["isolation"] = Isolation(merged["isolation"])
+            for key in ("isolation", "min_isolation"):
+                if key in merged:
+                    merged[key] = Isolation(merged[key])
             if merged.get("proxy_socket") is not None:
                 merged["proxy_socket"] = Path(merged["proxy_socket"])
             if "read_only_paths" in merged:

@@ -12,7 +12,12 @@ completion records and traces the gateway keeps. Memory must stay bounded by wha
 sessions, ``running_workers`` at once), not grow with what was recorded: the ratio column is against the first
 row of the same run.
 
-Run: ``.venv/bin/python -m bench.long_sessions [--sessions 200] [--step 50] [--calls 20] [--tool-bytes 2500]``.
+With ``--processes`` the five services run as separate ``polar serve`` processes instead
+(:mod:`bench.long_sessions.processes`) and each row gives every service's own VmRSS, with its ratio against
+the first row.
+
+Run: ``.venv/bin/python -m bench.long_sessions [--processes] [--sessions 200] [--step 50] [--calls 20]
+[--tool-bytes 2500]``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.long_sessions.processes import SERVICES, process_stack
 from integration_tests.support.long_sessions import long_task, stack_options
 from polar_client import RolloutClient
 from polar_run.embedded import EmbeddedStack
@@ -91,6 +97,51 @@ async def run(args: argparse.Namespace) -> None:
             print(f"| {count} | {elapsed:.0f} | {rss:.0f} | {rss / first:.2f} | {proxy} | {records} | {traces} |")
 
 
+async def _run_task(client: RolloutClient, task_id: str, args: argparse.Namespace, samples: int) -> None:
+    """Submit one task of ``samples`` long sessions, wait for it, and fail unless every session resolved."""
+    reply = await client.submit(long_task(task_id, calls=args.calls, tool_bytes=args.tool_bytes, samples=samples))
+    await client.wait(reply.task_id, poll_s=0.5)
+    summary = await client.get(reply.task_id, omit_traces=True)
+    bad = [(r.status, r.error_message[:200]) for r in summary.session_results if r.status != "resolved"]
+    if bad or len(summary.session_results) != samples:
+        raise SystemExit(f"sessions did not resolve: {bad}")
+
+
+async def run_processes(args: argparse.Namespace) -> None:
+    """Run the sessions against the services as separate processes and print each one's resident memory."""
+    with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:
+        root = Path(tmp)
+        script = root / "script.jsonl"
+        stack_options(root / "unused", script, calls=args.calls, tool_bytes=args.tool_bytes)  # writes the script
+        context = 1024 + args.calls * (args.tool_bytes + 256)
+        rows: list[tuple[int, float, dict[str, float]]] = []
+        started = time.perf_counter()
+        async with (
+            process_stack(root / "services", script, context_length=context, workers=args.workers) as stack,
+            RolloutClient(stack.rollout_address, token=stack.token, timeout_s=120) as client,
+        ):
+            base = stack.rss()
+            print(f"services up in {time.perf_counter() - started:.0f} s; RSS MiB {base}", flush=True)
+            rows.append((0, time.perf_counter() - started, base))
+            done = 0
+            while done < args.sessions:
+                samples = min(args.step, args.sessions - done)
+                await _run_task(client, f"long-{done}", args, samples)
+                done += samples
+                rows.append((done, time.perf_counter() - started, stack.rss()))
+                print(f"  {done} sessions done, RSS MiB {rows[-1][2]}", flush=True)
+        first = rows[1][2]
+        print(
+            f"\n{args.calls} calls x {args.tool_bytes} B tool output per session, {args.workers} running at once;"
+            " VmRSS MiB of each service process (ratio against the first measured row, after the first step)"
+        )
+        print("| sessions | elapsed s | " + " | ".join(SERVICES) + " |")
+        print("|---:|---:|" + "---:|" * len(SERVICES))
+        for count, elapsed, rss in rows:
+            cells = [f"{rss[n]:.0f} ({rss[n] / first[n]:.2f})" if count else f"{rss[n]:.0f}" for n in SERVICES]
+            print(f"| {count} | {elapsed:.0f} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     """Parse flags and run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -99,7 +150,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--tool-bytes", type=int, default=2500)
     parser.add_argument("--workers", type=int, default=4)
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--processes", action="store_true", help="run each service as its own process")
+    args = parser.parse_args()
+    asyncio.run(run_processes(args) if args.processes else run(args))
 
 
 if __name__ == "__main__":

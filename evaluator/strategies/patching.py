@@ -9,13 +9,17 @@ from pathlib import PurePosixPath
 
 from evaluator.strategies.base import EvalContext
 
-__all__ = ["DEFAULT_PROTECTED", "apply_patch", "is_protected", "restore_protected"]
+__all__ = ["DEFAULT_PROTECTED", "apply_patch", "is_protected", "restore_protected", "track_ignored_protected"]
 
 # Files that decide how tests run or what they check. A patch may not change them: whatever it did to
-# them is undone before the tests run (new ones are deleted, changed or deleted ones restored).
+# them is undone before the tests run (new ones are deleted, changed or deleted ones restored). A bare name
+# matches at any depth. Every file pytest reads its configuration from (pytest 9's names), every conftest.py,
+# the interpreter's start-up hooks and package metadata (where entry-point plugins are declared).
 DEFAULT_PROTECTED = (
     "test_*.py", "*_test.py", "tests/*", "test/*", "testing/*", "*/tests/*", "*/test/*",
-    "conftest.py", "*/conftest.py", "pytest.ini", "tox.ini", "noxfile.py",
+    "conftest.py", "pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
+    "setup.cfg", "noxfile.py", "sitecustomize.py", "usercustomize.py",
+    "*.dist-info", "*.dist-info/*", "*.egg-info", "*.egg-info/*",
 )  # fmt: skip
 
 
@@ -61,3 +65,22 @@ async def restore_protected(ctx: EvalContext, patterns: Sequence[str]) -> list[s
     if restored:
         ctx.log.write("restored the task's own test files", "\n".join(restored))
     return restored
+
+
+async def track_ignored_protected(ctx: EvalContext, patterns: Sequence[str]) -> list[str]:
+    """Commit the base tree's git-ignored protected files (an image's ``*.egg-info``, say) to the snapshot.
+
+    Called at Prepare, before any patch: what is tracked is restored when a patch changes it, what is not is
+    deleted, so a protected file the base tree already had must be tracked or it would be lost.
+    """
+    runtime = ctx.need_runtime()
+    ignored = [p for p in _split_z((await ctx.git("ls-files", "--others", "-z")).stdout) if is_protected(p, patterns)]
+    if not ignored:
+        return []
+    listing = runtime.root / "eval" / "ignored-protected.txt"
+    await runtime.upload("\0".join(ignored).encode("utf-8"), listing)
+    await ctx.git("add", "-f", f"--pathspec-from-file={listing}", "--pathspec-file-nul")
+    await ctx.git("commit", "-q", "--no-verify", "-m", "polar: the base tree's ignored protected files")
+    await ctx.run(["rm", "-f", str(listing)], check=True)
+    ctx.log.write(f"tracked {len(ignored)} git-ignored protected file(s) of the base tree", "\n".join(ignored[:50]))
+    return ignored

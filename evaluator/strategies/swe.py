@@ -1,10 +1,16 @@
 """The ``swe`` strategy: the agent's patch on a clean repository, judged by the task's own tests.
 
 Steps: apply the patch with ``git apply`` (``invalid_patch`` when it does not apply); undo every change to
-protected files (tests, ``conftest.py``, pytest configuration); optionally apply the task's ``test_patch``;
-run the test command on the files of the FAIL_TO_PASS and PASS_TO_PASS tests with a JUnit XML report;
-resolved iff every listed test passed (failed, errored, skipped and missing tests count as not passed).
-A run that produces no report at all is an infrastructure error, not a model failure.
+protected files (tests, every ``conftest.py``, every pytest configuration file, start-up hooks, package
+metadata); optionally apply the task's ``test_patch``; run pytest with the trusted invocation of
+:mod:`evaluator.strategies.pytest_run` on the files of the FAIL_TO_PASS and PASS_TO_PASS tests, the JUnit
+report going to a fresh, randomly named directory outside the repository; resolved iff every listed test
+passed (failed, errored, skipped and missing tests count as not passed).
+
+A run that leaves no readable report while the runtime is healthy (the command ran and exited, and the
+runtime's Python still imports pytest) is ``unresolved``: the code under test stopped pytest (``os._exit``
+at import, a crash). Only a runtime that died, a command that could not start (exit 126/127) or a Python
+that cannot import pytest is ``infra_error``.
 """
 
 from __future__ import annotations
@@ -16,30 +22,32 @@ from xml.etree.ElementTree import ParseError
 
 from evaluator.errors import InvalidOptions
 from evaluator.junit import outcomes_for, parse_junit
-from evaluator.models import Artifacts, EvaluationResult, TestStatus
+from evaluator.models import Artifacts, EvaluationResult, TestOutcome, TestStatus
 from evaluator.strategies.base import (
     EvalContext,
     opt_float,
     opt_str_list,
     prepare_repository,
 )
-from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected
+from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected, track_ignored_protected
+from evaluator.strategies.pytest_run import TrustedPytest, list_pytest_plugins, pytest_env, trusted_pytest
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
-from runtimes import RuntimeDied
+from runtimes import ExecResult, RuntimeDied
 
 __all__ = ["DEFAULT_TEST_COMMAND", "SweStrategy"]
 
 # -P keeps the repository out of sys.path[0], so a pytest.py planted by a patch cannot replace pytest.
-DEFAULT_TEST_COMMAND = (
-    "{python}", "-P", "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--junitxml={junit}", "{tests}",
-)  # fmt: skip
+# {pytest_args} is the trusted invocation (pytest_run): -c <config> --rootdir <repo> -p no:cacheprovider -p ...
+DEFAULT_TEST_COMMAND = ("{python}", "-P", "-m", "pytest", "{pytest_args}", "-rA", "--junitxml={junit}", "{tests}")
+# Exit statuses of a shell or exec that could not start the command at all.
+_CANNOT_START = (126, 127)
 
 
 class SweStrategy:
     """Options: ``fail_to_pass``, ``pass_to_pass`` (pytest node ids), ``repo`` (host path, resolved by the
     task loader), ``repo_path`` (repository inside the image), ``test_command`` (list or string with
-    ``{python}``, ``{junit}``, ``{tests}``, ``{repo}``), ``test_patch`` (host path or diff text),
+    ``{python}``, ``{junit}``, ``{tests}``, ``{repo}``, ``{pytest_args}``), ``test_patch`` (host path or diff text),
     ``protected_files`` (extra globs), ``timeout_seconds``."""
 
     needs_runtime = True
@@ -67,25 +75,32 @@ class SweStrategy:
                 raise InvalidOptions(f"cannot read test_patch {test_patch}: {exc}") from None
         self.test_patch = test_patch
         self.timeout_s = opt_float(options, "timeout_seconds", None)
+        self.files = sorted({t.partition("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
+        self.trusted = any("{pytest_args}" in part for part in self.test_command)
+        self.plugins: list[str] | None = None
 
     async def prepare(self, ctx: EvalContext) -> None:
-        """Copy the repository into the runtime and snapshot it."""
+        """Copy the repository into the runtime, snapshot it and list the pytest plugins installed there."""
         source = ctx.params.repository_snapshot or ctx.options.get("repo") or ""
         await prepare_repository(ctx, Path(source) if source else None)
+        await track_ignored_protected(ctx, self.protected)
+        if self.trusted:
+            self.plugins = await list_pytest_plugins(ctx)
 
-    def _command(self, ctx: EvalContext) -> list[str]:
-        runtime = ctx.need_runtime()
-        files = sorted({t.partition("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
+    def _command(self, ctx: EvalContext, pytest: TrustedPytest) -> list[str]:
         values = {
             "python": ctx.python,
-            "junit": str(runtime.root / "eval" / "junit.xml"),
+            "junit": str(pytest.junit),
             "repo": str(ctx.repo_dir),
-            "tests": " ".join(files),
+            "tests": " ".join(self.files),
+            "pytest_args": pytest.shell(),
         }
         argv: list[str] = []
         for part in self.test_command:
             if part == "{tests}":
-                argv.extend(files)
+                argv.extend(self.files)
+            elif part == "{pytest_args}":
+                argv.extend(pytest.args)
             else:
                 argv.append(part.format(**values))
         return argv
@@ -107,18 +122,19 @@ class SweStrategy:
                 return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])
         await restore_protected(ctx, self.protected)
         await self._apply_test_patch(ctx)
-        argv = self._command(ctx)
-        env = {"PYTHONDONTWRITEBYTECODE": "1"}
-        await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())
+        pytest = await trusted_pytest(ctx, self.files, self.plugins)
+        argv = self._command(ctx, pytest)
+        env = pytest.env if self.trusted else pytest_env()
+        run = await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())
         try:
-            report = await runtime.download(runtime.root / "eval" / "junit.xml")
+            report = await runtime.download(pytest.junit)
         except NotFound:
-            raise RuntimeDied("the test command wrote no JUnit report (see the evaluation log)") from None
+            return await self._no_report(ctx, run, "the test run wrote no JUnit report")
         (ctx.workdir / "junit.xml").write_bytes(report)
         try:
             parsed = parse_junit(report)
         except ParseError as exc:
-            raise RuntimeDied(f"the JUnit report is not XML: {exc}") from None
+            return await self._no_report(ctx, run, f"the JUnit report of the test run is not XML ({exc})")
         outcomes = outcomes_for([*self.fail_to_pass, *self.pass_to_pass], parsed)
         resolved = all(o.status is TestStatus.PASSED for o in outcomes)
         summary = "\n".join(f"{o.status.value:8} {o.test_id}" for o in outcomes)
@@ -128,3 +144,22 @@ class SweStrategy:
             status=TerminalStatus.RESOLVED if resolved else TerminalStatus.UNRESOLVED,
             test_outcomes=tuple(outcomes),
         )
+
+    async def _no_report(self, ctx: EvalContext, run: ExecResult, what: str) -> EvaluationResult:
+        """No usable report: the code under test's failure when the runtime is healthy, else infra_error."""
+        if run.exit_code in _CANNOT_START:
+            raise RuntimeDied(f"{what}: the test command could not start (exit {run.exit_code})")
+        # The command ran and exited in a live runtime (a dead one raised RuntimeDied). Is the environment
+        # itself sound? Outside the repository, so the patch's code is not imported.
+        probe = await ctx.run(
+            [ctx.python, "-c", "import pytest"], cwd=ctx.need_runtime().root / "eval", env=pytest_env(), timeout=60.0
+        )
+        if probe.exit_code != 0:
+            raise RuntimeDied(f"{what}, and the runtime's {ctx.python} cannot import pytest: {probe.stderr[-500:]}")
+        message = (
+            f"{what} (pytest exited {run.exit_code}) in a healthy runtime: the code under test stopped the run "
+            "(see the evaluation log)"
+        )
+        ctx.log.write("unresolved: no report", message)
+        missing = tuple(TestOutcome(t, TestStatus.MISSING) for t in (*self.fail_to_pass, *self.pass_to_pass))
+        return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, test_outcomes=missing, error_message=message)

@@ -21,7 +21,8 @@ def repo(tmp_path: Path) -> HistoryRepo:
 
 @pytest.fixture
 async def service(tmp_path: Path):
-    svc = EvaluatorService(evaluator_config(EvaluatorSettings(state_dir=tmp_path / "state", local_isolation="none")))
+    settings = EvaluatorSettings(state_dir=tmp_path / "state", local_isolation="none", min_isolation="none")
+    svc = EvaluatorService(evaluator_config(settings))
     yield svc
     await svc.close()
 

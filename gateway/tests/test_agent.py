@@ -15,7 +15,7 @@ from gateway.workspace import _repository
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_core.git_trees import TreeCache
 from polar_core.testing import git, make_history_repo
-from runtimes import DefaultRuntimeFactory, NetworkMode
+from runtimes import DefaultRuntimeFactory, Isolation, NetworkMode, OperatorPolicy
 
 
 def _spec(harness: str = "command", options: dict[str, Any] | None = None, **runtime: Any) -> SessionSpec:
@@ -32,16 +32,51 @@ def _factory(tmp_path: Path) -> SpecRuntimeFactory:
         DefaultRuntimeFactory(base_dir=tmp_path),
         defaults={"network": "proxy", "read_only_paths": ["/opt/harnesses"]},
         tunnel=ProxyTunnel(tmp_path / "tun", sandbox_port=18123),
+        policy=OperatorPolicy(read_only_roots=(Path("/data"),)),
     )
 
 
 def test_proxy_network_gets_the_tunnel_socket(tmp_path: Path) -> None:
-    spec = _factory(tmp_path).runtime_spec(_spec(read_only_paths=["/data"], proxy_port=18124.0))
+    spec = _factory(tmp_path).runtime_spec(_spec(read_only_paths=["/data/x"], proxy_port=18124.0))
     assert spec.network is NetworkMode.PROXY
     assert spec.proxy_socket == tmp_path / "tun" / "proxy.sock"
     assert spec.proxy_port == 18124
-    assert spec.read_only_paths == (Path("/opt/harnesses"), Path("/data"))
-    assert _factory(tmp_path).runtime_spec(_spec(network="host")).proxy_socket is None
+    assert spec.read_only_paths == (Path("/opt/harnesses"), Path("/data/x"))
+    assert spec.min_isolation is Isolation.BWRAP
+    assert _factory(tmp_path).runtime_spec(_spec(network="none")).network is NetworkMode.NONE
+
+
+@pytest.mark.parametrize(
+    ("runtime", "field"),
+    [
+        ({"network": "host"}, "network"),
+        ({"isolation": "none"}, "isolation"),
+        ({"proxy_socket": "/tmp/other.sock"}, "proxy_socket"),
+        ({"read_only_paths": ["/etc"]}, "read_only_paths"),
+        ({"env": {"OPENAI_BASE_URL": "http://evil"}}, "env.OPENAI_BASE_URL"),
+        ({"memory_limit": "64g"}, "memory_limit"),
+    ],
+)
+def test_a_task_cannot_widen_the_gateways_runtime(tmp_path: Path, runtime: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        _factory(tmp_path).validate(_spec(**runtime))
+    assert info.value.details["field"] == field
+
+
+def test_repository_paths_must_lie_under_the_task_roots(tmp_path: Path) -> None:
+    root, outside = tmp_path / "tasks", tmp_path / "elsewhere"
+    (root / "repo").mkdir(parents=True)
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    runner = HarnessAgentRunner(task_roots=[root])
+    runner.validate(dataclasses.replace(_spec(), metadata={"repo": str(root / "repo")}))
+    for repo in (outside, root / "link", root / ".." / "elsewhere"):
+        with pytest.raises(InvalidArgument, match="not under the operator's task roots") as info:
+            runner.validate(dataclasses.replace(_spec(), metadata={"repo": str(repo)}))
+        assert info.value.details["field"] == "metadata.repo"
+    patch = dataclasses.replace(_spec(), evaluator=EvaluatorConfig("swe", {"test_patch": str(outside / "t.diff")}))
+    with pytest.raises(InvalidArgument, match=r"evaluator\.test_patch"):
+        runner.validate(patch)
 
 
 @pytest.mark.parametrize(

@@ -201,3 +201,61 @@ def test_bad_staleness_fields_fail_polar_run_before_anything_starts(tmp_path: Pa
             main(["run", str(path), "--out", str(out)])
         assert exit_info.value.code == 2
         assert not out.exists()  # nothing was started or written
+
+
+def test_a_task_that_widens_the_sandbox_fails_polar_run_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from polar_run.cli import main
+
+    path = _task_file(tmp_path, harness={"name": "command", "argv": ["true"]}, runtime={"network": "host"})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path), "--out", str(out)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "runtime.network = 'host' widens the sandbox" in lines[0]
+    assert not out.exists()
+
+
+def test_a_repository_outside_the_task_directory_fails_polar_run(tmp_path: Path) -> None:
+    from polar_run.cli import main
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for i, repo in enumerate((str(outside), "link")):
+        (tmp_path / str(i) / "task").mkdir(parents=True)
+        (tmp_path / str(i) / "task" / "link").symlink_to(outside)
+        harness = {"name": "command", "argv": ["true"]}
+        path = _task_file(tmp_path / str(i), harness=harness, metadata={"repo": repo})
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", str(path), "--out", str(tmp_path / "out")])
+        assert exit_info.value.code == 2
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_line_that_widens_the_sandbox_fails_polar_generate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from polar_run.cli import main
+
+    dataset = tmp_path / "data" / "tasks.jsonl"
+    dataset.parent.mkdir()
+    (tmp_path / "data" / "repo").mkdir()
+    line = {"task_id": "t", "instruction": "x", "harness": {"name": "command", "argv": ["true"]}}
+    good = {**line, "metadata": {"repo": "repo"}}
+    wide = {**line, "runtime": {"kind": "local", "isolation": "none", "network": "host"}}
+    outside = {**line, "metadata": {"repo": "/"}}
+    for i, (bad, why) in enumerate(((wide, "widens the sandbox"), (outside, "not under the operator's task roots"))):
+        dataset.write_text(json.dumps(good) + "\n" + json.dumps({**bad, "task_id": f"bad{i}"}) + "\n")
+        out = tmp_path / f"out{i}"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", str(dataset), "--out", str(out)])
+        assert exit_info.value.code == 2
+        (error,) = capsys.readouterr().err.strip().splitlines()
+        assert f"task 'bad{i}'" in error
+        assert why in error
+        assert not out.exists()

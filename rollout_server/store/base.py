@@ -89,8 +89,10 @@ class Store(Protocol):
         Returns the result with ``result_index`` assigned, or ``None`` when ``change`` lost a race.
         """
 
-    async def task_results(self, task_id: str, from_index: int = 0, *, payload: bool = True) -> list[ResultRecord]:
-        """Return a task's results from ``from_index`` on, in completion order."""
+    async def task_results(
+        self, task_id: str, from_index: int = 0, *, payload: bool = True, limit: int = 0
+    ) -> list[ResultRecord]:
+        """Return a task's results from ``from_index`` on, in completion order; at most ``limit`` unless 0."""
 
     async def get_result(self, session_id: str) -> ResultRecord | None:
         """Return a session's final result, or ``None``."""

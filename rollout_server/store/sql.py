@@ -430,14 +430,18 @@ class SqlStore:
                 )
         return result
 
-    async def task_results(self, task_id: str, from_index: int = 0, *, payload: bool = True) -> list[ResultRecord]:
-        """Return a task's results in completion order."""
+    async def task_results(
+        self, task_id: str, from_index: int = 0, *, payload: bool = True, limit: int = 0
+    ) -> list[ResultRecord]:
+        """Return a task's results in completion order (at most ``limit`` of them unless it is 0)."""
         cols = RESULT_COLS.format(payload="payload" if payload else "NULL")
+        query = f"SELECT {cols} FROM results WHERE task_id = ? AND result_index >= ? ORDER BY result_index"
+        params: tuple[str | int, ...] = (task_id, from_index)
+        if limit > 0:
+            query += " LIMIT ?"
+            params = (*params, limit)
         async with self._db.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {cols} FROM results WHERE task_id = ? AND result_index >= ? ORDER BY result_index",
-                (task_id, from_index),
-            )
+            rows = await conn.fetch(query, params)
         return [result_from(r) for r in rows]
 
     async def get_result(self, session_id: str) -> ResultRecord | None:

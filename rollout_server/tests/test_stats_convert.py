@@ -8,7 +8,13 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2, trace_pb2
 
 from polar_core.errors import InvalidArgument
 from polar_core.records import TerminalStatus
-from rollout_server.convert import new_task_from_proto, result_from_proto, result_to_proto, results_page_to_proto
+from rollout_server.convert import (
+    new_task_from_proto,
+    result_from_proto,
+    result_to_proto,
+    results_page_to_proto,
+    split_result,
+)
 from rollout_server.models import ResultRecord, SessionRecord, SessionState, TaskRecord, TaskState
 from rollout_server.stats import Distribution, policy_version_key, summarize
 
@@ -101,12 +107,50 @@ def test_task_results_page_by_count_and_bytes_and_may_omit_traces() -> None:
 
     records = [stored(i) for i in range(5)]
     size = result_to_proto(records[0]).ByteSize()
-    page, next_index = results_page_to_proto(records, omit_traces=False, max_results=0, max_bytes=2 * size + 1)
+    page, next_index, _ = results_page_to_proto(records, omit_traces=False, max_results=0, max_bytes=2 * size + 1)
     assert [r.session_id for r in page] == ["s0", "s1"]
     assert next_index == 2
-    page, next_index = results_page_to_proto(records[4:], omit_traces=False, max_results=0, max_bytes=1)
+    page, next_index, _ = results_page_to_proto(records[4:], omit_traces=False, max_results=0, max_bytes=1)
     assert [r.session_id for r in page] == ["s4"]  # one even over the budget; the last page
     assert next_index == 0
-    page, next_index = results_page_to_proto(records, omit_traces=True, max_results=3, max_bytes=0)
+    page, next_index, _ = results_page_to_proto(records, omit_traces=True, max_results=3, max_bytes=0)
     assert [len(r.traces) for r in page] == [0, 0, 0]
     assert next_index == 3
+
+
+def test_a_result_over_max_result_bytes_is_read_in_parts_that_join_to_the_whole():
+    def stored(index: int, traces: int) -> ResultRecord:
+        payload = session_pb2.SessionResult(
+            traces=[trace_pb2.Trace(trace_index=i, prompt_token_ids=[1] * 1000) for i in range(traces)]
+        )
+        record = _result(f"s{index}", TerminalStatus.RESOLVED, 1.0, [])
+        record.payload = payload.SerializeToString()
+        record.result_index = index
+        return record
+
+    records = [stored(0, 1), stored(1, 7), stored(2, 1)]
+    one = result_to_proto(records[0]).ByteSize()
+    budget = 2 * one + 100  # two traces of the long result per part
+    got: list[tuple[str, list[int]]] = []
+    index, trace = 0, 0
+    for _ in range(20):
+        page, index, trace = results_page_to_proto(
+            records[index:],
+            omit_traces=False,
+            max_results=0,
+            max_bytes=budget,
+            from_trace=trace,
+            max_result_bytes=budget,
+        )
+        assert sum(r.ByteSize() for r in page) <= budget
+        got.extend((r.session_id, [t.trace_index for t in r.traces]) for r in page)
+        if not index and not trace:
+            break
+    assert got == [("s0", [0]), ("s1", [0, 1]), ("s1", [2, 3]), ("s1", [4, 5]), ("s1", [6]), ("s2", [0])]
+    # Without max_result_bytes a page holds the whole result, however large (what old clients expect).
+    page, index, trace = results_page_to_proto(records[1:], omit_traces=False, max_results=0, max_bytes=budget)
+    assert [len(r.traces) for r in page] == [7]
+    assert (index, trace) == (2, 0)
+    parts = split_result(result_to_proto(records[1]), budget)
+    assert [first for _, first in parts] == [0, 2, 4, 6]
+    assert all(p.session_id == "s1" for p, _ in parts)

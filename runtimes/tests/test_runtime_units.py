@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from polar_core.errors import InvalidArgument
-from runtimes import NetworkMode, PathEscapesSession, RuntimeKind, RuntimeSpec, resolve_in_root
+from runtimes import ExecResult, NetworkMode, PathEscapesSession, RuntimeKind, RuntimeSpec, resolve_in_root
 from runtimes.apptainer import build_exec_argv
 
 ROOT = PurePosixPath("/polar/session")
@@ -84,14 +85,20 @@ async def test_isolation_probes_use_the_flags_the_runtime_runs_with(
 
     probed: list[list[str]] = []
 
-    async def probe(argv: list[str]) -> bool:
+    async def run_process(argv: list[str], **_: Any) -> ExecResult:
         probed.append(list(argv))
-        return "--mount-proc" not in argv and "--proc" not in argv  # as in such a container
+        if "--mount-proc" not in argv and "--proc" not in argv:
+            return ExecResult(0, "", "")
+        return ExecResult(1, "", "cannot mount proc")  # as in such a container
 
-    monkeypatch.setattr(local, "_probe", probe)
+    monkeypatch.setattr(local, "run_process", run_process)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert await local.detect_isolation() is Isolation.NONE
+    probe = await local.probe_isolation()
+    assert probe.best is Isolation.NONE
     assert [argv[0] for argv in probed] == ["bwrap", "unshare"]
+    assert probe.missing[Isolation.BWRAP] == "bwrap cannot create its sandbox: cannot mount proc"
+    assert "'bwrap' is not available here: bwrap cannot create its sandbox" in str(probe.shortfall(Isolation.BWRAP))
+    assert probe.shortfall(Isolation.NONE) is None
     spec = RuntimeSpec(kind=RuntimeKind.LOCAL, network=NetworkMode.NONE)
     runtime = local.LocalRuntime(spec, session_id="s", base_dir=tmp_path)
     runtime._isolation = Isolation.UNSHARE

@@ -28,15 +28,15 @@ from polar.common.v1 import status_pb2 as polar_dot_common_dot_v1_dot_status__pb
 from polar.common.v1 import trace_pb2 as polar_dot_common_dot_v1_dot_trace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2polar/reconstructor/v1/reconstructor_service.proto\x12\x16polar.reconstructor.v1\x1a polar/common/v1/completion.proto\x1a$polar/common/v1/reconstruction.proto\x1a\x1cpolar/common/v1/status.proto\x1a\x1bpolar/common/v1/trace.proto\"B\n\x0e\x43ompletionList\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\"7\n\x0bProxySource\x12\x14\n\x0cproxy_target\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\x82\x03\n\x12ReconstructRequest\x12=\n\x0b\x63ompletions\x18\x01 \x01(\x0b\x32&.polar.reconstructor.v1.CompletionListH\x00\x12\x34\n\x05proxy\x18\x02 \x01(\x0b\x32#.polar.reconstructor.v1.ProxySourceH\x00\x12\x39\n\x08strategy\x18\x03 \x01(\x0e\x32\'.polar.common.v1.ReconstructionStrategy\x12\x1d\n\x15\x65nd_of_turn_token_ids\x18\x04 \x03(\x05\x12\x0f\n\x07task_id\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x38\n\x0fterminal_status\x18\x07 \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x38\n\tweighting\x18\x08 \x01(\x0e\x32%.polar.reconstructor.v1.WeightingModeB\x08\n\x06source\"r\n\x13ReconstructResponse\x12&\n\x06traces\x18\x01 \x03(\x0b\x32\x16.polar.common.v1.Trace\x12\x33\n\x05stats\x18\x02 \x01(\x0b\x32$.polar.common.v1.ReconstructionStats*e\n\rWeightingMode\x12\x1e\n\x1aWEIGHTING_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WEIGHTING_MODE_SESSION\x10\x01\x12\x18\n\x14WEIGHTING_MODE_TRACE\x10\x02\x32~\n\x14ReconstructorService\x12\x66\n\x0bReconstruct\x12*.polar.reconstructor.v1.ReconstructRequest\x1a+.polar.reconstructor.v1.ReconstructResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2polar/reconstructor/v1/reconstructor_service.proto\x12\x16polar.reconstructor.v1\x1a polar/common/v1/completion.proto\x1a$polar/common/v1/reconstruction.proto\x1a\x1cpolar/common/v1/status.proto\x1a\x1bpolar/common/v1/trace.proto\"B\n\x0e\x43ompletionList\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.polar.common.v1.Completion\"7\n\x0bProxySource\x12\x14\n\x0cproxy_target\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\x82\x03\n\x12ReconstructRequest\x12=\n\x0b\x63ompletions\x18\x01 \x01(\x0b\x32&.polar.reconstructor.v1.CompletionListH\x00\x12\x34\n\x05proxy\x18\x02 \x01(\x0b\x32#.polar.reconstructor.v1.ProxySourceH\x00\x12\x39\n\x08strategy\x18\x03 \x01(\x0e\x32\'.polar.common.v1.ReconstructionStrategy\x12\x1d\n\x15\x65nd_of_turn_token_ids\x18\x04 \x03(\x05\x12\x0f\n\x07task_id\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x38\n\x0fterminal_status\x18\x07 \x01(\x0e\x32\x1f.polar.common.v1.TerminalStatus\x12\x38\n\tweighting\x18\x08 \x01(\x0e\x32%.polar.reconstructor.v1.WeightingModeB\x08\n\x06source\"r\n\x13ReconstructResponse\x12&\n\x06traces\x18\x01 \x03(\x0b\x32\x16.polar.common.v1.Trace\x12\x33\n\x05stats\x18\x02 \x01(\x0b\x32$.polar.common.v1.ReconstructionStats\"\xa0\x01\n\x18ReconstructStreamRequest\x12=\n\x07request\x18\x01 \x01(\x0b\x32*.polar.reconstructor.v1.ReconstructRequestH\x00\x12=\n\x0b\x63ompletions\x18\x02 \x01(\x0b\x32&.polar.reconstructor.v1.CompletionListH\x00\x42\x06\n\x04part\"x\n\x19ReconstructStreamResponse\x12&\n\x06traces\x18\x01 \x03(\x0b\x32\x16.polar.common.v1.Trace\x12\x33\n\x05stats\x18\x02 \x01(\x0b\x32$.polar.common.v1.ReconstructionStats*e\n\rWeightingMode\x12\x1e\n\x1aWEIGHTING_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16WEIGHTING_MODE_SESSION\x10\x01\x12\x18\n\x14WEIGHTING_MODE_TRACE\x10\x02\x32\xfc\x01\n\x14ReconstructorService\x12\x66\n\x0bReconstruct\x12*.polar.reconstructor.v1.ReconstructRequest\x1a+.polar.reconstructor.v1.ReconstructResponse\x12|\n\x11ReconstructStream\x12\x30.polar.reconstructor.v1.ReconstructStreamRequest\x1a\x31.polar.reconstructor.v1.ReconstructStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'polar.reconstructor.v1.reconstructor_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WEIGHTINGMODE']._serialized_start=839
-  _globals['_WEIGHTINGMODE']._serialized_end=940
+  _globals['_WEIGHTINGMODE']._serialized_start=1124
+  _globals['_WEIGHTINGMODE']._serialized_end=1225
   _globals['_COMPLETIONLIST']._serialized_start=209
   _globals['_COMPLETIONLIST']._serialized_end=275
   _globals['_PROXYSOURCE']._serialized_start=277
@@ -45,6 +45,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECONSTRUCTREQUEST']._serialized_end=721
   _globals['_RECONSTRUCTRESPONSE']._serialized_start=723
   _globals['_RECONSTRUCTRESPONSE']._serialized_end=837
-  _globals['_RECONSTRUCTORSERVICE']._serialized_start=942
-  _globals['_RECONSTRUCTORSERVICE']._serialized_end=1068
+  _globals['_RECONSTRUCTSTREAMREQUEST']._serialized_start=840
+  _globals['_RECONSTRUCTSTREAMREQUEST']._serialized_end=1000
+  _globals['_RECONSTRUCTSTREAMRESPONSE']._serialized_start=1002
+  _globals['_RECONSTRUCTSTREAMRESPONSE']._serialized_end=1122
+  _globals['_RECONSTRUCTORSERVICE']._serialized_start=1228
+  _globals['_RECONSTRUCTORSERVICE']._serialized_end=1480
 # @@protoc_insertion_point(module_scope)

@@ -61,3 +61,19 @@ class ReconstructResponse(_message.Message):
     traces: _containers.RepeatedCompositeFieldContainer[_trace_pb2.Trace]
     stats: _reconstruction_pb2.ReconstructionStats
     def __init__(self, traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., stats: _Optional[_Union[_reconstruction_pb2.ReconstructionStats, _Mapping]] = ...) -> None: ...
+
+class ReconstructStreamRequest(_message.Message):
+    __slots__ = ("request", "completions")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    request: ReconstructRequest
+    completions: CompletionList
+    def __init__(self, request: _Optional[_Union[ReconstructRequest, _Mapping]] = ..., completions: _Optional[_Union[CompletionList, _Mapping]] = ...) -> None: ...
+
+class ReconstructStreamResponse(_message.Message):
+    __slots__ = ("traces", "stats")
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    traces: _containers.RepeatedCompositeFieldContainer[_trace_pb2.Trace]
+    stats: _reconstruction_pb2.ReconstructionStats
+    def __init__(self, traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ..., stats: _Optional[_Union[_reconstruction_pb2.ReconstructionStats, _Mapping]] = ...) -> None: ...

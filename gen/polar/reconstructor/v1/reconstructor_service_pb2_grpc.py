@@ -40,6 +40,11 @@ class ReconstructorServiceStub:
                 request_serializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructRequest.SerializeToString,
                 response_deserializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructResponse.FromString,
                 _registered_method=True)
+        self.ReconstructStream = channel.stream_stream(
+                '/polar.reconstructor.v1.ReconstructorService/ReconstructStream',
+                request_serializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamRequest.SerializeToString,
+                response_deserializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamResponse.FromString,
+                _registered_method=True)
 
 
 class ReconstructorServiceServicer:
@@ -56,6 +61,18 @@ class ReconstructorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReconstructStream(self, request_iterator, context):
+        """ReconstructStream is Reconstruct for a session of any length: the client sends the request first, then
+        (for inline completions) the completions in chunks that each fit in a message, and half-closes; the
+        server answers with the traces in chunks, in trace_index order, the last message carrying the
+        statistics. No message grows with the session beyond one completion or one trace. Returns the same
+        status codes as Reconstruct, and INVALID_ARGUMENT when the first message is not a request or
+        completions follow a proxy source. Idempotent: the same input always gives the same traces.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReconstructorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +80,11 @@ def add_ReconstructorServiceServicer_to_server(servicer, server):
                     servicer.Reconstruct,
                     request_deserializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructRequest.FromString,
                     response_serializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructResponse.SerializeToString,
+            ),
+            'ReconstructStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReconstructStream,
+                    request_deserializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamRequest.FromString,
+                    response_serializer=polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +115,33 @@ class ReconstructorService:
             '/polar.reconstructor.v1.ReconstructorService/Reconstruct',
             polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructRequest.SerializeToString,
             polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReconstructStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/polar.reconstructor.v1.ReconstructorService/ReconstructStream',
+            polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamRequest.SerializeToString,
+            polar_dot_reconstructor_dot_v1_dot_reconstructor__service__pb2.ReconstructStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

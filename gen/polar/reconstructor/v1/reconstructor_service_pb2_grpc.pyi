@@ -39,6 +39,14 @@ class ReconstructorServiceStub:
     the proxy has no such session, and UNAVAILABLE when the proxy cannot be reached. Idempotent: the
     same input always gives the same traces.
     """
+    ReconstructStream: _grpc.StreamStreamMultiCallable[_reconstructor_service_pb2.ReconstructStreamRequest, _reconstructor_service_pb2.ReconstructStreamResponse]
+    """ReconstructStream is Reconstruct for a session of any length: the client sends the request first, then
+    (for inline completions) the completions in chunks that each fit in a message, and half-closes; the
+    server answers with the traces in chunks, in trace_index order, the last message carrying the
+    statistics. No message grows with the session beyond one completion or one trace. Returns the same
+    status codes as Reconstruct, and INVALID_ARGUMENT when the first message is not a request or
+    completions follow a proxy source. Idempotent: the same input always gives the same traces.
+    """
 
 @_typing.type_check_only
 class ReconstructorServiceAsyncStub(ReconstructorServiceStub):
@@ -50,6 +58,14 @@ class ReconstructorServiceAsyncStub(ReconstructorServiceStub):
     INVALID_ARGUMENT for malformed completions (for example mismatched logprob lengths), NOT_FOUND when
     the proxy has no such session, and UNAVAILABLE when the proxy cannot be reached. Idempotent: the
     same input always gives the same traces.
+    """
+    ReconstructStream: _aio.StreamStreamMultiCallable[_reconstructor_service_pb2.ReconstructStreamRequest, _reconstructor_service_pb2.ReconstructStreamResponse]  # type: ignore[assignment]
+    """ReconstructStream is Reconstruct for a session of any length: the client sends the request first, then
+    (for inline completions) the completions in chunks that each fit in a message, and half-closes; the
+    server answers with the traces in chunks, in trace_index order, the last message carrying the
+    statistics. No message grows with the session beyond one completion or one trace. Returns the same
+    status codes as Reconstruct, and INVALID_ARGUMENT when the first message is not a request or
+    completions follow a proxy source. Idempotent: the same input always gives the same traces.
     """
 
 class ReconstructorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -65,6 +81,20 @@ class ReconstructorServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT for malformed completions (for example mismatched logprob lengths), NOT_FOUND when
         the proxy has no such session, and UNAVAILABLE when the proxy cannot be reached. Idempotent: the
         same input always gives the same traces.
+        """
+
+    @_abc_1.abstractmethod
+    def ReconstructStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_reconstructor_service_pb2.ReconstructStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_reconstructor_service_pb2.ReconstructStreamResponse], _abc.AsyncIterator[_reconstructor_service_pb2.ReconstructStreamResponse]]:
+        """ReconstructStream is Reconstruct for a session of any length: the client sends the request first, then
+        (for inline completions) the completions in chunks that each fit in a message, and half-closes; the
+        server answers with the traces in chunks, in trace_index order, the last message carrying the
+        statistics. No message grows with the session beyond one completion or one trace. Returns the same
+        status codes as Reconstruct, and INVALID_ARGUMENT when the first message is not a request or
+        completions follow a proxy source. Idempotent: the same input always gives the same traces.
         """
 
 def add_ReconstructorServiceServicer_to_server(servicer: ReconstructorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

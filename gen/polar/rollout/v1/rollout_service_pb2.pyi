@@ -6,6 +6,7 @@ from polar.common.v1 import metrics_pb2 as _metrics_pb2
 from polar.common.v1 import session_pb2 as _session_pb2
 from polar.common.v1 import status_pb2 as _status_pb2
 from polar.common.v1 import task_pb2 as _task_pb2
+from polar.common.v1 import trace_pb2 as _trace_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -243,30 +244,36 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., already_existed: _Optional[bool] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("task_id", "summary_only", "omit_traces", "from_result_index", "max_results", "max_page_bytes")
+    __slots__ = ("task_id", "summary_only", "omit_traces", "from_result_index", "max_results", "max_page_bytes", "from_trace_index", "max_result_bytes")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
     OMIT_TRACES_FIELD_NUMBER: _ClassVar[int]
     FROM_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAX_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FROM_TRACE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESULT_BYTES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     summary_only: bool
     omit_traces: bool
     from_result_index: int
     max_results: int
     max_page_bytes: int
-    def __init__(self, task_id: _Optional[str] = ..., summary_only: _Optional[bool] = ..., omit_traces: _Optional[bool] = ..., from_result_index: _Optional[int] = ..., max_results: _Optional[int] = ..., max_page_bytes: _Optional[int] = ...) -> None: ...
+    from_trace_index: int
+    max_result_bytes: int
+    def __init__(self, task_id: _Optional[str] = ..., summary_only: _Optional[bool] = ..., omit_traces: _Optional[bool] = ..., from_result_index: _Optional[int] = ..., max_results: _Optional[int] = ..., max_page_bytes: _Optional[int] = ..., from_trace_index: _Optional[int] = ..., max_result_bytes: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("task", "session_results", "next_result_index")
+    __slots__ = ("task", "session_results", "next_result_index", "next_trace_index")
     TASK_FIELD_NUMBER: _ClassVar[int]
     SESSION_RESULTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TRACE_INDEX_FIELD_NUMBER: _ClassVar[int]
     task: TaskInfo
     session_results: _containers.RepeatedCompositeFieldContainer[_session_pb2.SessionResult]
     next_result_index: int
-    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., session_results: _Optional[_Iterable[_Union[_session_pb2.SessionResult, _Mapping]]] = ..., next_result_index: _Optional[int] = ...) -> None: ...
+    next_trace_index: int
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., session_results: _Optional[_Iterable[_Union[_session_pb2.SessionResult, _Mapping]]] = ..., next_result_index: _Optional[int] = ..., next_trace_index: _Optional[int] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "status_filter")
@@ -287,24 +294,30 @@ class ListTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchTaskRequest(_message.Message):
-    __slots__ = ("task_id", "from_result_index", "omit_traces")
+    __slots__ = ("task_id", "from_result_index", "omit_traces", "max_result_bytes")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
     OMIT_TRACES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESULT_BYTES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     from_result_index: int
     omit_traces: bool
-    def __init__(self, task_id: _Optional[str] = ..., from_result_index: _Optional[int] = ..., omit_traces: _Optional[bool] = ...) -> None: ...
+    max_result_bytes: int
+    def __init__(self, task_id: _Optional[str] = ..., from_result_index: _Optional[int] = ..., omit_traces: _Optional[bool] = ..., max_result_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchTaskResponse(_message.Message):
-    __slots__ = ("session_result", "result_index", "task")
+    __slots__ = ("session_result", "result_index", "task", "result_continues", "first_trace_index")
     SESSION_RESULT_FIELD_NUMBER: _ClassVar[int]
     RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    RESULT_CONTINUES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TRACE_INDEX_FIELD_NUMBER: _ClassVar[int]
     session_result: _session_pb2.SessionResult
     result_index: int
     task: TaskInfo
-    def __init__(self, session_result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ..., result_index: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+    result_continues: bool
+    first_trace_index: int
+    def __init__(self, session_result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ..., result_index: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., result_continues: _Optional[bool] = ..., first_trace_index: _Optional[int] = ...) -> None: ...
 
 class CancelTaskRequest(_message.Message):
     __slots__ = ("task_id", "reason")
@@ -393,7 +406,27 @@ class ReportSessionResultRequest(_message.Message):
     result: _session_pb2.SessionResult
     def __init__(self, result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ...) -> None: ...
 
+class ReportSessionResultStreamRequest(_message.Message):
+    __slots__ = ("result", "traces")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    result: _session_pb2.SessionResult
+    traces: TraceChunk
+    def __init__(self, result: _Optional[_Union[_session_pb2.SessionResult, _Mapping]] = ..., traces: _Optional[_Union[TraceChunk, _Mapping]] = ...) -> None: ...
+
+class TraceChunk(_message.Message):
+    __slots__ = ("traces",)
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    traces: _containers.RepeatedCompositeFieldContainer[_trace_pb2.Trace]
+    def __init__(self, traces: _Optional[_Iterable[_Union[_trace_pb2.Trace, _Mapping]]] = ...) -> None: ...
+
 class ReportSessionResultResponse(_message.Message):
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+
+class ReportSessionResultStreamResponse(_message.Message):
     __slots__ = ("duplicate",)
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool

@@ -81,6 +81,11 @@ class RolloutServiceStub:
                 request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.SerializeToString,
                 response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.FromString,
                 _registered_method=True)
+        self.ReportSessionResultStream = channel.stream_unary(
+                '/polar.rollout.v1.RolloutService/ReportSessionResultStream',
+                request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamRequest.SerializeToString,
+                response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamResponse.FromString,
+                _registered_method=True)
         self.UpdatePolicy = channel.unary_unary(
                 '/polar.rollout.v1.RolloutService/UpdatePolicy',
                 request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.UpdatePolicyRequest.SerializeToString,
@@ -179,6 +184,18 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSessionResultStream(self, request_iterator, context):
+        """ReportSessionResultStream is ReportSessionResult for a result of any size: the first message carries
+        the result (its traces, if any, are the first chunk), the following ones carry further traces in order,
+        and the result is recorded once, when the client half-closes, exactly as ReportSessionResult records
+        it. A stream cut short records nothing. Returns the same status codes as ReportSessionResult, and
+        INVALID_ARGUMENT when the first message carries no result. Idempotent by idempotency_key: a repeated
+        report is acknowledged as a duplicate and its traces are not added again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdatePolicy(self, request, context):
         """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
         checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
@@ -260,6 +277,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ReportSessionResult,
                     request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.FromString,
                     response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.SerializeToString,
+            ),
+            'ReportSessionResultStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReportSessionResultStream,
+                    request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamRequest.FromString,
+                    response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamResponse.SerializeToString,
             ),
             'UpdatePolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdatePolicy,
@@ -522,6 +544,33 @@ class RolloutService:
             '/polar.rollout.v1.RolloutService/ReportSessionResult',
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.SerializeToString,
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSessionResultStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/polar.rollout.v1.RolloutService/ReportSessionResultStream',
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamRequest.SerializeToString,
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

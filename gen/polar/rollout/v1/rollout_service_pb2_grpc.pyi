@@ -75,6 +75,14 @@ class RolloutServiceStub:
     INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
     for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
     """
+    ReportSessionResultStream: _grpc.StreamUnaryMultiCallable[_rollout_service_pb2.ReportSessionResultStreamRequest, _rollout_service_pb2.ReportSessionResultStreamResponse]
+    """ReportSessionResultStream is ReportSessionResult for a result of any size: the first message carries
+    the result (its traces, if any, are the first chunk), the following ones carry further traces in order,
+    and the result is recorded once, when the client half-closes, exactly as ReportSessionResult records
+    it. A stream cut short records nothing. Returns the same status codes as ReportSessionResult, and
+    INVALID_ARGUMENT when the first message carries no result. Idempotent by idempotency_key: a repeated
+    report is acknowledged as a duplicate and its traces are not added again.
+    """
     UpdatePolicy: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]
     """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
     checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
@@ -144,6 +152,14 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """ReportSessionResult records a session's result from the gateway that ran it. Returns
     INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
     for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
+    """
+    ReportSessionResultStream: _aio.StreamUnaryMultiCallable[_rollout_service_pb2.ReportSessionResultStreamRequest, _rollout_service_pb2.ReportSessionResultStreamResponse]  # type: ignore[assignment]
+    """ReportSessionResultStream is ReportSessionResult for a result of any size: the first message carries
+    the result (its traces, if any, are the first chunk), the following ones carry further traces in order,
+    and the result is recorded once, when the client half-closes, exactly as ReportSessionResult records
+    it. A stream cut short records nothing. Returns the same status codes as ReportSessionResult, and
+    INVALID_ARGUMENT when the first message carries no result. Idempotent by idempotency_key: a repeated
+    report is acknowledged as a duplicate and its traces are not added again.
     """
     UpdatePolicy: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]  # type: ignore[assignment]
     """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
@@ -265,6 +281,20 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         """ReportSessionResult records a session's result from the gateway that ran it. Returns
         INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
         for a stale attempt. Idempotent by idempotency_key: a repeated report is acknowledged as a duplicate.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportSessionResultStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_rollout_service_pb2.ReportSessionResultStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_service_pb2.ReportSessionResultStreamResponse, _abc.Awaitable[_rollout_service_pb2.ReportSessionResultStreamResponse]]:
+        """ReportSessionResultStream is ReportSessionResult for a result of any size: the first message carries
+        the result (its traces, if any, are the first chunk), the following ones carry further traces in order,
+        and the result is recorded once, when the client half-closes, exactly as ReportSessionResult records
+        it. A stream cut short records nothing. Returns the same status codes as ReportSessionResult, and
+        INVALID_ARGUMENT when the first message carries no result. Idempotent by idempotency_key: a repeated
+        report is acknowledged as a duplicate and its traces are not added again.
         """
 
     @_abc_1.abstractmethod
