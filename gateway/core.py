@@ -64,6 +64,7 @@ from gateway.steps import SessionSteps
 from gateway.wrapup import WrapUp
 from polar_core.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, PolarError, Unavailable
 from polar_core.records import AgentStatus, TerminalStatus
+from runtimes.errors import DiskQuotaExceeded
 
 __all__ = ["Capacity", "SessionPipeline"]
 
@@ -327,7 +328,7 @@ class SessionPipeline:
             self._observer.transition(s, Stage.POSTRUN)
             if s.status is None:
                 await self._phase(s, self._score(s))
-            if s.status in (TerminalStatus.CANCELLED, TerminalStatus.INFRA_ERROR):
+            if s.status in (TerminalStatus.CANCELLED, TerminalStatus.INFRA_ERROR, TerminalStatus.INVALID_PATCH):
                 await self._wrapup.salvage(s)
         finally:
             # Cancellation by request never reaches here (it cancels only ``s.work``); shutdown might, and the
@@ -362,6 +363,10 @@ class SessionPipeline:
         where = f"{s.stage.value}{'' if not s.queued else ' (queued)'}"
         if isinstance(exc, Unavailable):
             s.dependency_unavailable = True  # an outage, not the policy's failure (retried without using an attempt)
+        if isinstance(exc, DiskQuotaExceeded):
+            # The agent filled its workspace: its own doing, so a scored status with the reason, not infra.
+            settle(s, TerminalStatus.INVALID_PATCH, exc.message)
+            return
         if isinstance(exc, TimeoutError):
             message = f"session deadline passed in {where}"
         elif isinstance(exc, PolarError):
@@ -517,7 +522,7 @@ class SessionPipeline:
         timed_out = run.outcome is AgentStatus.TIMEOUT
         try:
             artifacts = await self._collect(s, run)
-        except PatchTooLarge as exc:
+        except (PatchTooLarge, DiskQuotaExceeded) as exc:
             return Evaluation(0.0, TerminalStatus.INVALID_PATCH, error_message=exc.message)
         except SessionDeadlinePassed:
             if not timed_out:

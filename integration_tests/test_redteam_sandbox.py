@@ -1,17 +1,26 @@
 """Red team: a hostile agent inside the local runtime (as root and as an unprivileged host user) and Docker.
 
 Each attack in :mod:`integration_tests.support.sandbox_attacks` must fail, bounded by the sandbox's limits,
-with the host file, the process outside and the other session untouched. Patch collection refuses a giant
-file or patch with a clear reason (``PatchTooLarge``, which the pipeline turns into ``invalid_patch``).
+with the host file, the process outside, the other session's command and files, the stand-in for the proxy's
+records and the host listeners untouched: capabilities, remount, signals and ptrace, other sessions, the host
+process's credentials in the environment and ``/proc``, loopback/LAN/Internet connections, nested user
+namespaces, fork and memory bombs, giant and sparse files, ``/tmp``/``/dev/shm`` fills, a disk fill past the
+workspace quota (``DiskQuotaExceeded``), symlinks planted for the runtime's upload and download. Patch
+collection refuses a giant file or patch with a clear reason (``PatchTooLarge``, which the pipeline turns into
+``invalid_patch``). The end-to-end version on a real gateway is ``test_redteam_gateway.py``; the evaluator-side
+attacks (pytest configuration and ``conftest.py`` tricks, killing pytest at import) are in
+``test_redteam_evaluator.py``; control-plane credentials by role in ``test_roles.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -41,10 +50,23 @@ from gateway.testing import (
     RecordingSink,
 )
 from integration_tests.support.docker import private_docker
-from integration_tests.support.sandbox_attacks import LIMITS, run_attacks
+from integration_tests.support.sandbox_attacks import (
+    ATTACKS,
+    CANARY_NAME,
+    LIMITS,
+    NETWORK_PROBE,
+    QUOTA_FILL,
+    QUOTA_FILL_BYTES,
+    QUOTA_LIMIT,
+    host_address,
+    run_attacks,
+)
+from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
-from runtimes import Runtime, RuntimeKind, RuntimeSpec
+from runtimes import ExecResult, Runtime, RuntimeKind, RuntimeSpec
+from runtimes._limits import parse_size
 from runtimes.docker import DockerRuntime
+from runtimes.errors import DiskQuotaExceeded
 from runtimes.local import LocalRuntime
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -78,11 +100,28 @@ def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
     assert out["remount"]["exit_code"] != 0
     assert out["write_read_only"]["exit_code"] != 0
     assert out["host_file"] == "original\n"
+    # Signals and ptrace: nothing outside the sandbox (host process, the other session's command) is reachable.
     assert out["kill_outsider"]["exit_code"] != 0
     assert out["ptrace_outsider"]["exit_code"] != 0
     assert out["outsider_alive"]
+    assert out["victim_alive"]
+    # Other sessions and the proxy's/gateway's files are not even visible.
     assert out["read_other_session"]["exit_code"] != 0
+    assert out["write_other_session"]["exit_code"] != 0
+    assert out["victim_after_quota"]["stdout"] == "victim secret\n"
     assert out["list_sessions"]["stdout"].split() == ["attacker"]
+    assert out["read_records"]["exit_code"] != 0
+    assert "secret" not in out["read_records"]["stdout"]
+    assert out["secrets"] == ["records.jsonl", "session.json"]
+    assert out["secrets_unchanged"]
+    # No credential of the host process in the sandbox's environment or anywhere in its /proc.
+    assert out["canary"] not in out["credentials"]["stdout"]
+    assert out["credentials"]["stdout"].rstrip().endswith("scanned")
+    # Network: loopback services of the host, the LAN address and the Internet are all refused.
+    lines = out["network"]["stdout"].splitlines()
+    assert len(lines) == len(out["targets"]), out["network"]
+    assert all(line.startswith("refused") for line in lines), lines
+    assert out["accepted"] == 0
     assert out["new_user_namespace"]["exit_code"] != 0
     forked = int(out["fork_count"]["stdout"].split("forked")[1].split()[0])
     assert "refused" in out["fork_count"]["stdout"]
@@ -95,9 +134,31 @@ def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
     assert "rc=0" not in out["sparse_file"]["stdout"]
     assert int(out["sparse_file"]["stdout"].split()[-1]) <= size_limit
     assert int(out["disk_fill"]["stdout"].split()[-1]) <= size_limit
+    # /tmp and /dev/shm are tmpfs of tmp_size; /dev itself is read-only.
+    tmp_size = parse_size(LIMITS["tmp_size"])
+    assert int(out["tmp_fill"]["stdout"].split()[-1]) <= tmp_size
+    assert int(out["shm_fill"]["stdout"].split()[-1]) <= tmp_size
+    assert out["dev_write"]["exit_code"] != 0
     etc = out["etc"]["stdout"]
     assert "present" not in etc, etc
     assert etc.split()[:2] == ["polar-sandbox", "polar-sandbox"]
+    # Links the agent planted: downloads refuse them, uploads replace them or refuse; the host is untouched.
+    assert "root:" not in out["plant_symlinks"]["stdout"]
+    links = out["symlinks"]
+    assert links["download_shadow"] == links["download_records"] == "PathEscapesSession"
+    assert links["download_through_dir"] == "PathEscapesSession"
+    assert links["upload_through_dir_link"] == "PathEscapesSession"
+    assert links["upload_over_file_link"] in ("ok", "PathEscapesSession")
+    assert links["upload_tree_over_dir_link"] in ("ok", "PathEscapesSession")
+    assert out["host_target"] == "original\n"
+    # Disk fill past the workspace quota: the command is killed with DiskQuotaExceeded, and so is every later one;
+    # what it left on the host is bounded (the quota plus what a writer manages between two samples).
+    quota = out["quota"]
+    assert quota["raised"] == "DiskQuotaExceeded", quota
+    assert "disk quota" in quota["message"]
+    assert quota["later"] == "DiskQuotaExceeded"
+    assert parse_size(QUOTA_LIMIT) < quota["host_bytes"] < QUOTA_FILL_BYTES // 2
+    assert quota["removed"]
     assert out["after"]["stdout"].strip() == "alive"
 
 
@@ -223,6 +284,63 @@ async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: 
         await runtime.stop()
 
 
+async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacks that apply to a container: network, credentials, signals, limits, links, disk quota."""
+    daemon, client, image = docker_env
+    canary = "canary-" + os.urandom(8).hex()
+    monkeypatch.setenv(CANARY_NAME, canary)
+    loopback, anywhere = socket.socket(), socket.socket()
+    loopback.bind(("127.0.0.1", 0))
+    anywhere.bind(("0.0.0.0", 0))
+    for sock in (loopback, anywhere):
+        sock.listen(4)
+        sock.setblocking(False)
+    targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{host_address()}:{anywhere.getsockname()[1]}",
+               "1.1.1.1:443"]  # fmt: skip
+    limits = {k: v for k, v in LIMITS.items() if k not in ("cpu_time_limit_s", "file_size_limit")}
+    spec = RuntimeSpec(kind=RuntimeKind.DOCKER, image=image, docker_host=daemon.url, **limits)
+    runtime = DockerRuntime(spec, session_id="redteam-attacks", client=client)
+    env = {"NETWORK_PROBE": NETWORK_PROBE, "TARGETS": " ".join(targets), "SECRETS": "/nonexistent",
+           "HOST_TARGET": "/etc/passwd"}  # fmt: skip
+    await runtime.start()
+    try:
+
+        async def attack(name: str) -> ExecResult:
+            return await runtime.exec(["sh", "-c", ATTACKS[name]], env=env, timeout=60)
+
+        network = await attack("network")
+        assert [line.split()[0] for line in network.stdout.splitlines()] == ["refused"] * len(targets), network
+        credentials = await attack("credentials")
+        assert canary not in credentials.stdout
+        # kill -9 -1 reaches only the command's own processes (it may kill its own wrapper), never the keeper: the
+        # container keeps running, so the agent cannot turn its failure into a dead runtime (infra_error).
+        await attack("kill_everything")
+        assert (await runtime.exec(["true"], timeout=30)).ok
+        assert (await attack("memory_bomb")).exit_code != 0
+        assert not (await attack("fork_bomb")).timed_out
+        tmp = await attack("tmp_fill")
+        assert int(tmp.stdout.split()[-1]) <= parse_size(LIMITS["tmp_size"])
+        assert (await attack("plant_symlinks")).ok
+        for link in ("shadow", "target"):
+            with pytest.raises(NotFound):
+                await runtime.download(link)
+    finally:
+        await runtime.stop()
+        loopback.close()
+        anywhere.close()
+    quota_spec = dataclasses.replace(spec, disk_limit=QUOTA_LIMIT)
+    filler = DockerRuntime(quota_spec, session_id="redteam-fill", client=client)
+    await filler.start()
+    try:
+        with pytest.raises(DiskQuotaExceeded, match="disk quota"):
+            await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
+        with pytest.raises(DiskQuotaExceeded):
+            await filler.exec(["true"], timeout=30)
+    finally:
+        await filler.stop()
+    assert not client.containers.list(all=True, filters={"name": "polar-redteam-fill"})
+
+
 class _GiantPatchAgent(FakeAgentRunner):
     """A fake harness whose session ``giant`` left a workspace over the patch limit."""
 
@@ -255,5 +373,43 @@ async def test_a_giant_patch_is_invalid_patch_and_the_gateway_keeps_serving() ->
         assert "larger than the patch limit" in results["giant"].error_message
         assert results["next"].status is not TerminalStatus.INVALID_PATCH
         assert results["next"].status is not TerminalStatus.INFRA_ERROR
+    finally:
+        await pipeline.close(grace_s=5)
+
+
+class _DiskFillAgent(FakeAgentRunner):
+    """A fake harness whose session ``filler`` breaks its sandbox's disk quota while it runs."""
+
+    async def run(self, runtime: Runtime, prepared: Any, *, timeout_s: float) -> AgentRun:
+        if runtime.session_id == "filler":
+            await super().run(runtime, prepared, timeout_s=timeout_s)  # its model calls are recorded first
+            raise DiskQuotaExceeded("the sandbox of filler used more than its disk quota (over 130 MiB allocated)")
+        return await super().run(runtime, prepared, timeout_s=timeout_s)
+
+
+async def test_a_disk_quota_breach_is_invalid_patch_with_its_calls_kept() -> None:
+    proxy = FakeProxy()
+    pipeline = SessionPipeline(
+        PipelineConfig(step_retries=1),
+        gateway_id="gw-redteam",
+        runtimes=FakeRuntimeFactory(),
+        agents=_DiskFillAgent(proxy),
+        proxy=proxy,
+        reconstructor=FakeReconstructor(),
+        evaluator=FakeEvaluator(),
+        sink=RecordingSink(),
+    )
+    try:
+        results = {}
+        for session_id in ("filler", "next"):
+            spec = SessionSpec(session_id=session_id, task_id="t", harness=HarnessConfig("fake"),
+                               evaluator=EvaluatorConfig("script", {}))  # fmt: skip
+            await pipeline.start_session(spec)
+            results[session_id] = await pipeline.wait_done(session_id)
+        assert results["filler"].status is TerminalStatus.INVALID_PATCH  # the agent's doing: scored, not infra
+        assert "disk quota" in results["filler"].error_message
+        assert results["filler"].reward == 0.0
+        assert results["filler"].traces  # the captured calls are reconstructed, with reward 0
+        assert results["next"].status not in (TerminalStatus.INVALID_PATCH, TerminalStatus.INFRA_ERROR)
     finally:
         await pipeline.close(grace_s=5)

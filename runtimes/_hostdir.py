@@ -6,7 +6,7 @@ import asyncio
 import fnmatch
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from polar_core.errors import NotFound
@@ -40,10 +40,11 @@ class HostSessionDir:
             raise PathEscapesSession(f"path {host} resolves outside the session directory")
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, exclude: Sequence[str]) -> None:
-        """Copy a host file/directory or bytes to ``dest``."""
+        """Copy a host file/directory or bytes to ``dest``; a symlink the sandbox left there is replaced, never
+        followed, and nothing is written through a directory that resolves outside the session directory."""
         target = self.host_path(dest)
         self._check_real(target.parent)
-        await asyncio.to_thread(_copy_in, src, target, tuple(exclude))
+        await asyncio.to_thread(_copy_in, src, target, tuple(exclude), self._check_real)
         self._check_real(target)
 
     async def download(self, src: str | PurePosixPath) -> bytes:
@@ -56,24 +57,60 @@ class HostSessionDir:
 
 
 def _read_capped(path: Path, limit: int) -> bytes:
-    with path.open("rb") as fh:
+    # O_NOFOLLOW: a link swapped in after the check is refused, not followed.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise FileTooLarge(f"{path.name} is larger than the download limit ({limit} bytes)")
     return data
 
 
-def _copy_in(src: Path | bytes, target: Path, exclude: tuple[str, ...]) -> None:
+def _write_new(target: Path, data: bytes | None, src: Path | None = None) -> None:
+    """Write ``target`` as a fresh regular file: a symlink at its place is removed, never followed."""
+    if target.is_symlink():
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        if data is not None:
+            out.write(data)
+        elif src is not None:
+            with src.open("rb") as fh:
+                shutil.copyfileobj(fh, out)
+
+
+def _copy_in(src: Path | bytes, target: Path, exclude: tuple[str, ...], check: Callable[[Path], None]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    check(target.parent)
     if isinstance(src, bytes):
-        target.write_bytes(src)
-        return
-    if src.is_dir():
-
-        def ignore(_dir: str, names: list[str]) -> set[str]:
-            return {n for n in names if any(fnmatch.fnmatch(n, pat) for pat in exclude)}
-
-        # symlinks=True: copy links as links, so a link in the source never pulls in host files.
-        shutil.copytree(src, target, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+        _write_new(target, src)
+    elif src.is_dir():
+        _copy_tree(src, target, exclude, check)
     else:
-        shutil.copyfile(src, target)
+        _write_new(target, None, src)
+
+
+def _copy_tree(src: Path, dest: Path, exclude: tuple[str, ...], check: Callable[[Path], None]) -> None:
+    """Copy a directory; links in ``src`` are copied as links (never pulling in host files), and a link the
+    sandbox planted in ``dest`` is replaced, never followed."""
+    if dest.is_symlink():
+        dest.unlink()
+    dest.mkdir(exist_ok=True)
+    check(dest)
+    with os.scandir(src) as entries:
+        for entry in entries:
+            if any(fnmatch.fnmatch(entry.name, pat) for pat in exclude):
+                continue
+            out = dest / entry.name
+            if entry.is_symlink():
+                if out.is_symlink() or out.is_file():
+                    out.unlink()
+                elif out.is_dir():
+                    shutil.rmtree(out)
+                os.symlink(os.readlink(entry.path), out)
+            elif entry.is_dir():
+                _copy_tree(Path(entry.path), out, exclude, check)
+            else:
+                _write_new(out, None, Path(entry.path))
+                shutil.copystat(entry.path, out, follow_symlinks=False)
+    shutil.copystat(src, dest, follow_symlinks=False)

@@ -5,7 +5,8 @@ Per-process rlimits (``prlimit``) are always set: address-space-free data size (
 (which the kernel does not enforce for host uid 0). Where a ``pids`` / ``memory`` cgroup can be created here —
 cgroup v2 with the controller enabled for our cgroup's children, or a writable v1 hierarchy (root) — each
 session gets its own cgroup with ``pids.max`` and a memory maximum for the whole sandbox. :func:`probe_limits`
-says once which limits hold on this host; the runtime logs what is not enforced.
+says once which limits hold on this host; the runtime logs what is not enforced. The workspace disk quota is
+enforced on every host by the watchdog of :mod:`runtimes._quota`.
 """
 
 from __future__ import annotations
@@ -129,7 +130,6 @@ class LimitProbe:
             missing.append("a per-session process count (RLIMIT_NPROC counts all processes of the host user)")
         if self.cgroups.memory is None:
             missing.append("a total memory limit per sandbox (only the per-process data size)")
-        missing.append("a workspace disk quota (only the per-file size limit)")
         return missing
 
 

@@ -1,17 +1,22 @@
 """The Docker runtime: one container per session, driven through the Docker SDK.
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
-no capabilities, ``no-new-privileges``, an unprivileged user, a read-only root file system (tmpfs ``/tmp``, the
-session directory on a volume), memory and pids limits, and labels that name their owner, so
+no capabilities, ``no-new-privileges``, every command as an unprivileged user (the keeper as uid 0, which commands
+cannot signal), a read-only root file system (tmpfs ``/tmp``, the
+session directory on a volume), memory and pids limits, a disk quota on the session volume (the watchdog of
+:mod:`runtimes._quota`; ``storage_opt`` size on the writable layer when the root is writable and the storage
+driver supports it), and labels that name their owner, so
 :func:`reap_orphaned_containers` can remove containers whose owning process died. ``cancel`` and ``stop``
 remove the container and its volume (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
-process group; the image therefore needs ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
+process group on timeout (and a small ``sh`` wrapper kills what is left in it when the command ends); the image
+therefore needs ``sh``, ``timeout``, ``sleep`` and ``mkdir`` (coreutils or busybox).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import io
 import logging
@@ -30,9 +35,10 @@ import docker.types
 from polar_core.errors import InvalidArgument, NotFound
 from runtimes._limits import parse_size
 from runtimes._process import DOWNLOAD_LIMIT_BYTES
+from runtimes._quota import allocated_bytes, quota_message, watch_quota
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult, resolve_in_root
-from runtimes.errors import FileTooLarge, RuntimeDied
+from runtimes.errors import DiskQuotaExceeded, FileTooLarge, RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -52,6 +58,9 @@ _TIMEOUT_EXIT_CODES = (124, 137)
 TUNNEL_DIR = "/polar/tunnel"
 _FORWARDER = ".polar/tunnel.py"
 _FORWARDER_READY_S = 20.0
+# ``timeout`` leads a process group of its own; when the command ends, whatever it left in that group (a fork
+# bomb's children, background jobs) is killed too, so one command cannot leave the container full of processes.
+_REAP = 'timeout -k 5 "$0" "$@" & pid=$!; wait $pid; rc=$?; kill -9 -- -$pid 2>/dev/null; exit $rc'
 
 
 def _owner_labels(session_id: str) -> dict[str, str]:
@@ -148,6 +157,9 @@ class DockerRuntime(SessionRuntime):
         self._client = client
         self._container: Any | None = None
         self._root = PurePosixPath(spec.container_root)
+        self._volume_host_dir: Path | None = None
+        self._user = f"{spec.sandbox_uid}:{spec.sandbox_gid}"
+        self._quota_breach: str | None = None
 
     @property
     def root(self) -> PurePosixPath:
@@ -172,6 +184,7 @@ class DockerRuntime(SessionRuntime):
         if self._container is not None:
             return
         self._container = await asyncio.to_thread(self._run_container)
+        self._volume_host_dir = await asyncio.to_thread(self._readable_volume_dir)
         # The session directory lives in a fresh volume (owned by root) mounted on its parent; an archive makes it
         # and its standard subdirectories the sandbox user's, without giving the container a capability to chown.
         names = [self._root.name, *(f"{self._root.name}/{sub}" for sub in SESSION_SUBDIRS)]
@@ -189,7 +202,9 @@ class DockerRuntime(SessionRuntime):
         argv = wrap_command("python3", str(self._root / _FORWARDER), port=spec.proxy_port, socket_path=socket_path,
                             argv=())  # fmt: skip
         container = self._live()
-        await asyncio.to_thread(container.exec_run, argv, workdir="/", environment=self.environment(None), detach=True)
+        await asyncio.to_thread(
+            container.exec_run, argv, workdir="/", environment=self.environment(None), detach=True, user=self._user
+        )
         probe = (
             "import socket, sys, time\n"
             "for _ in range(100):\n"
@@ -226,7 +241,9 @@ class DockerRuntime(SessionRuntime):
             "working_dir": "/",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "user": f"{self._spec.sandbox_uid}:{self._spec.sandbox_gid}",
+            # The keeper (init and ``sleep infinity``) runs as uid 0 without capabilities, every command as the
+            # sandbox user: a command cannot signal the keeper, so ``kill -9 -1`` cannot end its own container.
+            "user": "0:0",
             "read_only": self._spec.read_only_root,
             "tmpfs": {"/tmp": f"size={parse_size(self._spec.tmp_size)},mode=1777,exec"},
             # An anonymous volume (removed with the container): writable under a read-only root, and reachable
@@ -243,8 +260,21 @@ class DockerRuntime(SessionRuntime):
             # mounted (not the socket file), so a bridge that re-creates the socket stays reachable.
             volumes[str(self._spec.proxy_socket.parent)] = {"bind": TUNNEL_DIR, "mode": "ro"}
         kwargs["volumes"] = volumes
+        if not self._spec.read_only_root and self._spec.disk_limit is not None:
+            # The writable layer, where the driver can bound it (overlay2 on xfs with pquota, btrfs, zfs).
+            kwargs["storage_opt"] = {"size": self._spec.disk_limit}
         try:
-            return self._docker().containers.run(self._spec.image, **kwargs)
+            try:
+                return self._docker().containers.run(self._spec.image, **kwargs)
+            except docker.errors.APIError as exc:
+                if "storage_opt" not in kwargs or "storage" not in str(exc).lower():
+                    raise
+                _log.warning("docker runtime: the storage driver cannot bound the writable layer of %s (%s); "
+                             "only the session volume has a disk quota", self._session_id, exc)  # fmt: skip
+                del kwargs["storage_opt"]
+                with contextlib.suppress(docker.errors.DockerException):
+                    self._docker().containers.get(kwargs["name"]).remove(force=True, v=True)
+                return self._docker().containers.run(self._spec.image, **kwargs)
         except docker.errors.ImageNotFound as exc:
             raise NotFound(f"image {self._spec.image!r} not found: {exc}") from None
         except docker.errors.DockerException as exc:
@@ -269,9 +299,61 @@ class DockerRuntime(SessionRuntime):
         timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
     ) -> ExecResult:
         """Run a command in the container; see :meth:`runtimes.base.Runtime.exec`."""
+        if self._quota_breach is not None:
+            raise DiskQuotaExceeded(self._quota_breach)
         container = self._live()
         workdir = str(resolve_in_root(self._root, cwd)) if cwd is not None else str(self._root)
-        return await self._exec_in(container, argv, workdir, env, timeout)
+        command = self._exec_in(container, argv, workdir, env, timeout)
+        if self._spec.disk_limit is None:
+            return await command
+        limit = parse_size(self._spec.disk_limit)
+        try:
+            result, _breach = await watch_quota(
+                command, measure=lambda: self._disk_usage(container, limit), limit=limit, on_exceeded=self._over_quota
+            )
+        except RuntimeDied:
+            if self._quota_breach is None:
+                raise
+        if self._quota_breach is not None:
+            raise DiskQuotaExceeded(self._quota_breach)
+        return result
+
+    def _readable_volume_dir(self) -> Path | None:
+        """The session volume's directory on this host, when the daemon is local and this process may read it."""
+        if self._spec.docker_host is not None and not self._spec.docker_host.startswith("unix://"):
+            return None
+        if self._container is None:
+            return None
+        for mount in self._container.attrs.get("Mounts", []):
+            if mount.get("Destination") == str(self._volume_target()) and mount.get("Source"):
+                source = Path(mount["Source"])
+                if os.access(source, os.R_OK | os.X_OK):
+                    return source
+        return None
+
+    async def _disk_usage(self, container: Any, limit: int) -> int:
+        """Allocated bytes of the session volume: walked on the host where readable, else ``du`` inside."""
+        if self._volume_host_dir is not None:
+            return await asyncio.to_thread(allocated_bytes, self._volume_host_dir, stop_above=limit)
+        argv = ["du", "-skx", str(self._volume_target())]
+        try:
+            done = await asyncio.to_thread(container.exec_run, argv, demux=True, user=self._user)
+        except docker.errors.DockerException:
+            return 0  # the container is going away; the command's own result says so
+        out = (done.output[0] or b"").split()
+        return int(out[0]) * 1024 if out and out[0].isdigit() else 0
+
+    async def _over_quota(self, used: int) -> None:
+        """The quota broke: remember why and kill the container (every process in it)."""
+        limit = parse_size(self._spec.disk_limit or 0)
+        self._quota_breach = quota_message(used, limit, f"the container of {self._session_id}")
+        _log.warning("docker runtime: %s; the container is killed", self._quota_breach)
+        container = self._container
+        if container is not None:
+            try:
+                await asyncio.to_thread(container.kill)
+            except docker.errors.DockerException as exc:
+                _log.warning("cannot kill container %s: %s", container.name, exc)
 
     async def _exec_in(
         self,
@@ -281,11 +363,11 @@ class DockerRuntime(SessionRuntime):
         env: Mapping[str, str] | None,
         timeout: float,  # noqa: ASYNC109 - enforced inside the sandbox, which kills the process group
     ) -> ExecResult:
-        wrapped = ["timeout", "-k", "5", f"{timeout:.3f}", *argv]
+        wrapped = ["sh", "-c", _REAP, f"{timeout:.3f}", *argv]
         started = time.monotonic()
         try:
             exit_code, (out, err) = await asyncio.wait_for(
-                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self.environment(env)),
+                asyncio.to_thread(self._exec_blocking, container, wrapped, workdir, self.environment(env), self._user),
                 timeout + _EXEC_GRACE_S,
             )
         except TimeoutError:
@@ -309,9 +391,9 @@ class DockerRuntime(SessionRuntime):
 
     @staticmethod
     def _exec_blocking(
-        container: Any, argv: list[str], workdir: str, env: dict[str, str]
+        container: Any, argv: list[str], workdir: str, env: dict[str, str], user: str
     ) -> tuple[int | None, tuple[bytes | None, bytes | None]]:
-        result = container.exec_run(argv, workdir=workdir, environment=env, demux=True)
+        result = container.exec_run(argv, workdir=workdir, environment=env, demux=True, user=user)
         return result.exit_code, result.output
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:

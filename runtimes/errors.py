@@ -4,7 +4,8 @@ Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them 
 
     polar_core.errors.InvalidArgument
     ├── PathEscapesSession      a path leaves the session directory
-    └── FileTooLarge            a file to download is over the download limit
+    ├── FileTooLarge            a file to download is over the download limit
+    └── DiskQuotaExceeded       the sandbox's files outgrew its disk quota (its processes were killed)
     polar_core.errors.FailedPrecondition
     ├── RuntimeNotStarted       exec/upload/download before start() or after stop()
     └── IsolationUnavailable    this host cannot provide the operator's minimum isolation
@@ -19,6 +20,7 @@ from __future__ import annotations
 from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 
 __all__ = [
+    "DiskQuotaExceeded",
     "FileTooLarge",
     "IsolationUnavailable",
     "PathEscapesSession",
@@ -34,6 +36,14 @@ class PathEscapesSession(InvalidArgument):
 
 class FileTooLarge(InvalidArgument):
     """A file to download is larger than the runtime's download limit (the sandbox made it; it is not read)."""
+
+
+class DiskQuotaExceeded(InvalidArgument):
+    """The sandbox's files used more disk than its quota (``disk_limit``); the agent's doing, never infra.
+
+    Raised by the command during which the watchdog saw the quota broken (after killing the sandbox's
+    processes) and by every later command of that runtime.
+    """
 
 
 class RuntimeNotStarted(FailedPrecondition):

@@ -18,7 +18,8 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
 reason for each missing level, what this host provides (the gateway and the evaluator call it at start).
 
 Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
-rlimits always); the first session logs what this host cannot enforce. Every command gets a clean
+rlimits always) and the workspace disk quota of :mod:`runtimes._quota` (a watchdog on the session directory);
+the first session logs what this host cannot enforce. Every command gets a clean
 environment: a fixed ``PATH`` plus what every runtime sets
 (:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
 ``LANG``, ``POLAR_SESSION_DIR``, the spec's and the caller's variables). Nothing from the host leaks in.
@@ -40,9 +41,10 @@ from pathlib import Path, PurePosixPath
 from runtimes._hostdir import HostSessionDir
 from runtimes._limits import LimitProbe, parse_size, prlimit_argv, probe_limits, remove_cgroups
 from runtimes._process import run_process
+from runtimes._quota import allocated_bytes, quota_message, watch_quota
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
 from runtimes.base import ExecResult
-from runtimes.errors import IsolationUnavailable, RuntimeDied
+from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
@@ -79,6 +81,7 @@ async def _probe(argv: Sequence[str]) -> bool:
 _BWRAP_PROBE = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc",
                 "/proc", "--dev", "/dev"]  # fmt: skip
 _disable_userns: bool | None = None
+_tmpfs_size: bool | None = None
 _limits_logged = False
 
 
@@ -90,6 +93,14 @@ async def bwrap_disables_userns() -> bool:
         if not _disable_userns:
             _log.warning("bubblewrap cannot disable user namespaces here (needs 0.8+): sandboxes may create them")
     return _disable_userns
+
+
+async def bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap can bound a tmpfs (``--size``, 0.8+); without it ``/tmp`` is bounded by memory."""
+    global _tmpfs_size
+    if _tmpfs_size is None:
+        _tmpfs_size = await _probe([*_BWRAP_PROBE, "--size", "1048576", "--tmpfs", "/tmp", "true"])
+    return _tmpfs_size
 
 
 def _log_limits_once(probe: LimitProbe) -> None:
@@ -177,6 +188,8 @@ class LocalRuntime(SessionRuntime):
         self._limits = probe_limits()
         self._cgroups: list[Path] = []
         self._disable_userns = False
+        self._tmpfs_size = False
+        self._quota_breach: str | None = None
 
     @property
     def root(self) -> PurePosixPath:
@@ -219,6 +232,7 @@ class LocalRuntime(SessionRuntime):
         self._isolation = isolation
         if isolation is Isolation.BWRAP:
             self._disable_userns = await bwrap_disables_userns()
+            self._tmpfs_size = await bwrap_sizes_tmpfs()
             _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
                        self._spec.sandbox_gid if _is_root() else os.getgid())  # fmt: skip
         _log_limits_once(self._limits)
@@ -319,7 +333,14 @@ class LocalRuntime(SessionRuntime):
         args += self._etc_args()
         # The private /tmp comes before the read-only binds: bwrap mounts in order, so an interpreter or a
         # checkout that itself lives under the host's /tmp stays visible on top of it.
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        # /tmp and /dev/shm are memory: each bounded by tmp_size where bubblewrap can size a tmpfs (0.8+), and
+        # /dev itself read-only (its tmpfs would be unbounded).
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if self._tmpfs_size:
+            size = str(parse_size(self._spec.tmp_size))
+            args += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp"]
+        else:
+            args += ["--tmpfs", "/tmp"]
         for path in self._read_only_paths():
             args += ["--ro-bind", str(path), str(path)]
         args += ["--bind", str(self.host_root), str(self.root)]
@@ -360,7 +381,9 @@ class LocalRuntime(SessionRuntime):
         # bwrap sets the environment itself (--clearenv/--setenv); the other modes pass it directly.
         host_env = {"PATH": _DEFAULT_PATH} if self._isolation is Isolation.BWRAP else full_env
         host_cwd = None if self._isolation is Isolation.BWRAP else inner_cwd
-        result = await run_process(
+        if self._quota_breach is not None:
+            raise DiskQuotaExceeded(self._quota_breach)
+        process = run_process(
             wrapped,
             cwd=host_cwd,
             env=host_env,
@@ -368,10 +391,29 @@ class LocalRuntime(SessionRuntime):
             on_start=self._live_groups.add,
             on_end=self._live_groups.discard,
         )
+        if self._spec.disk_limit is None:
+            result = await process
+        else:
+            result, breach = await watch_quota(
+                process, measure=self._disk_usage, limit=parse_size(self._spec.disk_limit), on_exceeded=self._over_quota
+            )
+            if breach is not None:
+                raise DiskQuotaExceeded(self._quota_breach or "the sandbox used more than its disk quota")
         self._raise_if_cancelled(" while a command ran")
         if not self.host_root.is_dir():
             raise RuntimeDied(f"session directory {self.host_root} vanished while a command ran")
         return result
+
+    async def _disk_usage(self) -> int:
+        limit = parse_size(self._spec.disk_limit or 0)
+        return await asyncio.to_thread(allocated_bytes, self.host_root, stop_above=limit)
+
+    async def _over_quota(self, used: int) -> None:
+        """The quota broke: remember why and kill every command of the sandbox."""
+        limit = parse_size(self._spec.disk_limit or 0)
+        self._quota_breach = quota_message(used, limit, f"the sandbox of {self._session_id}")
+        _log.warning("local runtime: %s; its processes are killed", self._quota_breach)
+        self._kill_all()
 
     async def upload(self, src: Path | bytes, dest: str | PurePosixPath, *, exclude: Sequence[str] = ()) -> None:
         """Copy a host file/directory or bytes below the session directory."""

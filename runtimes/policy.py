@@ -7,8 +7,8 @@ baseline; the task's table may only:
 * ``network``: pick the same or a narrower mode (``host`` > ``proxy`` > ``none``);
 * ``isolation``: ask for the same or stronger (``bwrap`` > ``unshare`` > ``none``), never below the operator's
   ``min_isolation``; ``auto`` keeps the operator's choice;
-* limits (``memory_limit``, ``pids_limit``, ``cpu_time_limit_s``, ``file_size_limit``, ``cpus``, ``tmp_size``):
-  the same or smaller (``None``, unlimited, only where the operator's is unlimited too);
+* limits (``memory_limit``, ``pids_limit``, ``cpu_time_limit_s``, ``file_size_limit``, ``cpus``, ``tmp_size``,
+  ``disk_limit``): the same or smaller (``None``, unlimited, only where the operator's is unlimited too);
 * ``read_only_paths``: add paths that resolve (after symlinks) under the operator's ``read_only_roots`` or its own
   read-only paths; the operator's paths always stay;
 * ``env``: add variables, except those the runtimes and the gateway set themselves (:data:`RESERVED_ENV`, any
@@ -135,6 +135,11 @@ def apply_task_runtime(policy: OperatorPolicy, operator: Mapping[str, Any], tabl
             if theirs is not None and (mine is None or mine > theirs):
                 raise _widen(name, mine, f"the operator allows at most {theirs!r}")
             changes[name] = mine
+    if "disk_limit" in task:
+        mine_disk, their_disk = parsed.disk_limit, base.disk_limit
+        if their_disk is not None and (mine_disk is None or parse_size(mine_disk) > parse_size(their_disk)):
+            raise _widen("disk_limit", mine_disk, f"the operator allows at most {their_disk!r}")
+        changes["disk_limit"] = mine_disk
     if "read_only_root" in task:
         if base.read_only_root and not parsed.read_only_root:
             raise _widen("read_only_root", False, "the operator requires a read-only root file system")

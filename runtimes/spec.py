@@ -69,7 +69,8 @@ class RuntimeSpec:
         cpus: CPU limit of a container; ``None`` for none (not enforced by the local runtime).
         cpu_time_limit_s: CPU seconds each local process may use (``RLIMIT_CPU``); ``None`` for none.
         file_size_limit: Largest file a local process may write (``RLIMIT_FSIZE``, docker syntax).
-        tmp_size: Size of the container's ``/tmp`` tmpfs (docker, with ``read_only_root``).
+        tmp_size: Size of the container's ``/tmp`` tmpfs (docker, with ``read_only_root``) and of the local
+            bubblewrap sandbox's ``/tmp``.
         sandbox_uid: The uid commands run as: inside bubblewrap when the runtime runs as root, and in a
             container.
         sandbox_gid: The matching gid.
@@ -85,6 +86,8 @@ class RuntimeSpec:
         env: Extra environment for every command.
         docker_host: Docker daemon URL (``unix:///...``); ``None`` uses the SDK's environment defaults.
         container_root: The session directory's path inside a container.
+        disk_limit: The workspace disk quota (docker syntax): what the session directory (local) or session
+            volume (docker) may allocate while commands run (:mod:`runtimes._quota`); ``None`` for none.
     """
 
     kind: RuntimeKind = RuntimeKind.LOCAL
@@ -107,13 +110,16 @@ class RuntimeSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     docker_host: str | None = None
     container_root: str = "/polar/session"
+    disk_limit: str | None = "4g"
 
     def __post_init__(self) -> None:
         if self.kind in (RuntimeKind.DOCKER, RuntimeKind.APPTAINER) and not self.image:
             raise InvalidArgument(f"runtime kind {self.kind.value!r} needs an image")
         if self.network is NetworkMode.PROXY and self.proxy_socket is None:
             raise InvalidArgument("network 'proxy' needs proxy_socket")
-        for name in ("memory_limit", "file_size_limit", "tmp_size"):
+        for name in ("memory_limit", "file_size_limit", "tmp_size", "disk_limit"):
+            if getattr(self, name) is None and name == "disk_limit":
+                continue
             try:
                 parse_size(getattr(self, name))
             except ValueError:

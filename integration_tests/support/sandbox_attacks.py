@@ -1,29 +1,54 @@
-"""Attacks a hostile agent tries from inside a local-runtime sandbox; run in-process or as a script.
+"""Attacks a hostile agent tries from inside a sandbox; run in-process or as a script.
 
 Standard library and :mod:`runtimes` only, so a test can run it as an unprivileged host user with the
 system's Python (``runuser -u USER -- python3 -m integration_tests.support.sandbox_attacks BASE``): it prints
-one JSON object, attack name -> ``{"exit_code", "stdout", "stderr", "timed_out"}`` plus a few host-side facts
+one JSON object, attack name -> ``{"exit_code", "stdout", "stderr", "timed_out"}`` plus host-side facts
 (``host_file``: the read-only file's content afterwards; ``outsider_alive``: whether the process outside the
-sandbox survived).
+sandbox survived; ``victim_alive``: whether the other session's command survived; ``secrets``: the host
+directory standing for the proxy's records and the gateway's state, afterwards; ``accepted``: connections the
+host listeners accepted; ``symlinks``: what the runtime's upload/download did with links the agent planted;
+``quota``: the disk-fill run against a small quota).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from runtimes import ExecResult, RuntimeSpec
+from runtimes import ExecResult, Runtime, RuntimeSpec
+from runtimes._quota import allocated_bytes
 from runtimes.local import LocalRuntime
 
-__all__ = ["ATTACKS", "LIMITS", "run_attacks"]
+__all__ = [
+    "ATTACKS",
+    "CANARY_NAME",
+    "LIMITS",
+    "NETWORK_PROBE",
+    "QUOTA_FILL",
+    "QUOTA_FILL_BYTES",
+    "QUOTA_LIMIT",
+    "host_address",
+    "run_attacks",
+    "symlink_attacks",
+]
 
-LIMITS: dict[str, Any] = {"pids_limit": 64, "memory_limit": "256m", "file_size_limit": "64m", "cpu_time_limit_s": 30}
+LIMITS: dict[str, Any] = {"pids_limit": 64, "memory_limit": "256m", "file_size_limit": "64m", "cpu_time_limit_s": 30,
+                          "tmp_size": "32m", "disk_limit": "1g"}  # fmt: skip
 """The limits the attacked sandbox runs with."""
+QUOTA_LIMIT = "128m"
+"""The disk quota of the sandbox that fills its disk."""
+CANARY_NAME = "POLAR_REDTEAM_CANARY"
+"""A variable of the host process (and of the process outside the sandbox) that no sandbox may read."""
 
 _FORK_COUNT = """
 import os, time
@@ -39,17 +64,42 @@ except OSError as exc:
 print("forked", n)
 """
 
+NETWORK_PROBE = """
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print("connected", target)
+    except OSError as exc:
+        print("refused", target, exc.errno)
+"""
+"""``python3 -c NETWORK_PROBE HOST:PORT...``: one line per target, ``connected`` or ``refused``."""
+
+QUOTA_FILL = "for i in $(seq 1 64); do dd if=/dev/zero of=fill$i.bin bs=1M count=60 2>/dev/null; done; sleep 30"
+"""Fills the workspace with 60 MiB files (under the file size limit) far past :data:`QUOTA_LIMIT`."""
+QUOTA_FILL_BYTES = 64 * 60 * 2**20
+"""What :data:`QUOTA_FILL` writes when nothing stops it."""
+
 ATTACKS: dict[str, str] = {
     "capabilities": "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; id -u",
     "remount": 'mount -o remount,bind,rw "$RO_DIR" && echo pwned > "$RO_DIR/secret.txt"',
     "write_read_only": 'echo pwned > "$RO_DIR/secret.txt"',
     "kill_outsider": 'kill -9 "$OUTSIDER"',
+    "kill_everything": "kill -9 -1; echo rc=$?",
     "ptrace_outsider": (
         'python3 -c "import ctypes,sys; libc=ctypes.CDLL(None, use_errno=True); '
         'sys.exit(0 if libc.ptrace(16, int(sys.argv[1]), 0, 0) == 0 else 1)" "$OUTSIDER"'
     ),
     "read_other_session": 'cat "$OTHER/secret.txt"',
+    "write_other_session": 'echo pwned > "$OTHER/secret.txt"',
     "list_sessions": 'ls "$BASE"',
+    "read_records": 'ls "$SECRETS"; cat "$SECRETS/records.jsonl" "$SECRETS/session.json"',
+    "credentials": (
+        f"env | grep {CANARY_NAME}; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f; "
+        f"done 2>/dev/null | grep {CANARY_NAME}; echo scanned"
+    ),
+    "network": 'python3 -c "$NETWORK_PROBE" $TARGETS',
     "new_user_namespace": "unshare -U true",
     "fork_count": f"python3 -c '{_FORK_COUNT}'",
     "fork_bomb": "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived",
@@ -57,12 +107,29 @@ ATTACKS: dict[str, str] = {
     "memory_grow": "python3 -c 'x = []\nwhile True: x.append(bytearray(10 ** 7))'",
     "sparse_file": "truncate -s 2G big.bin; echo rc=$?; stat -c %s big.bin",
     "disk_fill": "dd if=/dev/zero of=fill.bin bs=1M count=200 2>/dev/null; echo rc=$?; stat -c %s fill.bin",
+    "tmp_fill": "dd if=/dev/zero of=/tmp/fill bs=1M count=60 2>/dev/null; stat -c %s /tmp/fill; rm -f /tmp/fill",
+    "shm_fill": "dd if=/dev/zero of=/dev/shm/fill bs=1M count=60 2>/dev/null; stat -c %s /dev/shm/fill",
+    "dev_write": "echo pwned > /dev/pwned",
     "etc": (
         "for f in /etc/shadow /etc/gshadow /etc/sudoers /etc/gitconfig /etc/npmrc /etc/machine-id "
         "/etc/ssl/private; do [ -e $f ] && echo present $f; done; ls /etc | grep -i polar; "
         "cat /etc/hostname; hostname; echo done"
     ),
+    "plant_symlinks": (
+        'ln -s /etc/shadow shadow; ln -s "$SECRETS" secrets; ln -s "$SECRETS/records.jsonl" records; '
+        'ln -s "$HOST_TARGET" target; mkdir -p up && ln -s "$SECRETS" up/sub; cat shadow records; echo planted'
+    ),
 }
+
+
+def host_address() -> str:
+    """An address of this host's first non-loopback interface (what a sandbox must not reach either)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))  # no packet is sent for a UDP connect
+            return str(sock.getsockname()[0])
+        except OSError:
+            return "10.255.255.1"
 
 
 def _summary(result: ExecResult) -> dict[str, Any]:
@@ -70,33 +137,129 @@ def _summary(result: ExecResult) -> dict[str, Any]:
             "timed_out": result.timed_out}  # fmt: skip
 
 
+async def _outcome(call: Awaitable[Any]) -> str:
+    """``ok`` or the name of the exception the call raised."""
+    try:
+        await call
+    except Exception as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+async def symlink_attacks(runtime: Runtime, secrets_dir: Path, host_target: Path) -> dict[str, str]:
+    """After ``plant_symlinks`` ran in ``runtime``: what its download and upload do with the links.
+
+    ``download_*`` must raise (never return a host file); ``upload_*`` must either raise or write inside the
+    session directory only (the test then checks the host target and secrets directory are unchanged).
+    """
+    out = {
+        "download_shadow": await _outcome(runtime.download("shadow")),
+        "download_records": await _outcome(runtime.download("records")),
+        "download_through_dir": await _outcome(runtime.download("secrets/records.jsonl")),
+        "upload_over_file_link": await _outcome(runtime.upload(b"pwned\n", "target")),
+        "upload_through_dir_link": await _outcome(runtime.upload(b"pwned\n", "secrets/new.txt")),
+    }
+    with tempfile.TemporaryDirectory() as name:
+        tree = Path(name)
+        (tree / "sub").mkdir()
+        (tree / "sub" / "planted.txt").write_text("pwned\n")
+        out["upload_tree_over_dir_link"] = await _outcome(runtime.upload(tree, "up"))
+    return out
+
+
+def _listener(host: str) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((host, 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    return sock
+
+
+def _accepted(sock: socket.socket) -> int:
+    count = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
+async def _quota_attack(base_dir: Path) -> dict[str, Any]:
+    """Fill a sandbox with a small quota; report what the runtime did and what was left on the host."""
+    spec = RuntimeSpec(**{**LIMITS, "disk_limit": QUOTA_LIMIT})
+    filler = LocalRuntime(spec, session_id="filler", base_dir=base_dir / "sessions")
+    await filler.start()
+    try:
+        try:
+            result = await filler.exec(["sh", "-c", QUOTA_FILL], timeout=60)
+            raised, message = "", json.dumps(_summary(result))
+        except Exception as exc:
+            raised, message = type(exc).__name__, str(exc)
+        host_bytes = allocated_bytes(filler.host_root)
+        later = await _outcome(filler.exec(["true"], timeout=30))
+    finally:
+        await filler.stop()
+    return {"raised": raised, "message": message, "host_bytes": host_bytes, "later": later,
+            "removed": not (base_dir / "sessions" / "filler").exists()}  # fmt: skip
+
+
 async def run_attacks(base_dir: Path) -> dict[str, Any]:
     """Run every attack in a fresh sandbox below ``base_dir``; return the outcomes and host-side facts."""
     ro_dir = base_dir / "readonly"
     ro_dir.mkdir(parents=True, exist_ok=True)
     (ro_dir / "secret.txt").write_text("original\n")
+    secrets_dir = base_dir / "secrets"  # stands for the proxy's records and the gateway's state directory
+    secrets_dir.mkdir(exist_ok=True)
+    (secrets_dir / "records.jsonl").write_text('{"token": "record-secret"}\n')
+    (secrets_dir / "session.json").write_text('{"token": "session-secret"}\n')
+    host_target = base_dir / "host-target.txt"
+    host_target.write_text("original\n")
+    canary = secrets.token_hex(16)
+    os.environ[CANARY_NAME] = canary  # the host process's and the outsider's environment
+    loopback, anywhere = _listener("127.0.0.1"), _listener("0.0.0.0")
+    targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{host_address()}:{anywhere.getsockname()[1]}",
+               "1.1.1.1:443", "8.8.8.8:53"]  # fmt: skip
     spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS)
     victim = LocalRuntime(spec, session_id="victim", base_dir=base_dir / "sessions")
     attacker = LocalRuntime(spec, session_id="attacker", base_dir=base_dir / "sessions")
     outsider = subprocess.Popen(["sleep", "120"])  # noqa: ASYNC220 - a host process for the attacks to aim at
     await victim.start()
     await attacker.start()
+    victim_command: asyncio.Task[ExecResult] | None = None
+    out: dict[str, Any] = {"canary": canary, "targets": targets}
     try:
         await victim.upload(b"victim secret\n", "secret.txt")
+        victim_command = asyncio.create_task(victim.exec(["sleep", "300"], timeout=600))
         env = {"RO_DIR": str(ro_dir), "OUTSIDER": str(outsider.pid), "OTHER": str(victim.root),
-               "BASE": str(base_dir / "sessions")}  # fmt: skip
-        out: dict[str, Any] = {}
+               "BASE": str(base_dir / "sessions"), "SECRETS": str(secrets_dir), "HOST_TARGET": str(host_target),
+               "NETWORK_PROBE": NETWORK_PROBE, "TARGETS": " ".join(targets)}  # fmt: skip
         for name, script in ATTACKS.items():
             out[name] = _summary(await attacker.exec(["sh", "-c", script], env=env, timeout=30))
-        probe = await attacker.exec(["sh", "-c", "echo alive"], timeout=30)
-        out["after"] = _summary(probe)
+        out["symlinks"] = await symlink_attacks(attacker, secrets_dir, host_target)
+        out["after"] = _summary(await attacker.exec(["sh", "-c", "echo alive"], timeout=30))
+        out["victim_alive"] = not victim_command.done()
+        out["quota"] = await _quota_attack(base_dir)
+        out["victim_after_quota"] = _summary(await victim.exec(["cat", "secret.txt"], timeout=30))
     finally:
+        if victim_command is not None:
+            victim_command.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await victim_command
         await attacker.stop()
         await victim.stop()
         alive = outsider.poll() is None
         outsider.kill()
         outsider.wait()
+        out["accepted"] = _accepted(loopback) + _accepted(anywhere)
+        loopback.close()
+        anywhere.close()
+        os.environ.pop(CANARY_NAME, None)
     out["host_file"] = (ro_dir / "secret.txt").read_text()
+    out["host_target"] = host_target.read_text()
+    out["secrets"] = sorted(p.name for p in secrets_dir.iterdir())
+    out["secrets_unchanged"] = (secrets_dir / "records.jsonl").read_text() == '{"token": "record-secret"}\n'
     out["outsider_alive"] = alive
     out["host_uid"] = os.getuid()
     return out

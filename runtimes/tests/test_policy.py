@@ -156,3 +156,12 @@ def test_task_admission_checks_paths_and_both_runtime_tables(tmp_path: Path) -> 
         admission.check({"evaluator": {"strategy": "swe", "test_patch": "/etc/passwd"}})
     with pytest.raises(InvalidArgument, match=r"runtime\.image"):
         admission.check({"runtime": {"kind": "docker", "image": "anything"}})
+
+
+def test_a_task_may_narrow_the_disk_quota_but_not_widen_or_drop_it() -> None:
+    assert _apply({"disk_limit": "128m"}).disk_limit == "128m"
+    assert _apply({}).disk_limit == "4g"
+    for wider in ("8g", None):
+        with pytest.raises(InvalidArgument, match="disk_limit"):
+            _apply({"disk_limit": wider})
+    assert _apply({"disk_limit": "1t"}, disk_limit=None).disk_limit == "1t"
