@@ -125,10 +125,11 @@ async def _run(port: int, calls: int, rounds: int) -> dict[str, dict[str, list[t
 def _encoders(repeat: int = 50) -> list[tuple[str, float]]:
     body = vllm_body(35000)
     out = []
-    for name, encode in (
+    encoders: list[tuple[str, Callable[[], bytes]]] = [
         ("json.dumps().encode()", lambda: json.dumps(body).encode()),
         ("orjson.dumps()", lambda: orjson.dumps(body)),
-    ):
+    ]
+    for name, encode in encoders:
         start = time.perf_counter()
         for _ in range(repeat):
             encode()
