@@ -2,7 +2,8 @@
 
 ``python -m bench.proxy_overhead.servers proxy ...`` is the proxy's process: a :class:`~model_proxy.app.ProxyApp`
 (one uvicorn worker, one event loop) whose backend is either :class:`InstantBackend` (in process, answers at
-once: the proxy's own cost) or the ``vllm`` backend pointed at the stub (token IDs over HTTP, as in production).
+once: the proxy's own cost), the ``vllm`` backend pointed at the stub (token IDs over HTTP, as in production) or
+the ``triton`` backend pointed at a PyTriton server answering scripted IDs (token IDs as tensors over gRPC).
 It prints its port and session tokens as one JSON line and serves until its standard input closes.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -19,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.proxy_overhead.stub import CANNED
-from integration_tests.support.backends import free_ports
+from integration_tests.support.backends import backend_venv_python, free_ports, run_pytriton
 from model_proxy.app import ProxyApp
 from model_proxy.backends.factory import create_backend
 from model_proxy.models import GenerationChunk, GenerationRequest
@@ -33,9 +35,21 @@ from model_proxy.settings import ProxySettings
 from polar_core.errors import FailedPrecondition
 from polar_core.model_fixtures import build_tiny_tokenizer
 
-__all__ = ["LITELLM", "Child", "InstantBackend", "LiteLLM", "canned_ids", "start_child", "start_litellm"]
+__all__ = [
+    "LITELLM",
+    "TRITON_MODEL",
+    "Child",
+    "InstantBackend",
+    "LiteLLM",
+    "canned_ids",
+    "start_child",
+    "start_litellm",
+    "start_triton",
+]
 
 LITELLM = Path(__file__).resolve().parents[2] / ".venv-litellm" / "bin" / "litellm"
+TRITON_MODEL = "stub"
+"""The unary model of the benchmark's PyTriton server (:func:`start_triton`)."""
 
 
 def canned_ids(tok: Any) -> list[int]:
@@ -153,13 +167,30 @@ def start_litellm(stub_port: int, workdir: Path) -> tuple[LiteLLM | None, str]:
     return server, ""
 
 
-async def _serve_proxy(fsync: bool, stub_port: int, sessions: int) -> None:
+@contextlib.contextmanager
+def start_triton(ids: list[int], workdir: Path) -> Iterator[tuple[str | None, str]]:
+    """Serve ``ids`` as scripted answers on PyTriton (``.venv-triton``).
+
+    Yields:
+        Its gRPC ``host:port`` and ``""``, or None and why it cannot run.
+    """
+    python = backend_venv_python("triton")
+    if python is None:
+        yield None, "no .venv-triton (run scripts/setup_backends.sh triton)"
+        return
+    with run_pytriton(python, None, workdir / "triton.log", scripted_ids=ids, model_name=TRITON_MODEL) as (url, _):
+        yield url, ""
+
+
+async def _serve_proxy(fsync: bool, stub_port: int, triton_url: str, sessions: int) -> None:
     tok = build_tiny_tokenizer()
     state = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     settings = ProxySettings(state_dir=state, fsync=fsync, context_length=1 << 20)
     backend: Backend
     if stub_port:
         backend = create_backend("vllm", {"url": f"http://127.0.0.1:{stub_port}", "model": "policy"}, tok)
+    elif triton_url:
+        backend = create_backend("triton", {"url": triton_url, "model_name": TRITON_MODEL}, tok)
     else:
         backend = InstantBackend(canned_ids(tok))
     app = ProxyApp(settings, backend, tok)
@@ -178,9 +209,10 @@ def main() -> None:
     parser.add_argument("kind", choices=["proxy"])
     parser.add_argument("--no-fsync", action="store_true")
     parser.add_argument("--stub-port", type=int, default=0, help="use the vllm backend against this stub")
+    parser.add_argument("--triton-url", default="", help="use the triton backend against this gRPC host:port")
     parser.add_argument("--sessions", type=int, default=64)
     args = parser.parse_args()
-    asyncio.run(_serve_proxy(not args.no_fsync, args.stub_port, args.sessions))
+    asyncio.run(_serve_proxy(not args.no_fsync, args.stub_port, args.triton_url, args.sessions))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ wait for readiness with a deadline (never a blind sleep) and stop it with SIGTER
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -98,14 +99,17 @@ def _libdir(python: Path) -> str:
 @contextlib.contextmanager
 def run_pytriton(
     python: Path,
-    model_dir: Path,
+    model_dir: Path | None,
     log_path: Path,
     *,
+    scripted_ids: list[int] | None = None,
     model_name: str = "tiny",
     timeout_s: float = 180.0,
     attempts: int = 2,
 ) -> Iterator[tuple[str, float]]:
-    """Serve ``model_dir`` on Triton with TensorRT-LLM tensor names (see ``pytriton_server.py``).
+    """Serve ``model_dir`` (or, without one, ``scripted_ids``) on Triton with TensorRT-LLM tensor names.
+
+    See ``pytriton_server.py``; with ``scripted_ids`` every call answers those IDs at once.
 
     A start that fails or hangs is retried on fresh ports, up to ``attempts`` times in all: on a loaded
     two-core machine tritonserver has once been seen not to come up within two minutes, and a test
@@ -124,13 +128,16 @@ def run_pytriton(
         readable, _, _ = select.select([proc.stdout], [], [], 0.5)
         return bool(readable) and proc.stdout.readline().strip() == "READY"
 
+    if (model_dir is None) == (scripted_ids is None):
+        raise ValueError("run_pytriton needs a model_dir or scripted_ids, not both")
+    source = ["--model-dir", str(model_dir)] if model_dir is not None else ["--scripted-ids", json.dumps(scripted_ids)]
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
         grpc_port, http_port, metrics_port = free_ports(3)
         log = log_path if attempt == 1 else log_path.with_name(f"{log_path.name}.{attempt}")
         triton_log = log.with_name(f"{log.name}.tritonserver")
         argv = [
-            str(python), str(_PYTRITON_SERVER), "--model-dir", str(model_dir), "--model-name", model_name,
+            str(python), str(_PYTRITON_SERVER), *source, "--model-name", model_name,
             "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
             # Next to the log, so a killed server leaves nothing behind in ~/.cache.
             "--workspace", str(log.parent / f"pytriton-workspace-{attempt}"), "--triton-log", str(triton_log),

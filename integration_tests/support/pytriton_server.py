@@ -11,12 +11,17 @@ Two models are bound: ``<name>`` (unary, like a non-decoupled ``tensorrt_llm`` m
 unlike some TensorRT-LLM builds, the sampled end token is included in ``output_ids``. Log-probabilities are
 ``log_softmax(logits / temperature)`` of the sampled token, untruncated by top-k/top-p. The server prints
 ``READY`` on stdout once both models are loaded, and stops on SIGTERM or SIGINT.
+
+With ``--scripted-ids IDS`` (a JSON list) instead of ``--model-dir``, no model is loaded: every call answers
+those IDs at once, each with log-probability -0.1, cut at ``request_output_len`` (the benchmark's Triton hop,
+``bench/proxy_overhead``).
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import logging
 import signal
 import sys
@@ -132,9 +137,22 @@ def _response(ids: list[int], logprobs: list[float], cum: float) -> dict[str, np
     }
 
 
+class _Scripted:
+    """Answers fixed IDs at once (no model)."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def tokens(self, request: Any) -> Iterator[tuple[int, float]]:
+        for token in self.ids[: int(_scalar(request, "request_output_len", len(self.ids)))]:
+            yield token, -0.1
+
+
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir")
+    source.add_argument("--scripted-ids", help="a JSON list of IDs to answer every call with (no model)")
     parser.add_argument("--model-name", default="tiny")
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
@@ -145,7 +163,7 @@ def _main() -> None:
     # Diagnostics for a start that hangs: PyTriton's progress on stderr, every thread's stack on SIGUSR1.
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    sampler = _Sampler(args.model_dir)
+    sampler = _Scripted(json.loads(args.scripted_ids)) if args.scripted_ids else _Sampler(args.model_dir)
 
     def unary(requests: list[Any]) -> list[dict[str, np.ndarray]]:
         out = []

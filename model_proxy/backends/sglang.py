@@ -26,8 +26,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from model_proxy.backends._http import HttpBackend, response_message
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest
@@ -66,7 +64,6 @@ class SGLangBackend(HttpBackend):
         incremental_stream: bool = False,
         extra_sampling: Mapping[str, Any] | None = None,
         model_dir: str | Path | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """Create the backend; :meth:`start` opens the HTTP client.
 
@@ -79,11 +76,8 @@ class SGLangBackend(HttpBackend):
             extra_sampling: Extra ``sampling_params`` fields (e.g. ``repetition_penalty``).
             model_dir: The served checkpoint's directory on the proxy host, which weight updates are checked
                 against; default: the ``model_path`` the server reports, when it is a directory here.
-            transport: An httpx transport (tests use an in-process ASGI app).
         """
-        super().__init__(
-            base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, transport=transport
-        )
+        super().__init__(base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
         self._incremental = incremental_stream
         self._extra = dict(extra_sampling or {})
         self._served_dir = Path(model_dir) if model_dir is not None else None
@@ -93,7 +87,7 @@ class SGLangBackend(HttpBackend):
         """Whether ``/health`` answers 200 and no weight update failed with a server error."""
         return self._lost is None and await super().healthy()
 
-    async def _discover_model_dir(self, client: httpx.AsyncClient) -> str | None:
+    async def _discover_model_dir(self) -> str | None:
         for path in ("/model_info", "/get_model_info"):
             response = await self._admin("GET", path, what="asking for the served model")
             if response.status_code == 200:
@@ -124,9 +118,7 @@ class SGLangBackend(HttpBackend):
         """
         await self.check_weights(path)
         body = {"model_path": path, "weight_version": path, "abort_all_requests": False}
-        response = await self._admin(
-            "POST", "/update_weights_from_disk", what="updating the weights", json=body, timeout=self._timeout
-        )
+        response = await self._admin("POST", "/update_weights_from_disk", what="updating the weights", json=body)
         status = response.status_code
         if status == 404:
             raise FailedPrecondition(f"{self._server} has no /update_weights_from_disk endpoint")
@@ -144,7 +136,7 @@ class SGLangBackend(HttpBackend):
             )
         self._served_dir = Path(path)
 
-    async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
+    async def _body(self, request: GenerationRequest) -> dict[str, Any]:
         if not request.prompt_token_ids:
             raise MalformedRequest("the prompt has no tokens")
         sampling = request.sampling
@@ -153,7 +145,7 @@ class SGLangBackend(HttpBackend):
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-            "stop_token_ids": list(request.stop_token_ids),
+            "stop_token_ids": request.stop_token_ids,
             "skip_special_tokens": False,
             "no_stop_trim": True,
         }
@@ -162,7 +154,7 @@ class SGLangBackend(HttpBackend):
         if sampling.stop:
             params["stop"] = list(sampling.stop)
         return {
-            "input_ids": list(request.prompt_token_ids),
+            "input_ids": request.prompt_token_ids,  # a tuple: orjson writes it as an array, with no copy
             "sampling_params": params | self._extra,
             "return_logprob": True,
             "logprob_start_len": -1,

@@ -10,6 +10,9 @@ Response tensors: ``output_ids`` [1, beam, n], ``sequence_length`` [1, beam], ``
 [1, beam, n] and ``cum_log_probs`` [1, beam]; beam 0 is used. The server must return the sampled end token
 (configure the model so), and, unless ``output_includes_prompt`` is set, only generated tokens.
 
+Tensors travel as binary data (``raw_input_contents``/``raw_output_contents``, numpy int32 arrays), on one gRPC
+channel per backend; the scalar tensors, the same from call to call, are built once and reused.
+
 A non-decoupled model is called with unary ``ModelInfer``. A decoupled model (``decoupled=True``) is
 called over the bidirectional stream: one response per step when streaming, else a single response.
 A call ends at the first sampled stop ID, at ``max_tokens``, or at a response flagged
@@ -43,6 +46,8 @@ from polar_core.errors import FailedPrecondition, Internal, PolarError
 __all__ = ["TritonBackend", "TritonTensorNames"]
 
 _RETRY_AFTER_S = 1.0
+_SCALARS_CACHED = 256
+"""At most this many distinct scalar tensors are kept for reuse per backend."""
 _NO_RELOAD = (
     "Triton serves compiled TensorRT-LLM engines and cannot load a Hugging Face checkpoint: build an engine "
     "from it (convert_checkpoint.py and trtllm-build, or trtllm-refit when the engine was built refittable), then "
@@ -126,6 +131,17 @@ class TritonBackend:
         self._output_includes_prompt = output_includes_prompt
         self._timeout_s = timeout_s
         self._client: triton_aio.InferenceServerClient | None = None
+        self._scalars: dict[tuple[str, str, float], InferInput] = {}
+
+    def _scalar(self, name: str, value: float, dtype: type[np.generic], datatype: str) -> InferInput:
+        """A [1, 1] tensor, reused across calls (tritonclient only reads an input, never changes it)."""
+        key = (name, datatype, value)
+        tensor = self._scalars.get(key)
+        if tensor is None:
+            tensor = _tensor(name, np.array([[value]], dtype=dtype), datatype)
+            if len(self._scalars) < _SCALARS_CACHED:
+                self._scalars[key] = tensor
+        return tensor
 
     async def start(self) -> None:
         """Open the gRPC channel; idempotent (the server may still be starting: see :meth:`healthy`)."""
@@ -180,25 +196,23 @@ class TritonBackend:
         stops = request.stop_token_ids
         end_id = stops[0] if stops else -1
 
-        def i32(value: int) -> np.ndarray[Any, Any]:
-            return np.array([[value]], dtype=np.int32)
-
+        scalar = self._scalar
         tensors = [
             _tensor("input_ids", np.array([prompt], dtype=np.int32), "INT32"),
-            _tensor("input_lengths", i32(len(prompt)), "INT32"),
-            _tensor("request_output_len", i32(max_tokens), "INT32"),
-            _tensor("end_id", i32(end_id), "INT32"),
-            _tensor("pad_id", i32(self._pad_id), "INT32"),
-            _tensor("streaming", np.array([[streaming]], dtype=np.bool_), "BOOL"),
-            _tensor("return_log_probs", np.array([[True]], dtype=np.bool_), "BOOL"),
-            _tensor(self._names.temperature, np.array([[sampling.temperature]], dtype=np.float32), "FP32"),
+            _tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32), "INT32"),
+            scalar("request_output_len", max_tokens, np.int32, "INT32"),
+            scalar("end_id", end_id, np.int32, "INT32"),
+            scalar("pad_id", self._pad_id, np.int32, "INT32"),
+            scalar("streaming", streaming, np.bool_, "BOOL"),
+            scalar("return_log_probs", True, np.bool_, "BOOL"),
+            scalar(self._names.temperature, sampling.temperature, np.float32, "FP32"),
         ]
         if sampling.top_k > 0:
-            tensors.append(_tensor(self._names.top_k, i32(sampling.top_k), "INT32"))
+            tensors.append(scalar(self._names.top_k, sampling.top_k, np.int32, "INT32"))
         if sampling.top_p < 1.0:
-            tensors.append(_tensor(self._names.top_p, np.array([[sampling.top_p]], dtype=np.float32), "FP32"))
+            tensors.append(scalar(self._names.top_p, sampling.top_p, np.float32, "FP32"))
         if sampling.seed is not None:
-            seed = np.array([[sampling.seed]], dtype=np.uint64)
+            seed = np.array([[sampling.seed]], dtype=np.uint64)  # often new each call: not kept
             tensors.append(_tensor(self._names.seed, seed, "UINT64"))
         if len(stops) > 1:
             words = np.array([[list(stops), list(range(1, len(stops) + 1))]], dtype=np.int32)
@@ -218,10 +232,10 @@ class TritonBackend:
         count = len(ids_row)
         if not streaming and lengths is not None:
             count = min(count, int(lengths.reshape(-1)[0]))
-        ids = [int(t) for t in ids_row[:count]]
+        ids: list[int] = ids_row[:count].astype(np.int64).tolist()
         if self._output_includes_prompt and not streaming:
             ids = ids[prompt_length:]
-        logprobs = [float(x) for x in lps_row[: len(ids)]]
+        logprobs: list[float] = lps_row[: len(ids)].astype(np.float64).tolist()
         if len(logprobs) != len(ids):
             raise Internal(f"triton at {self.url}: {len(ids)} output IDs but {len(logprobs)} log-probabilities")
         return ids, logprobs

@@ -30,9 +30,13 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from model_proxy.backends._http import HttpBackend, error_from_response, error_from_transport, response_message
+from model_proxy.backends._http import (
+    HttpBackend,
+    TransportError,
+    error_from_response,
+    error_from_transport,
+    response_message,
+)
 from model_proxy.errors import BackendUnavailable, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import FailedPrecondition, Internal
@@ -61,7 +65,6 @@ class VLLMBackend(HttpBackend):
         connect_timeout_s: float = 5.0,
         extra_body: Mapping[str, Any] | None = None,
         model_dir: str | Path | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """Create the backend; :meth:`start` opens the HTTP client.
 
@@ -74,21 +77,18 @@ class VLLMBackend(HttpBackend):
             extra_body: Extra fields merged into every request body (e.g. ``repetition_penalty``).
             model_dir: The served checkpoint's directory on the proxy host, which weight updates are checked
                 against; default: the ``root`` that ``/v1/models`` reports, when it is a directory here.
-            transport: An httpx transport (tests use an in-process ASGI app).
         """
-        super().__init__(
-            base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, transport=transport
-        )
+        super().__init__(base_url, api_key=api_key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
         self._model = model
         self._extra = dict(extra_body or {})
         self._served_dir = Path(model_dir) if model_dir is not None else None
         self._lost: str | None = None
 
-    async def _model_name(self, client: httpx.AsyncClient) -> str:
+    async def _model_name(self) -> str:
         if self._model is None:
             try:
-                response = await client.get("/v1/models")
-            except httpx.TransportError as exc:
+                response = await self._request("GET", "/v1/models")
+            except TransportError as exc:
                 raise error_from_transport(exc, server=self._server) from exc
             if response.status_code != 200:
                 raise error_from_response(response, server=self._server, prompt_tokens=0)
@@ -102,7 +102,7 @@ class VLLMBackend(HttpBackend):
         """Whether ``/health`` answers 200 and no weight reload failed on this replica."""
         return self._lost is None and await super().healthy()
 
-    async def _discover_model_dir(self, client: httpx.AsyncClient) -> str | None:
+    async def _discover_model_dir(self) -> str | None:
         response = await self._admin("GET", "/v1/models", what="listing the served model")
         if response.status_code != 200:
             return None
@@ -111,7 +111,7 @@ class VLLMBackend(HttpBackend):
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         """One management call; a 404 means the dev-mode endpoints are absent."""
-        response = await self._admin(method, path, what=what, timeout=self._timeout, **kwargs)
+        response = await self._admin(method, path, what=what, **kwargs)
         if response.status_code == 404:
             raise FailedPrecondition(
                 f"{self._server} has no {path} endpoint: start the vLLM server with VLLM_SERVER_DEV_MODE=1 "
@@ -177,20 +177,20 @@ class VLLMBackend(HttpBackend):
         finally:
             await self._call("POST", "/resume", "resuming generation")
 
-    async def _body(self, client: httpx.AsyncClient, request: GenerationRequest) -> dict[str, Any]:
+    async def _body(self, request: GenerationRequest) -> dict[str, Any]:
         sampling = request.sampling
         if not request.prompt_token_ids:
             raise MalformedRequest("the prompt has no tokens")
         body: dict[str, Any] = {
-            "model": await self._model_name(client),
-            "prompt": list(request.prompt_token_ids),
+            "model": await self._model_name(),
+            "prompt": request.prompt_token_ids,  # a tuple: orjson writes it as an array, with no copy
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,
-            "stop_token_ids": list(request.stop_token_ids),
+            "stop_token_ids": request.stop_token_ids,
             "stream": request.stream,
         }
         if sampling.top_k > 0:

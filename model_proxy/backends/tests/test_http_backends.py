@@ -1,4 +1,4 @@
-"""Unit tests of the vLLM and SGLang clients against small in-process fakes (no ports).
+"""Unit tests of the vLLM and SGLang clients against small fakes (Starlette apps on loopback ports).
 
 The SGLang fake returns the documented ``/generate`` shape (``meta_info.output_token_logprobs`` as
 ``[logprob, token_id, text]``, cumulative in stream events); SGLang itself has no CPU build that installs
@@ -7,18 +7,20 @@ here. The vLLM client is also tested against a real server in ``integration_test
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from model_proxy.backends._http import sse_events
 from model_proxy.backends.sglang import SGLangBackend
+from model_proxy.backends.tests.conftest import Serve, unused_port
 from model_proxy.backends.vllm import VLLMBackend
 from model_proxy.errors import (
     BackendOverloaded,
@@ -91,7 +93,9 @@ def _vllm_app(seen: list[dict[str, Any]]) -> Starlette:
                           "finish_reason": finish if i == len(out) - 1 else None}]}
             for i, (t, lp) in enumerate(out)
         ]  # fmt: skip
-        return _sse([{"choices": [{"index": 0, "text": "", "prompt_token_ids": [1], "token_ids": []}]}, *events])
+        # vLLM repeats the prompt's IDs in its first event (return_token_ids): one long line for a long prompt.
+        first = {"choices": [{"index": 0, "text": "", "prompt_token_ids": body["prompt"], "token_ids": []}]}
+        return _sse([first, *events])
 
     async def models(request: Request) -> Response:
         return JSONResponse({"data": [{"id": "served-name"}]})
@@ -99,9 +103,9 @@ def _vllm_app(seen: list[dict[str, Any]]) -> Starlette:
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
 
 
-def _request(stream: bool, max_tokens: int = 10) -> GenerationRequest:
+def _request(stream: bool, max_tokens: int = 10, prompt: tuple[int, ...] = (1, 2, 3)) -> GenerationRequest:
     return GenerationRequest(
-        prompt_token_ids=(1, 2, 3),
+        prompt_token_ids=prompt,
         sampling=SamplingParams(temperature=0.8, top_k=20, max_tokens=max_tokens, seed=5),
         stop_token_ids=(7,),
         request_id="call-9",
@@ -119,12 +123,12 @@ def _flat(chunks: list[GenerationChunk]) -> tuple[list[int], list[float]]:
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_rebuilds_ids_and_logprobs(kind: str, stream: bool) -> None:
+async def test_rebuilds_ids_and_logprobs(kind: str, stream: bool, serve: Serve) -> None:
     seen: list[dict[str, Any]] = []
     if kind == "sglang":
-        backend: Any = SGLangBackend("http://fake", transport=httpx.ASGITransport(_sglang_app(seen)))
+        backend: Any = SGLangBackend(await serve(_sglang_app(seen)))
     else:
-        backend = VLLMBackend("http://fake", transport=httpx.ASGITransport(_vllm_app(seen)))
+        backend = VLLMBackend(await serve(_vllm_app(seen)))
     await backend.start()
     try:
         chunks = await _run(backend, _request(stream))
@@ -155,6 +159,24 @@ async def test_rebuilds_ids_and_logprobs(kind: str, stream: bool) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_long_prompt_is_sent_exactly(kind: str, stream: bool, serve: Serve) -> None:
+    # A 35k-token prompt: a 200 kB body, and (vLLM, streaming) a first event longer than any read buffer.
+    prompt = tuple((i * 7919) % 150000 for i in range(35000))
+    seen: list[dict[str, Any]] = []
+    app = _sglang_app(seen) if kind == "sglang" else _vllm_app(seen)
+    backend: Any = SGLangBackend(await serve(app)) if kind == "sglang" else VLLMBackend(await serve(app))
+    await backend.start()
+    try:
+        for _ in range(2):  # the second call reuses the connection
+            chunks = await _run(backend, _request(stream, prompt=prompt))
+            assert _flat(chunks) == ([t for t, _ in SAMPLED], [lp for _, lp in SAMPLED])
+    finally:
+        await backend.close()
+    assert [s["input_ids" if kind == "sglang" else "prompt"] for s in seen] == [list(prompt)] * 2
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
 @pytest.mark.parametrize(
     ("status", "message", "headers", "error"),
     [
@@ -168,15 +190,10 @@ async def test_rebuilds_ids_and_logprobs(kind: str, stream: bool) -> None:
         (400, "temperature must be non-negative", None, MalformedRequest),
     ],
 )  # fmt: skip
-async def test_http_errors_are_mapped(kind: str, status: int, message: str, headers, error) -> None:
+async def test_http_errors_are_mapped(kind: str, status: int, message: str, headers, error, serve: Serve) -> None:
     path = "/generate" if kind == "sglang" else "/v1/completions"
-    app = Starlette(routes=[Route(path, _error_route(status, message, headers), methods=["POST"])])
-    transport = httpx.ASGITransport(app)
-    backend: Any = (
-        SGLangBackend("http://fake", transport=transport)
-        if kind == "sglang"
-        else VLLMBackend("http://fake", model="m", transport=transport)
-    )
+    url = await serve(Starlette(routes=[Route(path, _error_route(status, message, headers), methods=["POST"])]))
+    backend: Any = SGLangBackend(url) if kind == "sglang" else VLLMBackend(url, model="m")
     await backend.start()
     try:
         with pytest.raises(error) as info:
@@ -190,31 +207,28 @@ async def test_http_errors_are_mapped(kind: str, status: int, message: str, head
         assert info.value.prompt_tokens == 3
 
 
-class _FailingTransport(httpx.AsyncBaseTransport):
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
+def _slow_app() -> Starlette:
+    async def handler(request: Request) -> Response:
+        await asyncio.sleep(5)
+        return Response(status_code=200)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        raise self.exc
+    return Starlette(routes=[Route("/{path:path}", handler, methods=["GET", "POST"])])
 
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])
-@pytest.mark.parametrize(
-    ("exc", "error"),
-    [(httpx.ConnectError("refused"), BackendUnavailable), (httpx.ReadTimeout("slow"), BackendTimeout)],
-)
-async def test_transport_errors_are_mapped(kind: str, exc: Exception, error) -> None:
-    transport = _FailingTransport(exc)
-    backend: Any = (
-        SGLangBackend("http://fake", transport=transport)
-        if kind == "sglang"
-        else VLLMBackend("http://fake", model="m", transport=transport)
-    )
+@pytest.mark.parametrize("failure", ["refused", "slow"])
+async def test_transport_errors_are_mapped(kind: str, failure: str, serve: Serve) -> None:
+    # "refused": nothing listens on the port; "slow": the server never answers within the read timeout.
+    url = f"http://127.0.0.1:{unused_port()}" if failure == "refused" else await serve(_slow_app())
+    backend: Any = SGLangBackend(url, timeout_s=0.3) if kind == "sglang" else VLLMBackend(url, model="m", timeout_s=0.3)
     await backend.start()
     try:
-        assert not await backend.healthy()
-        with pytest.raises(error):
+        if failure == "refused":
+            assert not await backend.healthy()
+        with pytest.raises(BackendUnavailable if failure == "refused" else BackendTimeout) as info:
             await _run(backend, _request(stream=True))
+        if failure == "refused":
+            assert "cannot be reached" in info.value.message
     finally:
         await backend.close()
 
@@ -226,7 +240,7 @@ async def test_not_started_is_unavailable() -> None:
             await _run(backend, _request(stream=False))
 
 
-async def test_sglang_incremental_stream() -> None:
+async def test_sglang_incremental_stream(serve: Serve) -> None:
     entries = [[lp, t, "x"] for t, lp in SAMPLED]
 
     async def generate(request: Request) -> Response:
@@ -237,7 +251,7 @@ async def test_sglang_incremental_stream() -> None:
         return _sse(events)
 
     app = Starlette(routes=[Route("/generate", generate, methods=["POST"])])
-    backend = SGLangBackend("http://fake", incremental_stream=True, transport=httpx.ASGITransport(app))
+    backend = SGLangBackend(await serve(app), incremental_stream=True)
     await backend.start()
     try:
         chunks = await _run(backend, _request(stream=True))
@@ -245,3 +259,14 @@ async def test_sglang_incremental_stream() -> None:
         await backend.close()
     assert _flat(chunks)[0] == [t for t, _ in SAMPLED]
     assert [c.finish_reason for c in chunks] == [None, "stop"]
+
+
+async def test_sse_events_from_arbitrary_chunks() -> None:
+    stream = b'data: {"a": 1}\r\n\r\n: a comment\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\ndata: {"c": 3}\n\n'
+
+    async def chunks(size: int) -> AsyncIterator[bytes]:
+        for i in range(0, len(stream), size):
+            yield stream[i : i + size]
+
+    for size in (1, 3, 7, len(stream)):
+        assert [event async for event in sse_events(chunks(size))] == [{"a": 1}, {"b": 2}]

@@ -14,7 +14,6 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from starlette.routing import Route
 
 from model_proxy.backends.checkpoint import compare_checkpoints, read_checkpoint
 from model_proxy.backends.sglang import SGLangBackend
+from model_proxy.backends.tests.conftest import Serve
 from model_proxy.backends.triton import TritonBackend
 from model_proxy.backends.vllm import VLLMBackend
 from polar_core.errors import FailedPrecondition
@@ -149,15 +149,15 @@ class _Vllm:
         return [path for path, _ in self.calls if path not in ("/is_paused", "/v1/models", "/health")]
 
 
-async def _vllm(fake: _Vllm, model_dir: Path | None = None) -> VLLMBackend:
-    backend = VLLMBackend("http://vllm", model="tiny", model_dir=model_dir, transport=httpx.ASGITransport(fake.app()))
+async def _vllm(serve: Serve, fake: _Vllm, model_dir: Path | None = None) -> VLLMBackend:
+    backend = VLLMBackend(await serve(fake.app()), model="tiny", model_dir=model_dir)
     await backend.start()
     return backend
 
 
-async def test_vllm_reloads_between_pause_and_resume(dirs: dict[str, Path]) -> None:
+async def test_vllm_reloads_between_pause_and_resume(dirs: dict[str, Path], serve: Serve) -> None:
     fake = _Vllm(dirs["served"])
-    backend = await _vllm(fake)  # the served directory comes from /v1/models' root
+    backend = await _vllm(serve, fake)  # the served directory comes from /v1/models' root
     assert await backend.check_weights(str(dirs["new"])) == "Qwen2ForCausalLM"
     assert fake.posted() == []  # the check sends nothing that changes the server
     await backend.load_weights(str(dirs["new"]))
@@ -178,10 +178,10 @@ async def test_vllm_reloads_between_pause_and_resume(dirs: dict[str, Path]) -> N
     ],
 )
 async def test_vllm_refuses_unfit_checkpoints_before_sending_anything(
-    dirs: dict[str, Path], tmp_path: Path, name: str, message: str
+    dirs: dict[str, Path], tmp_path: Path, name: str, message: str, serve: Serve
 ) -> None:
     fake = _Vllm(dirs["served"])
-    backend = await _vllm(fake, dirs["served"])
+    backend = await _vllm(serve, fake, dirs["served"])
     path = dirs.get(name, tmp_path / "missing")
     with pytest.raises(FailedPrecondition, match=message):
         await backend.load_weights(str(path))
@@ -189,25 +189,25 @@ async def test_vllm_refuses_unfit_checkpoints_before_sending_anything(
     await backend.close()
 
 
-async def test_vllm_refuses_tied_embeddings(dirs: dict[str, Path]) -> None:
+async def test_vllm_refuses_tied_embeddings(dirs: dict[str, Path], serve: Serve) -> None:
     fake = _Vllm(dirs["tied_served"])
-    backend = await _vllm(fake, dirs["tied_served"])
+    backend = await _vllm(serve, fake, dirs["tied_served"])
     with pytest.raises(FailedPrecondition, match="cannot reload a tied output layer"):
         await backend.load_weights(str(dirs["tied_new"]))
     assert fake.posted() == []
     await backend.close()
 
 
-async def test_vllm_without_dev_mode_names_the_variable(dirs: dict[str, Path]) -> None:
-    backend = await _vllm(_Vllm(dirs["served"], dev_mode=False), dirs["served"])
+async def test_vllm_without_dev_mode_names_the_variable(dirs: dict[str, Path], serve: Serve) -> None:
+    backend = await _vllm(serve, _Vllm(dirs["served"], dev_mode=False), dirs["served"])
     with pytest.raises(FailedPrecondition, match="VLLM_SERVER_DEV_MODE=1"):
         await backend.check_weights(str(dirs["new"]))
     await backend.close()
 
 
-async def test_vllm_failed_reload_loses_the_replica(dirs: dict[str, Path]) -> None:
+async def test_vllm_failed_reload_loses_the_replica(dirs: dict[str, Path], serve: Serve) -> None:
     fake = _Vllm(dirs["served"], reload_status=500)
-    backend = await _vllm(fake, dirs["served"])
+    backend = await _vllm(serve, fake, dirs["served"])
     with pytest.raises(FailedPrecondition, match=r"is lost: reloading .* failed .*500.*restart it"):
         await backend.load_weights(str(dirs["new"]))
     assert fake.posted() == ["/pause?mode=wait", "/collective_rpc"]  # never resumed
@@ -217,8 +217,8 @@ async def test_vllm_failed_reload_loses_the_replica(dirs: dict[str, Path]) -> No
     await backend.close()
 
 
-async def test_vllm_unknown_served_directory(dirs: dict[str, Path], tmp_path: Path) -> None:
-    backend = await _vllm(_Vllm(tmp_path / "elsewhere"))
+async def test_vllm_unknown_served_directory(dirs: dict[str, Path], tmp_path: Path, serve: Serve) -> None:
+    backend = await _vllm(serve, _Vllm(tmp_path / "elsewhere"))
     with pytest.raises(FailedPrecondition, match="set the backend option 'model_dir'"):
         await backend.check_weights(str(dirs["new"]))
     await backend.close()
@@ -263,15 +263,15 @@ class _Sglang:
         )
 
 
-async def _sglang(fake: _Sglang) -> SGLangBackend:
-    backend = SGLangBackend("http://sglang", transport=httpx.ASGITransport(fake.app()))
+async def _sglang(serve: Serve, fake: _Sglang) -> SGLangBackend:
+    backend = SGLangBackend(await serve(fake.app()))
     await backend.start()
     return backend
 
 
-async def test_sglang_updates_from_disk_with_the_version(dirs: dict[str, Path]) -> None:
+async def test_sglang_updates_from_disk_with_the_version(dirs: dict[str, Path], serve: Serve) -> None:
     fake = _Sglang(dirs["served"])
-    backend = await _sglang(fake)
+    backend = await _sglang(serve, fake)
     assert await backend.check_weights(str(dirs["new"])) == "Qwen2ForCausalLM"
     assert fake.bodies == []
     await backend.load_weights(str(dirs["new"]))
@@ -282,25 +282,25 @@ async def test_sglang_updates_from_disk_with_the_version(dirs: dict[str, Path]) 
     await backend.close()
 
 
-async def test_sglang_refusal_keeps_the_old_weights(dirs: dict[str, Path]) -> None:
-    backend = await _sglang(_Sglang(dirs["served"], status=400, success=False))
+async def test_sglang_refusal_keeps_the_old_weights(dirs: dict[str, Path], serve: Serve) -> None:
+    backend = await _sglang(serve, _Sglang(dirs["served"], status=400, success=False))
     with pytest.raises(FailedPrecondition, match=r"(?s)refused .*400.*Rolling back.*keeps serving the old weights"):
         await backend.load_weights(str(dirs["new"]))
     assert await backend.healthy()
     await backend.close()
 
 
-async def test_sglang_server_error_loses_the_replica(dirs: dict[str, Path]) -> None:
-    backend = await _sglang(_Sglang(dirs["served"], status=500))
+async def test_sglang_server_error_loses_the_replica(dirs: dict[str, Path], serve: Serve) -> None:
+    backend = await _sglang(serve, _Sglang(dirs["served"], status=500))
     with pytest.raises(FailedPrecondition, match="is lost"):
         await backend.load_weights(str(dirs["new"]))
     assert not await backend.healthy()
     await backend.close()
 
 
-async def test_sglang_refuses_unfit_checkpoints_before_sending(dirs: dict[str, Path]) -> None:
+async def test_sglang_refuses_unfit_checkpoints_before_sending(dirs: dict[str, Path], serve: Serve) -> None:
     fake = _Sglang(dirs["served"])
-    backend = await _sglang(fake)
+    backend = await _sglang(serve, fake)
     with pytest.raises(FailedPrecondition, match="num_hidden_layers"):
         await backend.load_weights(str(dirs["deeper"]))
     assert fake.bodies == []
