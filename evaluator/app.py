@@ -38,6 +38,7 @@ def evaluator_config(settings: EvaluatorSettings) -> EvaluatorConfig:
         read_only_roots=tuple(Path(p) for p in settings.read_only_roots),
         allowed_images=tuple(settings.allowed_images),
         task_roots=tuple(Path(p).absolute() for p in settings.task_roots) or (Path.cwd().absolute(),),
+        disk_limit=settings.disk_limit,
     )
 
 

@@ -6,10 +6,11 @@ returned by every later Evaluate of that handle, even after Release or a restart
 runs twice. Runtimes are single-use: the one Prepare started is stopped as soon as its evaluation ends.
 
 Status rules (docs/evaluator.md): exceptions from runtimes or strategies, and non-finite rewards, are
-``infra_error``; a patch over ``max_patch_bytes`` is ``invalid_patch`` (not applied at all); running past
-the deadline is ``eval_timeout``; Release during an evaluation is ``cancelled``; when the agent timed out,
-its patch is still evaluated and a ``resolved``/``unresolved`` verdict is reported as ``agent_timeout``
-with the reward the evaluation gave.
+``infra_error``, except a runtime's ``DiskQuotaExceeded`` while evaluating (what runs there is the patched
+tree's code): ``unresolved`` with the quota in the message; a patch over ``max_patch_bytes`` is
+``invalid_patch`` (not applied at all); running past the deadline is ``eval_timeout``; Release during an
+evaluation is ``cancelled``; when the agent timed out, its patch is still evaluated and a
+``resolved``/``unresolved`` verdict is reported as ``agent_timeout`` with the reward the evaluation gave.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from runtimes import (
     RuntimeSpec,
     apply_task_runtime,
 )
+from runtimes.errors import DiskQuotaExceeded
 
 __all__ = ["EvaluatorService"]
 
@@ -142,6 +144,7 @@ class EvaluatorService:
             "docker_host": self._config.docker_host or None,
             "memory_limit": self._config.docker_memory_limit,
             "pids_limit": self._config.docker_pids_limit,
+            "disk_limit": self._config.disk_limit,
         }
         policy = OperatorPolicy(
             min_isolation=Isolation(self._config.min_isolation),
@@ -227,6 +230,10 @@ class EvaluatorService:
             return EvaluationResult(0.0, TerminalStatus.EVAL_TIMEOUT, error_message=str(exc) or "timed out")
         except RuntimeCancelled as exc:
             return EvaluationResult(0.0, TerminalStatus.CANCELLED, error_message=exc.message)
+        except DiskQuotaExceeded as exc:
+            # Strategies other than swe (which says which tests went missing): the patched code filled the disk.
+            entry.ctx.log.write("unresolved: disk quota", exc.message)
+            return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, error_message=exc.message)
         except asyncio.CancelledError:
             if not entry.released:
                 raise

@@ -55,6 +55,7 @@ class EvaluatorConfig:
         allowed_images: Glob patterns of container images a task (or the session's image) may name.
         task_roots: Host directories a task's repository and test-patch paths must lie under; ``None`` checks
             nothing.
+        disk_limit: The workspace disk quota of evaluation runtimes; ``None`` for none.
     """
 
     evaluations_dir: Path
@@ -72,6 +73,7 @@ class EvaluatorConfig:
     read_only_roots: tuple[Path, ...] = ()
     allowed_images: tuple[str, ...] = ()
     task_roots: tuple[Path, ...] | None = None
+    disk_limit: str | None = "4g"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from polar_core.errors import InvalidArgument
 from polar_core.settings import ServiceSettings
+from runtimes import RuntimeSpec
 
 __all__ = ["EvaluatorSettings"]
 
@@ -37,6 +39,9 @@ class EvaluatorSettings(ServiceSettings):
         read_only_roots: Host directories under which a task's ``runtime.read_only_paths`` may lie; empty allows
             none.
         allowed_images: Glob patterns of container images a task may name; empty allows none.
+        disk_limit: The workspace disk quota of every evaluation runtime (docker size syntax, default ``4g``; empty
+            for none; a task's ``runtime.disk_limit`` may only lower it). Tests under evaluation that outgrow it
+            are killed and the evaluation is ``unresolved`` with the quota in its message.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_EVALUATOR_", frozen=True, extra="forbid")
@@ -56,6 +61,18 @@ class EvaluatorSettings(ServiceSettings):
     task_roots: list[str] = Field(default_factory=list)
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)
+    disk_limit: str | None = "4g"
+
+    @field_validator("disk_limit")
+    @classmethod
+    def _check_disk_limit(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            RuntimeSpec(disk_limit=value)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return value
 
     @property
     def evaluations_dir(self) -> Path:

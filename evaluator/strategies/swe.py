@@ -10,7 +10,8 @@ passed (failed, errored, skipped and missing tests count as not passed).
 A run that leaves no readable report while the runtime is healthy (the command ran and exited, and the
 runtime's Python still imports pytest) is ``unresolved``: the code under test stopped pytest (``os._exit``
 at import, a crash). Only a runtime that died, a command that could not start (exit 126/127) or a Python
-that cannot import pytest is ``infra_error``.
+that cannot import pytest is ``infra_error``. Tests that outgrow the runtime's disk quota (``disk_limit``) are
+killed by the runtime (``DiskQuotaExceeded``): ``unresolved``, every test missing, the quota in the message.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from evaluator.strategies.pytest_run import TrustedPytest, list_pytest_plugins, 
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
 from runtimes import ExecResult, RuntimeDied
+from runtimes.errors import DiskQuotaExceeded
 
 __all__ = ["DEFAULT_TEST_COMMAND", "SweStrategy"]
 
@@ -125,7 +127,14 @@ class SweStrategy:
         pytest = await trusted_pytest(ctx, self.files, self.plugins)
         argv = self._command(ctx, pytest)
         env = pytest.env if self.trusted else pytest_env()
-        run = await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())
+        try:
+            run = await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())
+        except DiskQuotaExceeded as exc:
+            # The code under test filled the disk; the runtime killed it (and refuses every later command).
+            message = f"the test run was killed: {exc.message}"
+            ctx.log.write("unresolved: disk quota", message)
+            missing = self._missing()
+            return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, test_outcomes=missing, error_message=message)
         try:
             report = await runtime.download(pytest.junit)
         except NotFound:
@@ -161,5 +170,7 @@ class SweStrategy:
             "(see the evaluation log)"
         )
         ctx.log.write("unresolved: no report", message)
-        missing = tuple(TestOutcome(t, TestStatus.MISSING) for t in (*self.fail_to_pass, *self.pass_to_pass))
-        return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, test_outcomes=missing, error_message=message)
+        return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, test_outcomes=self._missing(), error_message=message)
+
+    def _missing(self) -> tuple[TestOutcome, ...]:
+        return tuple(TestOutcome(t, TestStatus.MISSING) for t in (*self.fail_to_pass, *self.pass_to_pass))

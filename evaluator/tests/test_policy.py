@@ -73,3 +73,21 @@ async def test_the_probe_runs_once_and_its_level_is_used(tmp_path: Path) -> None
         assert spec.min_isolation is Isolation.UNSHARE
     finally:
         await app.close()
+
+
+async def test_the_disk_limit_setting_is_the_runtimes_quota_and_tasks_may_only_lower_it(tmp_path: Path) -> None:
+    svc = _service(tmp_path, disk_limit="64m")
+    try:
+        spec = svc._runtime_spec(PrepareParams(spec=EvaluatorSpec("command", {"command": ["true"]})))
+        assert spec.disk_limit == "64m"
+        lower = EvaluatorSpec("command", {"command": ["true"], "runtime": {"disk_limit": "16m"}})
+        assert svc._runtime_spec(PrepareParams(spec=lower)).disk_limit == "16m"
+        higher = EvaluatorSpec("command", {"command": ["true"], "runtime": {"disk_limit": "1g"}})
+        with pytest.raises(InvalidArgument) as info:
+            await svc.prepare(PrepareParams(spec=higher))
+        assert info.value.details["field"] == "disk_limit"
+    finally:
+        await svc.close()
+    unlimited = _service(tmp_path, disk_limit="")
+    spec = unlimited._runtime_spec(PrepareParams(spec=EvaluatorSpec("command", {"command": ["true"]})))
+    assert spec.disk_limit is None

@@ -153,3 +153,22 @@ def test_proto_conversions() -> None:
     assert response.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED
     assert response.test_outcomes[0].outcome == pb.TEST_OUTCOME_STATUS_MISSING
     assert response.duration.seconds == 2
+
+
+async def test_a_command_that_fills_the_disk_quota_is_unresolved_and_the_service_goes_on(tmp_path: Path) -> None:
+    # What runs in the evaluator's runtime is the patched tree's code: over the quota is the patch's failure.
+    settings = EvaluatorSettings(state_dir=tmp_path / "state", disk_limit="32m", min_isolation="none")
+    svc = EvaluatorService(evaluator_config(settings))
+    fill = "for i in $(seq 1 32); do head -c 8388608 /dev/zero > fill$i.bin; done; sleep 60"
+    try:
+        handle = await svc.prepare(PrepareParams(spec=EvaluatorSpec("command", {"command": fill})))
+        result = await svc.evaluate(handle, Artifacts())
+        assert result.status is TerminalStatus.UNRESOLVED, result.error_message
+        assert result.reward == 0.0
+        assert "disk quota" in result.error_message
+        assert "quota 32 MiB" in result.error_message
+        ok = 'echo \'{"reward": 1.0}\' > "$POLAR_REWARD_FILE"'
+        handle = await svc.prepare(PrepareParams(spec=EvaluatorSpec("command", {"command": ok})))
+        assert (await svc.evaluate(handle, Artifacts())).status is TerminalStatus.RESOLVED
+    finally:
+        await svc.close()
