@@ -33,10 +33,10 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 
+from integration_tests.support.services import wait_serving
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
 
@@ -129,16 +129,7 @@ class Stack:
     async def wait_healthy(self, names: list[str], limit_s: float = 90.0) -> None:
         deadline = time.monotonic() + limit_s
         for name in names:
-            async with grpc.aio.insecure_channel(self.address(name)) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                while True:
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    if time.monotonic() > deadline:
-                        raise AssertionError(f"{name} did not become healthy\n{self.logs()}")
-                    await asyncio.sleep(0.2)
+            await wait_serving(self.address(name), name, deadline, self.logs)
 
     def start_proxy(self) -> None:
         turns = [{"text": f"Answer number {i}."} for i in range(CALLS)]

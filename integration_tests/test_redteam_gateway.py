@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 
 from integration_tests.support.gateway_stack import gateway_stack, until_stage
-from integration_tests.support.sandbox_attacks import CANARY_NAME, host_address
+from integration_tests.support.sandbox_attacks import CANARY_NAME, accepted, host_address, listener
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -131,30 +130,12 @@ def _session(session_id: str, argv: list[str], options: dict[str, str] | None = 
     return session_pb2.SessionSpec(session_id=session_id, task_id="redteam", task=task, attempt=1)
 
 
-def _listener(host: str) -> socket.socket:
-    sock = socket.socket()
-    sock.bind((host, 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    return sock
-
-
-def _accepted(sock: socket.socket) -> int:
-    count = 0
-    while True:
-        try:
-            sock.accept()[0].close()
-        except BlockingIOError:
-            return count
-        count += 1
-
-
 async def test_a_hostile_agent_next_to_an_honest_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     canary = secrets.token_hex(16)
     monkeypatch.setenv(CANARY_NAME, canary)  # the gateway's own environment (this process)
     host_file = tmp_path / "host-secret.txt"
     host_file.write_text("original\n")
-    loopback, anywhere = _listener("127.0.0.1"), _listener("0.0.0.0")
+    loopback, anywhere = listener("127.0.0.1"), listener("0.0.0.0")
     lan = host_address()
     async with gateway_stack(tmp_path) as stack:
         runtimes = stack.runtimes_dir
@@ -190,7 +171,7 @@ async def test_a_hostile_agent_next_to_an_honest_one(tmp_path: Path, monkeypatch
         # The host is untouched and both sandboxes are gone.
         assert host_file.read_text() == "original\n"
         assert not (tmp_path / "pwned").exists()
-        assert _accepted(loopback) + _accepted(anywhere) == 0
+        assert accepted(loopback) + accepted(anywhere) == 0
         assert not (runtimes / "hostile").exists()
         assert not (runtimes / "honest").exists()
         # The gateway still serves.

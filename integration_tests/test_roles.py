@@ -36,7 +36,7 @@ from polar.proxy.v1 import model_proxy_service_pb2, model_proxy_service_pb2_grpc
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc as pb_grpc
 
-from integration_tests.support.services import POLAR_ARGV, free_port
+from integration_tests.support.services import POLAR_ARGV, free_port, wait_serving
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
 from rollout_server.server import create_server
@@ -219,16 +219,7 @@ class _Fleet:
     async def wait_healthy(self, names: list[str], limit_s: float = 120.0) -> None:
         deadline = time.monotonic() + limit_s
         for name in names:
-            async with grpc.aio.insecure_channel(self.address(name)) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                while True:
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    if time.monotonic() > deadline:
-                        raise AssertionError(f"{name} did not become healthy\n{self.logs()}")
-                    await asyncio.sleep(0.2)
+            await wait_serving(self.address(name), name, deadline, self.logs)
 
     def stop(self) -> None:
         for process in self.processes.values():

@@ -37,7 +37,9 @@ __all__ = [
     "QUOTA_FILL",
     "QUOTA_FILL_BYTES",
     "QUOTA_LIMIT",
+    "accepted",
     "host_address",
+    "listener",
     "run_attacks",
     "symlink_attacks",
 ]
@@ -167,7 +169,8 @@ async def symlink_attacks(runtime: Runtime, secrets_dir: Path, host_target: Path
     return out
 
 
-def _listener(host: str) -> socket.socket:
+def listener(host: str) -> socket.socket:
+    """A non-blocking TCP listener on ``host`` (a free port) that a sandbox must never reach."""
     sock = socket.socket()
     sock.bind((host, 0))
     sock.listen(16)
@@ -175,7 +178,8 @@ def _listener(host: str) -> socket.socket:
     return sock
 
 
-def _accepted(sock: socket.socket) -> int:
+def accepted(sock: socket.socket) -> int:
+    """How many connections ``sock`` accepted so far (each closed)."""
     count = 0
     while True:
         try:
@@ -218,7 +222,7 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
     host_target.write_text("original\n")
     canary = secrets.token_hex(16)
     os.environ[CANARY_NAME] = canary  # the host process's and the outsider's environment
-    loopback, anywhere = _listener("127.0.0.1"), _listener("0.0.0.0")
+    loopback, anywhere = listener("127.0.0.1"), listener("0.0.0.0")
     targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{host_address()}:{anywhere.getsockname()[1]}",
                "1.1.1.1:443", "8.8.8.8:53"]  # fmt: skip
     spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS)
@@ -252,7 +256,7 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
         alive = outsider.poll() is None
         outsider.kill()
         outsider.wait()
-        out["accepted"] = _accepted(loopback) + _accepted(anywhere)
+        out["accepted"] = accepted(loopback) + accepted(anywhere)
         loopback.close()
         anywhere.close()
         os.environ.pop(CANARY_NAME, None)

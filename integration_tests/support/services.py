@@ -16,13 +16,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["CHAT_AGENT", "POLAR_ARGV", "Service", "ServiceProcesses", "free_port"]
+__all__ = ["CHAT_AGENT", "POLAR_ARGV", "Service", "ServiceProcesses", "free_port", "wait_serving"]
 
 # The ``polar`` command: what the installed script runs (``polar_run.cli:main``), from this checkout.
 POLAR_ARGV = (sys.executable, "-m", "polar_run")
@@ -129,17 +129,35 @@ class ServiceProcesses:
         deadline = time.monotonic() + limit_s
         for key in keys:
             service = self.services[key]
-            async with grpc.aio.insecure_channel(service.address) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                while True:
-                    if service.process.poll() is not None:
-                        raise AssertionError(f"{key} exited with {service.process.returncode}\n{self.logs()}")
-                    try:
-                        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    except grpc.aio.AioRpcError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise AssertionError(f"{key} did not become healthy\n{self.logs()}")
-                    await asyncio.sleep(0.2)
+            await wait_serving(service.address, key, deadline, self.logs, exited=service.process.poll)
+
+
+async def wait_serving(
+    address: str,
+    name: str,
+    deadline: float,
+    logs: Callable[[], str],
+    *,
+    exited: Callable[[], int | None] | None = None,
+) -> None:
+    """Wait until the gRPC server at ``address`` answers SERVING to a health check, until ``deadline``.
+
+    Args:
+        address: The server's ``host:port``.
+        name: What to call it in failures.
+        deadline: ``time.monotonic()`` by which it must be serving.
+        logs: Log tails for the assertion message.
+        exited: The server process's exit status, ``None`` while it runs; a process that exits fails at once.
+    """
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if exited is not None and (code := exited()) is not None:
+                raise AssertionError(f"{name} exited with {code}\n{logs()}")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} did not become healthy\n{logs()}")
+            await asyncio.sleep(0.2)
