@@ -11,10 +11,13 @@ its INIT and POSTRUN pools keep their defaults (or ``--init-workers`` / ``--post
 
 Printed per N: sessions/s (N over the time from the first StartSession to the last result), stage latencies
 p50/p99 from the session results' timings (INIT, RUN, POSTRUN, total), CPU seconds per session of each service
-(the gateway's own, and its sandboxes': pi, git, bwrap, reaped children; the evaluator's own plus its pytest
-children), peak RSS and peak open fds of each service, and after the run, left-over processes (any process
-whose command line or working directory lies under the run's directory) and left-over sandbox directories (must
-both be 0). A ratio column compares each N with the first N of the same run.
+(its own, from ``/proc``) and of the sandboxes the gateway and the evaluator start (pi, the tunnel forwarder,
+git, pytest: each service runs in a ``cpuacct`` cgroup of its own, which its descendants inherit; where no such
+cgroup can be made, what ``/proc`` showed of them while they lived, a lower bound), the whole machine's busy CPU
+seconds per session (other work on the machine included), peak RSS and peak open fds of each service, and after
+the run, left-over processes (any process whose command line or working directory lies under the run's
+directory) and left-over sandbox directories (must both be 0). A ratio column compares each N with the first
+N of the same run.
 
 Run: ``.venv/bin/python -m bench.host_capacity --n 8 32 64`` (``--json FILE`` also writes the numbers).
 """
@@ -95,6 +98,43 @@ def _host_busy() -> tuple[float, float]:
     parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = parts[3] + parts[4]
     return (sum(parts) - idle) / _TICK, sum(parts) / _TICK
+
+
+_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+@dataclasses.dataclass
+class CpuAccount:
+    """A cgroup-v1 ``cpuacct`` group holding one service and every process it starts (``None`` path: unavailable).
+
+    The exact CPU of a service with its sandboxes: a sandboxed process killed with its pid namespace is never
+    reaped by the service, so the service's children's times in ``/proc`` miss it.
+    """
+
+    path: Path | None
+
+    @classmethod
+    def create(cls, name: str) -> CpuAccount:
+        path = _CPUACCT / name
+        try:
+            path.mkdir()
+        except OSError:
+            return cls(None)
+        return cls(path)
+
+    def add(self, pid: int) -> None:
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(pid))
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def remove(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
 
 
 def leftover_processes(root: Path, exclude: set[int]) -> list[str]:
@@ -262,12 +302,15 @@ async def run_one(n: int, root: Path, args: argparse.Namespace) -> Result:
     await asyncio.to_thread(root.mkdir, parents=True)
     procs = ServiceProcesses(root)
     ports = {name: free_port() for name in (*SERVICES, "proxy_http")}
+    accounts = {name: CpuAccount.create(f"{root.parent.name}-{root.name}-{name}") for name in SERVICES}
     try:
         for name in SERVICES:
             procs.serve(name, name, "127.0.0.1", ports[name], _env(name, ports, n, args))
+            accounts[name].add(procs.services[name].process.pid)
         await procs.wait_healthy(list(SERVICES), limit_s=180)
         pids = {name: procs.services[name].process.pid for name in SERVICES}
         cpu0 = {name: _stat(pid) for name, pid in pids.items()}
+        tree0 = {name: accounts[name].seconds() for name in SERVICES}
         busy0 = _host_busy()
         task = load_task(TASK_FILE)
         task.harness.options.update({"provider_mode": "openai-completions"})
@@ -291,6 +334,7 @@ async def run_one(n: int, root: Path, args: argparse.Namespace) -> Result:
             sampling.cancel()
             await channel.close(None)
         cpu1 = {name: _stat(pid) for name, pid in pids.items()}
+        tree1 = {name: accounts[name].seconds() for name in SERVICES}
         busy1 = _host_busy()
         rss = {name: _status_kb(pid, "VmHWM") / 1024 for name, pid in pids.items()}
         await asyncio.sleep(1.0)  # teardown of the last session is done before its result is reported
@@ -298,18 +342,28 @@ async def run_one(n: int, root: Path, args: argparse.Namespace) -> Result:
         sandboxes = leftover_sandboxes(root)
     finally:
         procs.kill_all()
+        for account in accounts.values():
+            account.remove()
     statuses: dict[str, int] = {}
     timings: dict[str, list[float]] = {k: [] for k in ("init", "ready", "running", "postrun", "total")}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
         for k in timings:
             timings[k].append(r.timings.get(k, 0.0))
+    own = {name: cpu1[name][0] - cpu0[name][0] for name in SERVICES}
+
+    def descendants(name: str, owner: str) -> float:
+        before, after = tree0[name], tree1[name]
+        if before is None or after is None:
+            return sampler.cpu(owner)  # a lower bound: what /proc showed while they lived
+        return after - before - own[name]
+
     cpu = {
-        "gateway": cpu1["gateway"][0] - cpu0["gateway"][0],
-        "agent sandboxes": sampler.cpu("gateway"),
-        "proxy": cpu1["proxy"][0] - cpu0["proxy"][0],
-        "evaluator": cpu1["evaluator"][0] - cpu0["evaluator"][0],
-        "eval sandboxes": sampler.cpu("evaluator"),
+        "gateway": own["gateway"],
+        "agent sandboxes": descendants("gateway", "gateway"),
+        "proxy": own["proxy"],
+        "evaluator": own["evaluator"],
+        "eval sandboxes": descendants("evaluator", "evaluator"),
         "reconstructor": cpu1["reconstructor"][0] - cpu0["reconstructor"][0],
     }
     return Result(
@@ -379,7 +433,7 @@ def print_table(results: Sequence[Result]) -> None:
         calls = statistics.mean(r.calls) if r.calls else 0
         print(f"N={r.n}: statuses {r.statuses}, mean calls {calls:.1f}")
         top = ", ".join(f"{k} {v / r.n:.3f}" for k, v in list(r.sandbox_cpu_by_program.items())[:8])
-        print(f"  sandbox CPU-s/session by program: {top}")
+        print(f"  sampled sandbox CPU-s/session by program (a lower bound): {top}")
         for leak in [*r.leaked_processes, *r.leaked_sandboxes]:
             print(f"  LEAK {leak}")
 
