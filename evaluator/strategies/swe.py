@@ -5,19 +5,12 @@ protected files (tests, ``conftest.py``, pytest configuration); optionally apply
 run the test command on the files of the FAIL_TO_PASS and PASS_TO_PASS tests with a JUnit XML report;
 resolved iff every listed test passed (failed, errored, skipped and missing tests count as not passed).
 A run that produces no report at all is an infrastructure error, not a model failure.
-
-The default test command blocks Hypothesis's pytest plugin when nothing that configures the run (pytest's
-configuration files, ``conftest.py`` files, the listed test files) mentions hypothesis: the plugin (6.x, installed
-with Polar's ``dev`` extras, so in the Python the local runtime uses by default) imports all of Hypothesis at the
-end of every run, about 1.2 CPU-seconds of the 1.4 a small suite costs (docs/gateway.md, "Host capacity").
-Tests that use Hypothesis still run without the plugin; the check only keeps its options and markers available
-to the repositories that name it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from xml.etree.ElementTree import ParseError
 
@@ -31,28 +24,17 @@ from evaluator.strategies.base import (
     prepare_repository,
 )
 from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected
+from evaluator.strategies.unused_plugins import without_unused_plugins
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
 from runtimes import RuntimeDied
 
-__all__ = ["DEFAULT_TEST_COMMAND", "SweStrategy", "mentions_hypothesis_argv"]
+__all__ = ["DEFAULT_TEST_COMMAND", "SweStrategy"]
 
 # -P keeps the repository out of sys.path[0], so a pytest.py planted by a patch cannot replace pytest.
 DEFAULT_TEST_COMMAND = (
     "{python}", "-P", "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--junitxml={junit}", "{tests}",
 )  # fmt: skip
-_NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
-_PYTEST_CONFIG = ("pytest.ini", ".pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini", "conftest.py")
-
-
-def mentions_hypothesis_argv(test_files: Sequence[str]) -> list[str]:
-    """A command (run in the repository) that exits 0 iff a file configuring the test run mentions hypothesis.
-
-    Looked at: every pytest configuration file and ``conftest.py`` in the tree, and every file named like one
-    of ``test_files`` (``.git`` left out). Exit 1 means none does.
-    """
-    names = sorted({*_PYTEST_CONFIG, *(PurePosixPath(f).name for f in test_files)})
-    return ["grep", "-rIlqs", "--exclude-dir=.git", *(f"--include={n}" for n in names), "-e", "hypothesis", "."]
 
 
 class SweStrategy:
@@ -109,16 +91,8 @@ class SweStrategy:
                 argv.append(part.format(**values))
         return argv
 
-    async def _without_unused_plugins(self, ctx: EvalContext, argv: list[str]) -> list[str]:
-        """The default command, with Hypothesis's plugin blocked when the run's files do not mention it."""
-        if tuple(self.test_command) != DEFAULT_TEST_COMMAND:
-            return argv  # the task's own command is run as given
-        files = sorted({t.partition("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
-        probe = await ctx.run(mentions_hypothesis_argv(files), cwd=ctx.repo_dir, timeout=60.0)
-        if probe.exit_code != 1:  # mentioned (0), or the probe failed: run the command as it is
-            return argv
-        at = argv.index("pytest") + 1
-        return [*argv[:at], *_NO_HYPOTHESIS, *argv[at:]]
+    def _test_files(self) -> list[str]:
+        return sorted({t.partition("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
 
     async def _apply_test_patch(self, ctx: EvalContext) -> None:
         if not self.test_patch:
@@ -137,7 +111,9 @@ class SweStrategy:
                 return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])
         await restore_protected(ctx, self.protected)
         await self._apply_test_patch(ctx)
-        argv = await self._without_unused_plugins(ctx, self._command(ctx))
+        argv = self._command(ctx)
+        if tuple(self.test_command) == DEFAULT_TEST_COMMAND:  # a task's own command runs as given
+            argv = await without_unused_plugins(ctx, argv, self._test_files())
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
         await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())
         try:
