@@ -28,11 +28,11 @@ class HostContext:
         return ExecResult(exit_code=done.returncode, stdout=done.stdout, stderr=done.stderr)
 
 
-def _repo(tmp_path: Path, files: dict[str, str]) -> HostContext:
+def _repo(tmp_path: Path, files: dict[str, str]) -> Any:
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    return HostContext(PurePosixPath(tmp_path))
+    return HostContext(PurePosixPath(tmp_path))  # duck-typed EvalContext
 
 
 async def test_blocked_when_nothing_mentions_hypothesis(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ async def test_kept_when_the_run_mentions_it(tmp_path: Path, where: str) -> None
 async def test_other_commands_and_failed_checks_run_as_given(tmp_path: Path) -> None:
     ctx = _repo(tmp_path, {"tests/test_a.py": "def test_a():\n    pass\n"})
     assert await without_unused_plugins(ctx, ["sh", "-c", "pytest"], ["tests/test_a.py"]) == ["sh", "-c", "pytest"]
-    missing = HostContext(PurePosixPath(tmp_path / "no-such-dir"))
+    missing: Any = HostContext(PurePosixPath(tmp_path / "no-such-dir"))
     with pytest.raises(FileNotFoundError):
         await without_unused_plugins(missing, ARGV, ["tests/test_a.py"])
     assert "--exclude-dir=.git" in mentions_hypothesis_argv(["tests/test_a.py"])
