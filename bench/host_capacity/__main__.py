@@ -416,6 +416,20 @@ def rows(r: Result) -> list[tuple[str, float, str]]:
     return out
 
 
+def print_markdown(results: Sequence[Result]) -> None:
+    """The table as Markdown (for docs/gateway.md)."""
+    base = rows(results[0])
+    print("| | " + " | ".join(f"N={r.n} | ratio" for r in results) + " |")
+    print("|---|" + "---:|---:|" * len(results))
+    for i, (name, _, _) in enumerate(base):
+        cells = []
+        for r in results:
+            _, value, fmt = rows(r)[i]
+            ref = base[i][1]
+            cells += [format(value, fmt), f"{value / ref:.2f}" if ref else "-"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def print_table(results: Sequence[Result]) -> None:
     """One column per N, each with its ratio against the first N."""
     base = rows(results[0])
@@ -448,6 +462,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--postrun-workers", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (service logs)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = parser.parse_args(argv)
     if not clis_installed():
         print("the harness CLIs are not installed (scripts/setup_harnesses.sh) or bwrap is missing", file=sys.stderr)
@@ -465,6 +480,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         if args.keep:
             print(f"run directory: {base}")
     print_table(results)
+    if args.markdown:
+        print_markdown(results)
     if args.json is not None:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
     leaks = sum(len(r.leaked_processes) + len(r.leaked_sandboxes) for r in results)
