@@ -22,6 +22,9 @@ import hashlib
 import json
 import logging
 import math
+import os
+import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -57,6 +60,35 @@ _log = logging.getLogger(__name__)
 _BACKSTOP_GRACE_S = 30.0
 # How long Release waits for a cancelled evaluation to wind down before cancelling its task outright.
 _RELEASE_WAIT_S = 30.0
+# The warm-up run of the local Python's pytest: a trivial test in a fresh directory, nothing of any task.
+_WARM_TEST = "def test_warm():\n    pass\n"
+_WARM_TIMEOUT_S = 120.0
+_warmed_pythons: set[str] = set()  # once per process and Python
+
+
+def _warm_pytest(python: str) -> None:
+    """Run one trivial pytest session with ``python`` outside any sandbox, writing bytecode (blocking).
+
+    pytest rewrites the assertions of every module of a plugin's distribution (Hypothesis, anyio, ...) and
+    caches the result beside the source; a sandbox sees the installation read-only and runs with bytecode
+    writing off, so without this every evaluation rewrites them again: ~1 CPU-second of a small suite's
+    1.4 on a development install (docs/gateway.md, "Host capacity"). Runs only installed code; failures are
+    logged and change nothing else.
+    """
+    if python in _warmed_pythons:
+        return
+    _warmed_pythons.add(python)
+    with tempfile.TemporaryDirectory(prefix="polar-pytest-warm-") as tmp:
+        Path(tmp, "test_warm.py").write_text(_WARM_TEST, encoding="utf-8")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTEST_ADDOPTS")}
+        argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_warm.py"]
+        try:
+            done = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, timeout=_WARM_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _log.info("warming %s's pytest failed: %s", python, exc)
+            return
+        if done.returncode != 0:
+            _log.info("warming %s's pytest exited %d: %s", python, done.returncode, done.stdout[-500:])
 
 
 @dataclasses.dataclass
@@ -80,6 +112,7 @@ class EvaluatorService:
         self._factory = runtime_factory or DefaultRuntimeFactory(base_dir=config.runtimes_dir)
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._warmed: asyncio.Task[None] | None = None
         self.evaluations_run = 0
         """How many evaluations actually ran (stored results returned again do not count)."""
 
@@ -113,6 +146,7 @@ class EvaluatorService:
                           f"strategy={params.spec.strategy}")  # fmt: skip
             try:
                 if runtime is not None:
+                    await self._warm_local_python(ctx.python, params)
                     await runtime.start()
                 await strategy.prepare(ctx)
             except BaseException as exc:
@@ -124,6 +158,14 @@ class EvaluatorService:
                 raise
             self._entries[handle] = _Entry(strategy=strategy, ctx=ctx)
         return handle
+
+    async def _warm_local_python(self, python: str, params: PrepareParams) -> None:
+        """Once, before the first local evaluation with the configured Python: :func:`_warm_pytest`."""
+        if python != self._config.local_python or self._runtime_spec(params).kind is not RuntimeKind.LOCAL:
+            return  # a container's or a task's own Python: not this host's installation
+        if self._warmed is None:
+            self._warmed = asyncio.create_task(asyncio.to_thread(_warm_pytest, python))
+        await asyncio.shield(self._warmed)
 
     def _runtime_spec(self, params: PrepareParams) -> RuntimeSpec:
         """The task's ``runtime`` table over the evaluator's own options (:mod:`runtimes.policy`).

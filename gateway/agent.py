@@ -53,12 +53,14 @@ MAX_PATCH_BYTES = 64 * 1024 * 1024
 """The largest workspace patch collected; a bigger one (or a bigger file in the workspace) is ``invalid_patch``."""
 _PATCH_TOO_LARGE_EXIT = 3
 # $1 the patch script, $2-$4 its arguments, $5 the output file, $6 the byte limit. A file over the limit is
-# refused before git reads it; the patch is cut at limit+1 bytes, so the output never grows past that.
+# refused before git reads it; the patch is cut at limit+1 bytes, so the output never grows past that. The base
+# pack ($4) is removed in the same command (each sandboxed command costs a bwrap and a tunnel forwarder start).
 _COLLECT_SCRIPT = f"""big=$(find "$2" -path "$2/.git" -prune -o -type f -size +"$6"c -print | head -n 1)
 if [ -n "$big" ]; then
   echo "the file ${{big#"$2"/}} is larger than the patch limit ($6 bytes)" >&2; exit {_PATCH_TOO_LARGE_EXIT}
 fi
 (sh -c "$1" polar-patch "$2" "$3" "$4"; echo $? > "$5.rc") | head -c "$(($6 + 1))" > "$5"
+[ -z "$4" ] || rm -f -- "$4"
 size=$(wc -c < "$5")
 if [ "$size" -gt "$6" ]; then
   echo "the patch is larger than the patch limit ($6 bytes)" >&2; exit {_PATCH_TOO_LARGE_EXIT}
@@ -244,8 +246,6 @@ class HarnessAgentRunner:
         if result.exit_code == _PATCH_TOO_LARGE_EXIT and not result.timed_out:
             raise PatchTooLarge(result.stderr.strip()[-500:] or "the patch is larger than the patch limit")
         _raise_unless_ok(result, "collecting the workspace patch")
-        if pack:
-            await runtime.exec(["rm", "-f", "--", pack], timeout=_SETUP_TIMEOUT_S)
         patch = await runtime.download(out)
         files: dict[str, bytes] = {}
         for rel in _string_list(spec.metadata.get("artifact_paths")):

@@ -217,3 +217,28 @@ async def test_command_strategy_reward_json(service, tmp_path: Path) -> None:
     spec = EvaluatorSpec("command", {"command": ["false"]})
     _, result = await _evaluate(service, spec, Artifacts())
     assert (result.reward, result.status) == (0.0, TerminalStatus.UNRESOLVED)
+
+
+def _pytest_line(log: str) -> str:
+    return next(line for line in log.splitlines() if " -m pytest " in line)
+
+
+async def test_hypothesis_plugin_is_blocked_only_where_nothing_mentions_it(service, tmp_path: Path) -> None:
+    # Hypothesis's plugin costs ~1.2 CPU-s per run; a repository that never names hypothesis runs without it.
+    spec, fix = example_spec("paginate")
+    _, result = await _evaluate(service, spec, Artifacts(patch=fix))
+    assert result.status is TerminalStatus.RESOLVED, result.error_message
+    log = await asyncio.to_thread(Path(result.log_ref).read_text)
+    assert "-p no:hypothesispytest" in _pytest_line(log)
+    # One whose conftest uses Hypothesis (a settings profile) keeps the plugin, and its tests still pass.
+    repo = tmp_path / "repo"
+    shutil.copytree(spec.options["repo"], repo)
+    (repo / "conftest.py").write_text(
+        "from hypothesis import settings\n\nsettings.register_profile('polar', max_examples=5)\n"
+        "settings.load_profile('polar')\n"
+    )
+    with_hypothesis = EvaluatorSpec("swe", {**spec.options, "repo": str(repo)})
+    _, result = await _evaluate(service, with_hypothesis, Artifacts(patch=fix))
+    assert result.status is TerminalStatus.RESOLVED, result.error_message
+    log = await asyncio.to_thread(Path(result.log_ref).read_text)
+    assert "no:hypothesispytest" not in _pytest_line(log)

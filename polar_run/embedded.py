@@ -48,8 +48,9 @@ class StackOptions:
             ``transformers`` backend it is also the backend's ``max_context`` unless its options set one.
         harness_bin_dir: Directory holding the installed harness CLIs, as runtimes see it.
         running_workers: Harnesses run at once on the gateway.
-        init_workers: Sessions prepared at once on the gateway.
-        postrun_workers: Sessions evaluated and reconstructed at once on the gateway.
+        init_workers: Sessions prepared at once on the gateway (default: half the cores, at least 2).
+        postrun_workers: Sessions evaluated and reconstructed at once on the gateway (default: one per core, at
+            least 2: an evaluation is mostly CPU, the task's test run; docs/gateway.md, "Host capacity").
         max_attempts: Attempts per session (only ``infra_error`` is retried; each attempt records into its own
             proxy session).
         session_grace_s: Slack on top of a task's ``timeout_seconds`` for runtime start and evaluation.
@@ -69,8 +70,8 @@ class StackOptions:
     context_length: int = 0
     harness_bin_dir: Path | None = None
     running_workers: int = 4
-    init_workers: int = 2
-    postrun_workers: int = 2
+    init_workers: int = dataclasses.field(default_factory=lambda: max(2, (os.cpu_count() or 1) // 2))
+    postrun_workers: int = dataclasses.field(default_factory=lambda: max(2, os.cpu_count() or 1))
     max_attempts: int = 2
     session_grace_s: float = 300.0
     fsync: bool = False

@@ -32,6 +32,7 @@ from evaluator.strategies.base import (
 )
 from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected, track_ignored_protected
 from evaluator.strategies.pytest_run import TrustedPytest, list_pytest_plugins, pytest_env, trusted_pytest
+from evaluator.strategies.unused_plugins import without_unused_plugins
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
 from runtimes import ExecResult, RuntimeDied
@@ -107,6 +108,9 @@ class SweStrategy:
                 argv.append(part.format(**values))
         return argv
 
+    def _test_files(self) -> list[str]:
+        return sorted({t.partition("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
+
     async def _apply_test_patch(self, ctx: EvalContext) -> None:
         if not self.test_patch:
             return
@@ -126,6 +130,8 @@ class SweStrategy:
         await self._apply_test_patch(ctx)
         pytest = await trusted_pytest(ctx, self.files, self.plugins)
         argv = self._command(ctx, pytest)
+        if tuple(self.test_command) == DEFAULT_TEST_COMMAND:  # a task's own command runs as given
+            argv = await without_unused_plugins(ctx, argv, self._test_files())
         env = pytest.env if self.trusted else pytest_env()
         try:
             run = await ctx.run(argv, cwd=ctx.repo_dir, env=env, timeout=ctx.remaining())

@@ -1,0 +1,1 @@
+"""Benchmark: a host full of real ``pi`` sessions (see ``__main__``)."""
