@@ -181,7 +181,8 @@ def check_tool_loop(outcome: Outcome, tokenizer: Any) -> None:
     trace = result.traces[0]
     first, second = outcome.completions
     masked = assert_tool_loop_mask(trace, first, second)
-    assert TOOL_OUTPUT in tokenizer.decode(masked), "the tool output must sit in the masked span"
+    text = tokenizer.decode(masked)
+    assert TOOL_OUTPUT in text, f"the tool output must sit in the masked span; it holds: {text}"
     sampled_1, interstitial = len(first.response_token_ids), len(masked)
     for sampled in (trace.response_token_ids[:sampled_1], trace.response_token_ids[sampled_1 + interstitial :]):
         assert TOOL_OUTPUT not in tokenizer.decode(list(sampled))
