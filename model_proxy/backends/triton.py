@@ -16,8 +16,9 @@ itself rather than through tritonclient's ``InferInput`` objects: the prompt is 
 (0.26 ms for 35k IDs against 0.93 ms for ``np.array``), and the part of the request that does not change
 from call to call (model name and the scalar tensors of one set of sampling settings) is serialised once and
 appended as bytes (protobuf concatenation appends repeated fields in order). The answer is read with
-tritonclient's ``InferResult``. A decoupled model (``decoupled=True``) is called
-through ``tritonclient.grpc.aio``'s bidirectional stream: one response per step when streaming, else a single response.
+tritonclient's ``InferResult``. A decoupled model (``decoupled=True``) is called through
+``tritonclient.grpc.aio``'s bidirectional stream: one response per step when streaming, else a single
+response.
 A call ends at the first sampled stop ID, at ``max_tokens``, or at a response flagged
 ``triton_final_response``, whichever comes first.
 
