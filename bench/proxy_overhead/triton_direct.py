@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from model_proxy.backends.triton import TritonBackend
 from model_proxy.models import GenerationRequest, SamplingParams
@@ -40,12 +39,7 @@ class TritonDirect:
                 request_id="direct",
                 stream=False,
             )
-            inputs = TritonBackend(self._url, self._model)._inputs(request, streaming=False)
-            message = service_pb2.ModelInferRequest(model_name=self._model, id="direct")
-            for tensor in inputs:
-                message.inputs.append(tensor._get_tensor())
-                message.raw_input_contents.append(tensor._get_content())
-            self._requests[n_ids] = message.SerializeToString()
+            self._requests[n_ids] = TritonBackend(self._url, self._model)._request_bytes(request)
         return self._requests[n_ids]
 
     async def timed(self, n_ids: int) -> float:

@@ -10,11 +10,15 @@ Response tensors: ``output_ids`` [1, beam, n], ``sequence_length`` [1, beam], ``
 [1, beam, n] and ``cum_log_probs`` [1, beam]; beam 0 is used. The server must return the sampled end token
 (configure the model so), and, unless ``output_includes_prompt`` is set, only generated tokens.
 
-Tensors travel as binary data (``raw_input_contents``/``raw_output_contents``, numpy int32 arrays), on one gRPC
-channel per backend; the scalar tensors, the same from call to call, are built once and reused.
-
-A non-decoupled model is called with unary ``ModelInfer``. A decoupled model (``decoupled=True``) is
-called over the bidirectional stream: one response per step when streaming, else a single response.
+Tensors travel as binary data (``raw_input_contents``/``raw_output_contents``, little-endian int32), on one
+gRPC channel per backend. A non-decoupled model is called with unary ``ModelInfer``, serialised by the backend
+itself rather than through tritonclient's ``InferInput`` objects: the prompt is packed with :mod:`struct`
+(0.26 ms for 35k IDs against 0.93 ms for ``np.array``), and the part of the request that does not change
+from call to call (model name and the scalar tensors of one set of sampling settings) is serialised once and
+appended as bytes (protobuf concatenation appends repeated fields in order). The answer is read with
+tritonclient's ``InferResult``. A decoupled model (``decoupled=True``) is called through
+``tritonclient.grpc.aio``'s bidirectional stream: one response per step when streaming, else a single
+response.
 A call ends at the first sampled stop ID, at ``max_tokens``, or at a response flagged
 ``triton_final_response``, whichever comes first.
 
@@ -30,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import struct
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferInput, InferResult
+from tritonclient.grpc import InferInput, InferResult, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from model_proxy.errors import BackendOverloaded, BackendTimeout, BackendUnavailable, MalformedRequest
@@ -47,7 +52,10 @@ __all__ = ["TritonBackend", "TritonTensorNames"]
 
 _RETRY_AFTER_S = 1.0
 _SCALARS_CACHED = 256
-"""At most this many distinct scalar tensors are kept for reuse per backend."""
+"""At most this many distinct scalar tensors (or serialised scalar parts of a request) are kept per backend."""
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_Tensor = service_pb2.ModelInferRequest.InferInputTensor
+_SCALAR_FORMATS = {"INT32": "<i", "BOOL": "<?", "FP32": "<f", "UINT64": "<Q"}
 _NO_RELOAD = (
     "Triton serves compiled TensorRT-LLM engines and cannot load a Hugging Face checkpoint: build an engine "
     "from it (convert_checkpoint.py and trtllm-build, or trtllm-refit when the engine was built refittable), then "
@@ -70,6 +78,15 @@ def _tensor(name: str, array: np.ndarray[Any, Any], datatype: str) -> InferInput
     tensor = InferInput(name, list(array.shape), datatype)
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _encoded(name: str, datatype: str, shape: list[int], content: bytes) -> bytes:
+    """A serialised ``ModelInferRequest`` holding one input tensor and its raw content."""
+    request = service_pb2.ModelInferRequest(
+        inputs=[_Tensor(name=name, datatype=datatype, shape=shape)], raw_input_contents=[content]
+    )
+    encoded: bytes = request.SerializeToString()
+    return encoded
 
 
 def _map_error(exc: InferenceServerException | grpc.RpcError, url: str) -> PolarError:
@@ -131,7 +148,10 @@ class TritonBackend:
         self._output_includes_prompt = output_includes_prompt
         self._timeout_s = timeout_s
         self._client: triton_aio.InferenceServerClient | None = None
+        self._infer: grpc.aio.UnaryUnaryMultiCallable[bytes, Any] | None = None
         self._scalars: dict[tuple[str, str, float], InferInput] = {}
+        self._suffixes: dict[tuple[Any, ...], bytes] = {}
+        self._model_part = service_pb2.ModelInferRequest(model_name=model_name).SerializeToString()
 
     def _scalar(self, name: str, value: float, dtype: type[np.generic], datatype: str) -> InferInput:
         """A [1, 1] tensor, reused across calls (tritonclient only reads an input, never changes it)."""
@@ -147,11 +167,15 @@ class TritonBackend:
         """Open the gRPC channel; idempotent (the server may still be starting: see :meth:`healthy`)."""
         if self._client is None:
             self._client = triton_aio.InferenceServerClient(self.url)
+            # Unary calls send bytes this backend serialised, on the client's channel (one connection).
+            self._infer = self._client._channel.unary_unary(
+                _MODEL_INFER, request_serializer=None, response_deserializer=service_pb2.ModelInferResponse.FromString
+            )
 
     async def close(self) -> None:
         """Close the channel; idempotent."""
         if self._client is not None:
-            client, self._client = self._client, None
+            client, self._client, self._infer = self._client, None, None
             await client.close()
 
     def _no_reload(self, path: str) -> FailedPrecondition:
@@ -219,6 +243,67 @@ class TritonBackend:
             tensors.append(_tensor("stop_words_list", words, "INT32"))
         return tensors
 
+    def _request_bytes(self, request: GenerationRequest) -> bytes:
+        """The serialised unary ``ModelInferRequest``: the same tensors as :meth:`_inputs` (``streaming`` off)."""
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise MalformedRequest("the prompt has no tokens")
+        max_tokens = request.sampling.max_tokens
+        if max_tokens is None or max_tokens < 1:
+            raise MalformedRequest(f"the triton backend needs max_tokens >= 1, got {max_tokens}")
+        n = len(prompt)
+        try:
+            ids = struct.pack(f"<{n}i", *prompt)
+        except struct.error as exc:
+            raise MalformedRequest(f"a prompt token ID does not fit in int32: {exc}") from exc
+        head: bytes = service_pb2.ModelInferRequest(
+            id=request.request_id,
+            inputs=[
+                _Tensor(name="input_ids", datatype="INT32", shape=[1, n]),
+                _Tensor(name="input_lengths", datatype="INT32", shape=[1, 1]),
+            ],
+            raw_input_contents=[ids, struct.pack("<i", n)],
+        ).SerializeToString()
+        return head + self._suffix(request, max_tokens)
+
+    def _suffix(self, request: GenerationRequest, max_tokens: int) -> bytes:
+        """The model name and the scalar and stop tensors, serialised; cached per distinct set of values."""
+        sampling = request.sampling
+        stops = request.stop_token_ids
+        key = (max_tokens, stops, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
+        suffix = self._suffixes.get(key)
+        if suffix is not None:
+            return suffix
+        names = self._names
+        scalars: list[tuple[str, str, float]] = [
+            ("request_output_len", "INT32", max_tokens),
+            ("end_id", "INT32", stops[0] if stops else -1),
+            ("pad_id", "INT32", self._pad_id),
+            ("streaming", "BOOL", False),
+            ("return_log_probs", "BOOL", True),
+            (names.temperature, "FP32", sampling.temperature),
+        ]
+        if sampling.top_k > 0:
+            scalars.append((names.top_k, "INT32", sampling.top_k))
+        if sampling.top_p < 1.0:
+            scalars.append((names.top_p, "FP32", sampling.top_p))
+        if sampling.seed is not None:
+            scalars.append((names.seed, "UINT64", sampling.seed))
+        parts = [self._model_part]
+        try:
+            for name, datatype, value in scalars:
+                parts.append(_encoded(name, datatype, [1, 1], struct.pack(_SCALAR_FORMATS[datatype], value)))
+            if len(stops) > 1:
+                flat = [*stops, *range(1, len(stops) + 1)]
+                words = struct.pack(f"<{len(flat)}i", *flat)
+                parts.append(_encoded("stop_words_list", "INT32", [1, 2, len(stops)], words))
+        except struct.error as exc:
+            raise MalformedRequest(f"a sampling value or stop ID is out of its tensor's range: {exc}") from exc
+        suffix = b"".join(parts)
+        if sampling.seed is None and len(self._suffixes) < _SCALARS_CACHED:  # a seed is often new each call
+            self._suffixes[key] = suffix
+        return suffix
+
     def _tokens(self, result: InferResult, prompt_length: int, streaming: bool) -> tuple[list[int], list[float]]:
         ids_array = result.as_numpy("output_ids")
         lps_array = result.as_numpy("output_log_probs")
@@ -249,19 +334,16 @@ class TritonBackend:
             BackendTimeout: The call ran past ``timeout_s``.
             MalformedRequest: The server rejected the inputs, or ``max_tokens`` is unset.
         """
-        if self._client is None:
+        infer = self._infer
+        if self._client is None or infer is None:
             raise BackendUnavailable(f"triton backend for {self.url} is not started")
         try:
             if self._decoupled:
                 async for chunk in self._generate_stream(self._client, request):
                     yield chunk
             else:
-                result = await self._client.infer(
-                    self._model,
-                    self._inputs(request, streaming=False),
-                    request_id=request.request_id,
-                    client_timeout=self._timeout_s,
-                )
+                response = await infer(self._request_bytes(request), timeout=self._timeout_s)
+                result = InferResult(response)
                 ids, logprobs = self._tokens(result, len(request.prompt_token_ids), streaming=False)
                 yield GenerationChunk(tuple(ids), tuple(logprobs), self._finish(request, ids, True))
         except (InferenceServerException, grpc.RpcError) as exc:
