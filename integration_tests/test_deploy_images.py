@@ -181,6 +181,9 @@ def _serve(client: Any, image: str, env: dict[str, str], port: int, *, sandboxes
     """
     api = client.api
     options: dict[str, Any] = {"network_mode": "host"}
+    # The operator's task roots: the example tasks name their repositories by host path (mounted at that path).
+    roots = json.dumps([str(REPO / "examples")])
+    env = {**{f"POLAR_{svc}_TASK_ROOTS": roots for svc in ("ROLLOUT", "GATEWAY", "EVALUATOR")}, **env}
     if sandboxes:
         examples = str(REPO / "examples")
         options["binds"] = {examples: {"bind": examples, "mode": "ro"}}
@@ -341,7 +344,7 @@ async def test_gateway_image_serves_and_carries_the_five_harness_clis(images) ->
         "POLAR_GATEWAY_GATEWAY_ID": "gw-image", "POLAR_GATEWAY_MAX_SESSIONS": "3",
         "POLAR_GATEWAY_METRICS_HOST": "127.0.0.1", "POLAR_GATEWAY_METRICS_PORT": str(metrics_port),
     }  # fmt: skip
-    container = _serve(client, tags["gateway"], env, grpc_port)
+    container = _serve(client, tags["gateway"], env, grpc_port, sandboxes=True)
     async with open_channel(f"127.0.0.1:{grpc_port}", auth_token=TOKEN) as channel:
         capacity = await gw_grpc.GatewayServiceStub(channel).GetCapacity(gw_pb.GetCapacityRequest(), timeout=10)
     assert capacity.gateway_id == "gw-image"

@@ -52,7 +52,7 @@ SERVER, CLIENT = 2, 3
 SUBMIT = "/polar.rollout.v1.RolloutService/SubmitTask"
 START = "/polar.gateway.v1.GatewayService/StartSession"
 OPEN = "/polar.proxy.v1.ModelProxyService/OpenSession"
-RECONSTRUCT = "/polar.reconstructor.v1.ReconstructorService/Reconstruct"
+RECONSTRUCT = "/polar.reconstructor.v1.ReconstructorService/ReconstructStream"
 EVALUATE = "/polar.evaluator.v1.EvaluatorService/Evaluate"
 STAGES = ("gateway.init", "gateway.ready", "gateway.running", "gateway.postrun")
 

@@ -47,6 +47,10 @@ async def _connect(
         backend_options=prepared.backend_options,
         harness_bin_dir=prepared.harness_bin_dir,
         running_workers=config.workers,
+        # The trainer is this stack's operator: its task template's directory holds the repository and the
+        # files the sandboxes read (polar_train.tasks makes it a read-only path of every local runtime).
+        task_roots=(prepared.task_dir.absolute(),),
+        read_only_roots=(prepared.task_dir.absolute(),),
     )
     async with (
         EmbeddedStack.start(options) as stack,

@@ -286,7 +286,7 @@ class TransformersBackend:
                 while finish is None:
                     item = await queue.get()
                     items = [item]
-                    while not queue.empty() and len(items) < self._chunk_size:
+                    while not queue.empty() and len(ids) + len(items) < self._chunk_size:
                         items.append(queue.get_nowait())
                     for it in items:
                         if isinstance(it, BaseException):
