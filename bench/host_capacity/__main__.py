@@ -246,6 +246,10 @@ class Result:
 
 
 def _env(name: str, ports: Mapping[str, int], n: int, args: argparse.Namespace) -> dict[str, str]:
+    # The bench is the operator: the example task's repository lies under its directory.
+    roots = json.dumps([str(TASK_FILE.parent)])
+    if name == "evaluator":
+        return {"POLAR_EVALUATOR_TASK_ROOTS": roots}
     if name == "proxy":
         return {
             "POLAR_PROXY_BACKEND": "scripted",
@@ -266,6 +270,7 @@ def _env(name: str, ports: Mapping[str, int], n: int, args: argparse.Namespace) 
             "POLAR_GATEWAY_RUNNING_WORKERS": str(n),
             "POLAR_GATEWAY_POSTRUN_BACKLOG_LIMIT": str(n),
             "POLAR_GATEWAY_METRICS_PORT": "-1",
+            "POLAR_GATEWAY_TASK_ROOTS": roots,
         }
         for key in ("init_workers", "ready_capacity", "postrun_workers"):
             if getattr(args, key) is not None:
