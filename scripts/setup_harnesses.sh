@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Installs the five agent CLIs Polar runs as harnesses (Claude Code, Codex, Qwen Code, pi, Gemini CLI) at the
-# exact versions pinned in gateway/harnesses/npm/package-lock.json, into <repo>/.harnesses/node_modules.
+# Installs the agent programs Polar runs as harnesses: the npm CLIs at the exact versions pinned in
+# gateway/harnesses/npm/package-lock.json, into <repo>/.harnesses/node_modules, and the Python agents, one
+# virtual environment each from gateway/harnesses/python/<name>/requirements.txt, into <repo>/.harnesses/py/.
 # Idempotent: does nothing when the installed lock file already matches. Skips quietly without npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\033[1m[setup-harnesses]\033[0m %s\n' "$*"; }
 
+have_npm=1
 if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
-  log "npm/node not found; skipping the harness CLIs (their integration tests will be skipped)"
-  exit 0
+  log "npm/node not found; skipping the npm harness CLIs (their integration tests will be skipped)"
+  have_npm=0
 fi
 
 src=gateway/harnesses/npm
 dest=.harnesses
 stamp="$dest/.polar-stamp-$(sha256sum "$src/package.json" "$src/package-lock.json" | sha256sum | cut -c1-16)"
+install_npm() {
 if [ -f "$stamp" ] && [ -x "$dest/node_modules/.bin/claude" ]; then
   log "harness CLIs up to date ($dest/node_modules)"
-  exit 0
+  return 0
 fi
 
 mkdir -p "$dest"
@@ -37,3 +40,29 @@ for bin in claude codex qwen pi gemini; do
   log "$bin $("$dest/node_modules/.bin/$bin" --version 2>&1 | head -1)"
 done
 log "done in $(( $(date +%s) - start )) s"
+}
+
+# Python agents: one virtual environment per agent, .harnesses/py/<name>, from the complete exact pins in
+# gateway/harnesses/python/<name>/requirements.txt (installed --no-deps, so nothing but the pins lands).
+install_python_agents() {
+  local req name venv pstamp start
+  for req in gateway/harnesses/python/*/requirements.txt; do
+    [ -f "$req" ] || continue
+    name=$(basename "$(dirname "$req")")
+    venv="$dest/py/$name"
+    pstamp="$venv/.polar-stamp-$(sha256sum "$req" | cut -c1-16)"
+    if [ -f "$pstamp" ]; then
+      log "$name up to date ($venv)"
+      continue
+    fi
+    start=$(date +%s)
+    rm -rf "$venv"
+    "${PYTHON:-python3}" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req"
+    touch "$pstamp"
+    log "$name installed into $venv in $(( $(date +%s) - start )) s"
+  done
+}
+
+[ "$have_npm" = 1 ] && install_npm
+install_python_agents
