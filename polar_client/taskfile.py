@@ -10,6 +10,7 @@ import yaml
 from google.protobuf import json_format, struct_pb2
 from polar.common.v1 import reconstruction_pb2, task_pb2
 
+from polar_client.formats import select_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.git_trees import TreeCache, check_revision, is_git_repository
 from polar_core.task_paths import resolve_task_paths
@@ -139,9 +140,15 @@ def load_task(path: Path | str) -> task_pb2.Task:
     A ``base_commit`` of a git repository found on this host must name one of its commits (checked here, so a
     typo fails at submission rather than at every session's admission).
 
+    A path in another format (:mod:`polar_client.formats`: SWE-bench records, ...) is read by that format;
+    ``FILE#TASK_ID`` names one task of a file holding many.
+
     Raises:
         InvalidArgument: The file is unreadable or malformed, or its ``base_commit`` names no commit.
     """
+    foreign = select_mapping(path)
+    if foreign is not None:
+        return task_from_mapping(foreign)
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

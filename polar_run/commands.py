@@ -256,7 +256,7 @@ def _embedded_options(parser: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: Any) -> None:
     """Add ``submit``, ``status``, ``run`` and ``generate`` to the ``polar`` command."""
     submit = subparsers.add_parser("submit", help="submit TASK.yaml to a running rollout server")
-    submit.add_argument("task", help="the task file (TASK.yaml)")
+    submit.add_argument("task", help="the task file (TASK.yaml, or SWE-bench records: FILE#INSTANCE_ID)")
     _common(submit)
     submit.add_argument("--samples", type=int, default=None, help="override num_samples")
     submit.add_argument("--task-timeout", type=float, default=None, help="limit for the whole task, in seconds")
@@ -272,14 +272,14 @@ def add_parser(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run", help="run TASK.yaml on the embedded stack and write a run directory", description=_RUN_HELP
     )
-    run.add_argument("task", help="the task file (TASK.yaml)")
+    run.add_argument("task", help="the task file (TASK.yaml, or SWE-bench records: FILE#INSTANCE_ID)")
     run.add_argument("--out", default=None, help="run directory (default runs/<task>-<time>)")
     _embedded_options(run)
     run.set_defaults(func=_run_cmd)
     generate = subparsers.add_parser(
         "generate", help="offline data generation over a dataset of tasks", description=_GENERATE_HELP
     )
-    generate.add_argument("dataset", help="a directory of task files, or a JSONL file of tasks")
+    generate.add_argument("dataset", help="a directory of task files, a JSONL file of tasks, or SWE-bench records")
     generate.add_argument("--out", required=True, help="output directory (with --server, a rerun resumes it)")
     _embedded_options(generate)
     _common(generate, "run on this rollout server and its gateways instead of the embedded stack (host:port)")

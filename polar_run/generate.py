@@ -1,6 +1,7 @@
 """Pure parts of ``polar generate``: datasets, the attempt ledger, SFT records and the repository split.
 
-A *dataset* is a JSONL file of tasks (one task mapping a line, paths relative to the file), or a directory:
+A *dataset* is a file or directory in a format of :mod:`polar_client.formats` (SWE-bench records), a JSONL
+file of tasks (one task mapping a line, paths relative to the file), or a directory:
 its ``tasks.jsonl`` if it has one, else every ``task.yaml``/``task.yml`` below it. A task's *repository* (the
 unit of the train/validation split and of the ledger's rows) is ``metadata.repository`` when given, else the
 name of the directory holding the task file (for JSONL lines: the line's ``task_id``).
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from polar_client.formats import load_mappings
 from polar_core.errors import InvalidArgument
 from polar_run.run_config import load_task_mapping
 
@@ -67,7 +69,11 @@ def load_dataset(path: Path) -> list[DatasetTask]:
     Raises:
         InvalidArgument: Nothing to read, a malformed line, or two tasks with one ``task_id``.
     """
-    if path.is_dir():
+    foreign = load_mappings(path)  # SWE-bench records, ... (polar_client.formats)
+    if foreign is not None:
+        anchor = (path if path.is_dir() else path.parent) / "task.yaml"
+        tasks = [DatasetTask(data, anchor, _repository(data, str(data["task_id"]))) for data in foreign]
+    elif path.is_dir():
         if (path / "tasks.jsonl").is_file():
             return load_dataset(path / "tasks.jsonl")
         files = sorted({*path.rglob("task.yaml"), *path.rglob("task.yml")})

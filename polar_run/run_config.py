@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from polar_client.formats import select_mapping
 from polar_client.taskfile import task_from_mapping
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_core.task_paths import absolute_path, resolve_task_paths
@@ -128,6 +129,9 @@ def load_task_mapping(path: Path) -> dict[str, Any]:
     Raises:
         InvalidArgument: The file cannot be read or is not a YAML mapping.
     """
+    foreign = select_mapping(path)  # SWE-bench records, ... (``FILE#TASK_ID`` picks one of many)
+    if foreign is not None:
+        return foreign
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

@@ -1,4 +1,4 @@
-"""Evaluation strategies: ``swe``, ``command``, ``session_completed`` and ``module:callable`` evaluators."""
+"""Evaluation strategies: ``swe``, ``swebench``, ``command``, ``session_completed`` and ``module:callable`` evaluators."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from evaluator.strategies.command import CommandStrategy
 from evaluator.strategies.custom import CustomEvaluation, CustomResult, CustomStrategy
 from evaluator.strategies.simple import SessionCompletedStrategy
 from evaluator.strategies.swe import SweStrategy
+from evaluator.strategies.swebench import SwebenchStrategy
 
 __all__ = [
     "CommandStrategy",
@@ -20,6 +21,7 @@ __all__ = [
     "SessionCompletedStrategy",
     "Strategy",
     "SweStrategy",
+    "SwebenchStrategy",
     "build_strategy",
 ]
 
@@ -40,6 +42,8 @@ def build_strategy(spec: EvaluatorSpec) -> Strategy:
     name = _ALIASES.get(spec.strategy, spec.strategy)
     if name == "swe":
         return SweStrategy(spec.options)
+    if name == "swebench":
+        return SwebenchStrategy(spec.options)
     if name == "command":
         return CommandStrategy(spec.options)
     if name == "session_completed":

@@ -1,0 +1,203 @@
+"""The ``swebench`` strategy: SWE-bench instances graded by the official ``swebench`` package (5.x).
+
+The task's ``options.instance`` holds the record's grading fields (``instance_id, repo, version, base_commit,
+test_patch, FAIL_TO_PASS, PASS_TO_PASS, eval_script, log_parser, eval_type``; see
+:mod:`polar_client.formats.swebench`). In a clean container of the instance's image, whose ``/testbed``
+holds the repository at ``base_commit`` (copied into the session directory, as the runtime's root file system
+is read-only: the eval script's ``/testbed`` paths name the copy):
+
+1. the agent's patch is applied with ``git apply`` (``invalid_patch`` when it does not apply);
+2. Polar's guard: every change the patch made to a protected file (the files the ``test_patch`` touches,
+   every ``conftest.py``, pytest configuration, start-up hooks, package metadata;
+   :data:`evaluator.strategies.patching.DEFAULT_PROTECTED`) is undone, so the patch cannot plant a hook that
+   rewrites results;
+3. the official test spec (``swebench.harness.utils.make_test_spec``) gives the eval script, which resets the
+   test files, applies the ``test_patch``, runs the tests between its output markers and records the test
+   command's exit status; its combined output is the log;
+4. Polar's guard: the log is read line by line with the instance's official log parser, and a test reported
+   with two different statuses means code under test printed result lines of its own (a reward hack the
+   parser alone, keeping the last line, would believe): ``unresolved``;
+5. the official report (``swebench.harness.grading.get_eval_report``) decides: ``resolved`` (reward 1) or
+   ``unresolved`` (0), per-test outcomes from its FAIL_TO_PASS / PASS_TO_PASS success and failure lists.
+
+``swebench`` is imported on first use (it is heavy: ``modal``, ``datasets``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from evaluator.errors import InvalidOptions
+from evaluator.models import Artifacts, EvaluationResult, TestOutcome, TestStatus
+from evaluator.strategies.base import EvalContext, opt_str, opt_str_list
+from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected, track_ignored_protected
+from polar_core.errors import NotFound
+from polar_core.records import TerminalStatus
+from runtimes import RuntimeDied
+
+__all__ = ["SwebenchStrategy", "conflicting_results"]
+
+_FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
+           "eval_script", "log_parser", "eval_type")  # fmt: skip
+_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+# The eval script runs with its output (stdout and stderr, in order) in a file: exec output is truncated.
+_RUN_EVAL = 'cd "$1" && exec /bin/bash "$2" > "$3" 2>&1'
+
+
+def _instance(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The instance's grading fields, checked: each present, test lists as lists of strings."""
+    raw = options.get("instance")
+    if not isinstance(raw, Mapping):
+        raise InvalidOptions("swebench needs options.instance (the SWE-bench record's grading fields)")
+    missing = [key for key in _FIELDS if raw.get(key) is None]
+    if missing:
+        raise InvalidOptions(f"swebench: options.instance lacks {', '.join(missing)}", details={"field": missing[0]})
+    instance = {key: raw[key] for key in _FIELDS}
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        value = instance[key]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise InvalidOptions(f"swebench: {key} must be a list of test names", details={"field": key})
+        instance[key] = list(value)
+    for key in (k for k in _FIELDS if k not in ("FAIL_TO_PASS", "PASS_TO_PASS")):
+        if not isinstance(instance[key], str):
+            raise InvalidOptions(f"swebench: {key} must be a string", details={"field": key})
+    return instance
+
+
+def _test_spec(instance: Mapping[str, Any], image: str) -> Any:
+    """The official TestSpec, after checking the parser and eval type against the installed package."""
+    from swebench.harness.constants import EvalType
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.utils import make_test_spec
+
+    if instance["log_parser"] not in PARSER_REGISTRY:
+        raise InvalidOptions(
+            f"swebench: log_parser {instance['log_parser']!r} is not a parser of the installed swebench "
+            f"(repo {instance['repo']}, version {instance['version']})",
+            details={"field": "log_parser"},
+        )
+    if instance["eval_type"] not in {e.value for e in EvalType}:
+        raise InvalidOptions(f"swebench: unknown eval_type {instance['eval_type']!r}", details={"field": "eval_type"})
+    return make_test_spec({**instance, "image": image})
+
+
+def conflicting_results(log: str, test_spec: Any) -> dict[str, set[str]]:
+    """Tests the official parser finds with more than one status when it reads the log line by line."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    parser = PARSER_REGISTRY[test_spec.log_parser]
+    seen: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        for test, status in parser(line, test_spec).items():
+            seen.setdefault(test, set()).add(status)
+    return {test: statuses for test, statuses in seen.items() if len(statuses) > 1}
+
+
+class SwebenchStrategy:
+    """Options: ``instance`` (the record's grading fields), ``repo_path`` (the repository in the image, default
+    ``/testbed``), ``repo`` (instead, a git repository on the evaluator's host, history included, under its task
+    roots), ``protected_files`` (extra globs)."""
+
+    needs_runtime = True
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.instance = _instance(options)
+        self.spec = _test_spec(self.instance, "")  # refuses an unknown parser or eval type at Prepare
+        self.repo_path = opt_str(options, "repo_path", "/testbed")
+        self.host_repo = opt_str(options, "repo", "")
+        touched = {p for pair in _DIFF_PATHS.findall(self.instance["test_patch"]) for p in pair}
+        self.protected = [*DEFAULT_PROTECTED, *sorted(touched), *opt_str_list(options, "protected_files")]
+
+    async def prepare(self, ctx: EvalContext) -> None:
+        """Copy the image's repository (at ``base_commit``) into the session and snapshot it.
+
+        Polar's container runtime runs commands as an unprivileged user on a read-only root file system, so
+        the repository is graded in a copy under the session directory; the eval script's ``/testbed`` paths
+        are pointed at the copy (see :meth:`evaluate`).
+        """
+        runtime = ctx.need_runtime()
+        repo = runtime.root / "repo"
+        await ctx.run(["mkdir", "-p", str(runtime.root / "eval")], check=True)
+        if self.host_repo:  # a repository on the evaluator's host (a private dataset without images)
+            await runtime.upload(Path(self.host_repo), "repo")
+        else:
+            await ctx.run(["cp", "-R", "--preserve=mode,timestamps,links", f"{self.repo_path}/.", str(repo)],
+                          check=True, timeout=600.0)  # fmt: skip
+        ctx.repo_dir = repo
+        probe = await ctx.git("rev-parse", "--verify", "-q", f"{self.instance['base_commit']}^{{commit}}", check=False)
+        if probe.exit_code != 0:
+            raise RuntimeDied(f"{self.repo_path} in the image has no commit {self.instance['base_commit']}")
+        await ctx.git("add", "-A")
+        await ctx.git("commit", "-q", "--allow-empty", "--no-verify", "-m", "polar: evaluation snapshot")
+        await track_ignored_protected(ctx, self.protected)
+
+    async def evaluate(self, ctx: EvalContext, artifacts: Artifacts) -> EvaluationResult:
+        """Apply, restore, run the official eval script, grade with the official report."""
+        runtime = ctx.need_runtime()
+        patch = artifacts.patch or b""
+        if patch:
+            problem = await apply_patch(ctx, patch, keep_as="agent.patch")
+            if problem is not None:
+                ctx.log.write("the agent's patch does not apply", problem)
+                return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])
+        await restore_protected(ctx, self.protected)
+        script = runtime.root / "eval" / "eval.sh"
+        out = runtime.root / "eval" / "test_output.txt"
+        eval_script = self.spec.eval_script.replace(self.repo_path, str(ctx.repo_dir))
+        await runtime.upload(eval_script.encode("utf-8"), script)
+        run = await ctx.run(["sh", "-c", _RUN_EVAL, "polar-swebench", str(ctx.repo_dir), str(script), str(out)],
+                            timeout=ctx.remaining())  # fmt: skip
+        try:
+            log = (await runtime.download(out)).decode("utf-8", "replace")
+        except NotFound:
+            raise RuntimeDied(f"the eval script left no output (exit {run.exit_code})") from None
+        log_path = ctx.workdir / "test_output.txt"
+        log_path.write_text(log, encoding="utf-8")
+        return self._grade(ctx, patch, log, str(log_path))
+
+    def _grade(self, ctx: EvalContext, patch: bytes, log: str, log_path: str) -> EvaluationResult:
+        from swebench.harness.grading import get_eval_report
+
+        conflicts = conflicting_results(log, self.spec)
+        if conflicts:
+            named = ", ".join(f"{t} ({'/'.join(sorted(s))})" for t, s in sorted(conflicts.items())[:5])
+            message = f"the test output reports tests twice with different results: {named}"
+            ctx.log.write("unresolved: forged result lines", message)
+            return EvaluationResult(
+                0.0, TerminalStatus.UNRESOLVED, test_outcomes=self._missing(), error_message=message
+            )
+        prediction = {"instance_id": self.instance["instance_id"], "model_patch": patch.decode("utf-8", "replace")}
+        report = get_eval_report(self.spec, prediction, log_path, include_tests_status=True)
+        entry = report[self.instance["instance_id"]]
+        resolved = bool(entry.get("resolved"))
+        outcomes = self._outcomes(entry.get("tests_status"))
+        ctx.log.write("resolved" if resolved else "unresolved", repr(entry)[-4000:])
+        message = ""
+        if not resolved and not entry.get("tests_status"):
+            # The official classification stays advisory (as in swebench): a patch's code can print any
+            # signature, so it must not turn its own failure into a retried infra_error.
+            reason = entry.get("infra_failure_reason")
+            message = "the eval log has no parsable test results" + (f" (swebench: {reason})" if reason else "")
+        return EvaluationResult(
+            reward=1.0 if resolved else 0.0,
+            status=TerminalStatus.RESOLVED if resolved else TerminalStatus.UNRESOLVED,
+            test_outcomes=outcomes,
+            error_message=message,
+        )
+
+    def _outcomes(self, tests_status: Any) -> tuple[TestOutcome, ...]:
+        if not isinstance(tests_status, Mapping):
+            return self._missing()
+        out: list[TestOutcome] = []
+        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            section = tests_status.get(key) or {}
+            out += [TestOutcome(t, TestStatus.PASSED) for t in section.get("success", [])]
+            out += [TestOutcome(t, TestStatus.FAILED) for t in section.get("failure", [])]
+        return tuple(out)
+
+    def _missing(self) -> tuple[TestOutcome, ...]:
+        tests = (*self.instance["FAIL_TO_PASS"], *self.instance["PASS_TO_PASS"])
+        return tuple(TestOutcome(t, TestStatus.MISSING) for t in tests)

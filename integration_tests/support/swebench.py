@@ -1,0 +1,123 @@
+"""A real SWE-bench-style instance of a small real library (``toml``), and its image, for tests.
+
+The repository is ``toml``'s own source (copied from the installed package) committed into a git repository
+with a bug planted at ``base_commit`` (booleans dumped as ``True`` instead of ``true``); the gold ``patch`` is
+the one-line fix, the ``test_patch`` adds the test that shows it. The eval script has the official shape
+(reset the test files, apply the test patch, run the tests between the output markers, reset again). The image
+is the offline Python test image with the repository at ``/testbed``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["IMAGE_TAG", "INSTANCE_ID", "build_image", "make_instance"]
+
+INSTANCE_ID = "uiri__toml-1"
+IMAGE_TAG = "sweb.eval.x86_64.uiri_1776_toml-1:polar-test"
+_BASIC_TESTS = """import toml
+
+
+def test_loads_table():
+    assert toml.loads("[a]\\nb = 1\\n") == {"a": {"b": 1}}
+
+
+def test_dumps_int():
+    assert toml.dumps({"n": 3}) == "n = 3\\n"
+"""
+_BOOL_TEST = """import toml
+
+
+def test_dumps_bool():
+    assert toml.dumps({"flag": True}) == "flag = true\\n"
+"""
+_EVAL = """#!/bin/bash
+set -uxo pipefail
+cd /testbed
+git checkout {base} -- tests/test_basic.py
+git apply -v - <<'EOF_114329324912'
+{test_patch}
+EOF_114329324912
+: '>>>>> Start Test Output'
+PYTHONPATH=src {python} -m pytest -p no:cacheprovider -rA tests/test_basic.py tests/test_bool.py
+: '>>>>> End Test Output'
+git checkout {base} -- tests/test_basic.py
+rm -f tests/test_bool.py
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    argv = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args]
+    return subprocess.run(argv, cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def make_instance(root: Path, python: str = "python3") -> tuple[Path, dict[str, Any]]:
+    """``(repository, record)``: the repository at its base commit and the instance record (swebench 5 schema).
+
+    ``python`` is the interpreter the eval script runs pytest with (the image's ``python3`` by default).
+    """
+    spec = importlib.util.find_spec("toml")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the toml package is not installed")
+    source = Path(spec.origin).parent
+    repo = root / "testbed"
+    (repo / "src" / "toml").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    for file in sorted(source.glob("*.py")):
+        (repo / "src" / "toml" / file.name).write_text(file.read_text(encoding="utf-8"), encoding="utf-8")
+    encoder = repo / "src" / "toml" / "encoder.py"
+    fixed = encoder.read_text(encoding="utf-8")
+    if "bool: lambda v: unicode(v).lower()," not in fixed:
+        raise RuntimeError("unexpected toml source")
+    encoder.write_text(fixed.replace("bool: lambda v: unicode(v).lower(),", "bool: lambda v: unicode(v),"))
+    (repo / "tests" / "test_basic.py").write_text(_BASIC_TESTS, encoding="utf-8")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "toml 0.10.2 (booleans dumped as True)")
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    encoder.write_text(fixed, encoding="utf-8")
+    patch = _git(repo, "diff")
+    _git(repo, "checkout", "-q", "--", ".")
+    (repo / "tests" / "test_bool.py").write_text(_BOOL_TEST, encoding="utf-8")
+    _git(repo, "add", "-N", "tests/test_bool.py")
+    test_patch = _git(repo, "diff")
+    _git(repo, "rm", "-q", "--cached", "tests/test_bool.py")
+    (repo / "tests" / "test_bool.py").unlink()
+    record = {
+        "instance_id": INSTANCE_ID,
+        "repo": "uiri/toml",
+        "base_commit": base,
+        "patch": patch,
+        "test_patch": test_patch,
+        "problem_statement": "toml.dumps writes booleans as True/False, which is not TOML.",
+        "hints_text": "",
+        "created_at": "2026-01-01T00:00:00Z",
+        "version": "0.10",
+        "environment_setup_commit": base,
+        "FAIL_TO_PASS": '["tests/test_bool.py::test_dumps_bool"]',
+        "PASS_TO_PASS": '["tests/test_basic.py::test_loads_table", "tests/test_basic.py::test_dumps_int"]',
+        "eval_script": _EVAL.format(base=base, test_patch=test_patch.rstrip("\n"), python=python),
+        "log_parser": "parse_log_pytest",
+        "eval_type": "pass_and_fail",
+        "image": IMAGE_TAG,
+    }
+    return repo, record
+
+
+def build_image(client: Any, base_image: str, repo: Path) -> str:
+    """Build :data:`IMAGE_TAG`: ``base_image`` with ``repo`` (its history included) at ``/testbed``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dockerfile = f"FROM {base_image}\nCOPY testbed /testbed\nRUN chmod -R a+rX /testbed\n".encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        tar.add(repo, arcname="testbed")
+    buf.seek(0)
+    client.images.build(fileobj=buf, custom_context=True, tag=IMAGE_TAG, rm=True, network_mode="none")
+    return IMAGE_TAG
