@@ -1,4 +1,4 @@
-"""Evaluation strategies: ``swe``, ``swebench``, ``command``, ``session_completed`` and ``module:callable`` evaluators."""
+"""Evaluation strategies: ``swe``, ``swebench``, ``command``, ``session_completed``, ``module:callable``."""
 
 from __future__ import annotations
 
