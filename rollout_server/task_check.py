@@ -2,7 +2,8 @@
 
 :class:`TaskCheck` turns the stored ``Task`` bytes back into the task file's shape and runs
 :class:`runtimes.policy.TaskAdmission` over it, so a task that names a host path outside the task roots, or whose
-runtime table widens what the fleet allows, is refused before anything is recorded.
+runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance the ``swebench`` strategy could not grade
+(:func:`polar_client.formats.swebench.check_grading`: a missing field, an unknown log parser).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from polar.common.v1 import task_pb2
 
+from polar_client.formats.swebench import check_grading
 from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
 from rollout_server.settings import RolloutSettings
@@ -79,4 +81,7 @@ class TaskCheck:
         Raises:
             InvalidArgument: The task breaks the policy (the message names the field).
         """
-        self._admission.check(task_mapping(spec))
+        mapping = task_mapping(spec)
+        self._admission.check(mapping)
+        if mapping["evaluator"]["strategy"] == "swebench":  # an instance the evaluator could not grade
+            check_grading(mapping["evaluator"].get("instance"))

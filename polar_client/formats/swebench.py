@@ -35,6 +35,7 @@ __all__ = [
     "EVAL_TYPES",
     "POLAR_KEYS",
     "REQUIRED_FIELDS",
+    "check_grading",
     "check_record",
     "detect",
     "official_image",
@@ -196,26 +197,46 @@ def check_record(record: Mapping[str, Any], where: str = "record") -> dict[str, 
         textual = key not in ("FAIL_TO_PASS", "PASS_TO_PASS", "image_assets")
         if textual and record.get(key) is not None and not isinstance(record[key], str):
             raise InvalidArgument(f"{where}: {key} must be a string", details={"field": key})
-    for key in ("instance_id", "repo", "base_commit", "version", "log_parser", "eval_script"):
-        if not str(record[key]).strip():
+    return check_grading(record, where)
+
+
+def check_grading(instance: Any, where: str = "evaluator.instance") -> dict[str, Any]:
+    """The grading fields of an instance (what the ``swebench`` strategy gets), checked; also run at SubmitTask.
+
+    ``log_parser`` is checked against the installed ``swebench`` when this host has it.
+
+    Raises:
+        InvalidArgument: A missing or malformed field (named in the message and ``details["field"]``).
+    """
+    if not isinstance(instance, Mapping):
+        raise InvalidArgument(f"{where}: the SWE-bench instance must be a mapping", details={"field": "instance"})
+    missing = [key for key in _GRADING_FIELDS if instance.get(key) is None]
+    if missing:
+        raise InvalidArgument(
+            f"{where}: the SWE-bench instance lacks {', '.join(missing)}", details={"field": missing[0]}
+        )
+    out = {key: instance[key] for key in _GRADING_FIELDS}
+    out["FAIL_TO_PASS"] = _test_list(instance, "FAIL_TO_PASS", where)
+    out["PASS_TO_PASS"] = _test_list(instance, "PASS_TO_PASS", where)
+    for key in ("instance_id", "repo", "base_commit", "version", "log_parser", "eval_script", "test_patch"):
+        if not isinstance(out[key], str):
+            raise InvalidArgument(f"{where}: {key} must be a string", details={"field": key})
+        if key != "test_patch" and not out[key].strip():
             raise InvalidArgument(f"{where}: {key} is empty", details={"field": key})
-    out = {key: record[key] for key in _GRADING_FIELDS}
-    out["FAIL_TO_PASS"] = _test_list(record, "FAIL_TO_PASS", where)
-    out["PASS_TO_PASS"] = _test_list(record, "PASS_TO_PASS", where)
-    if record["eval_type"] not in EVAL_TYPES:
+    if out["eval_type"] not in EVAL_TYPES:
         raise InvalidArgument(
             f"{where}: eval_type must be one of {', '.join(EVAL_TYPES)}", details={"field": "eval_type"}
         )
-    if not all(marker in record["eval_script"] for marker in _MARKERS):
+    if not all(marker in out["eval_script"] for marker in _MARKERS):
         raise InvalidArgument(
             f"{where}: eval_script must bracket the test output with {' and '.join(map(repr, _MARKERS))}",
             details={"field": "eval_script"},
         )
     parsers = _known_parsers()
-    if parsers is not None and record["log_parser"] not in parsers:
+    if parsers is not None and out["log_parser"] not in parsers:
         raise InvalidArgument(
-            f"{where}: log_parser {record['log_parser']!r} is not one of the installed swebench's parsers "
-            f"(repo {record['repo']}, version {record['version']})",
+            f"{where}: log_parser {out['log_parser']!r} is not one of the installed swebench's parsers "
+            f"(repo {out['repo']}, version {out['version']})",
             details={"field": "log_parser"},
         )
     return out
