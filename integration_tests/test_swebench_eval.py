@@ -76,11 +76,13 @@ async def test_reference_empty_breaking_and_garbage_patches(local: EvaluatorServ
     repo, record = instance
     options = _options(record, repo=str(repo))
     result = await _grade(local, options, record["patch"].encode())
-    assert result.status is TerminalStatus.RESOLVED and result.reward == 1.0, result.error_message
+    assert result.status is TerminalStatus.RESOLVED, result.error_message
+    assert result.reward == 1.0
     assert _statuses(result) == {F2P: TestStatus.PASSED, **dict.fromkeys(P2P, TestStatus.PASSED)}
 
     result = await _grade(local, options, b"")
-    assert result.status is TerminalStatus.UNRESOLVED and result.reward == 0.0
+    assert result.status is TerminalStatus.UNRESOLVED
+    assert result.reward == 0.0
     assert _statuses(result) == {F2P: TestStatus.FAILED, **dict.fromkeys(P2P, TestStatus.PASSED)}
 
     # Fixes the F2P test but breaks dumping integers, which a PASS_TO_PASS test checks.
@@ -142,7 +144,7 @@ def test_unknown_parser_and_missing_fields_are_invalid_options(instance: Any) ->
     del bad["eval_script"]
     with pytest.raises(InvalidOptions, match="lacks eval_script"):
         build_strategy(EvaluatorSpec("swebench", {"instance": bad}))
-    with pytest.raises(InvalidOptions, match="options.instance"):
+    with pytest.raises(InvalidOptions, match=r"options\.instance"):
         build_strategy(EvaluatorSpec("swebench", {}))
 
 

@@ -2,8 +2,9 @@
 
 :class:`TaskCheck` turns the stored ``Task`` bytes back into the task file's shape and runs
 :class:`runtimes.policy.TaskAdmission` over it, so a task that names a host path outside the task roots, or whose
-runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance the ``swebench`` strategy could not grade
-(:func:`polar_client.formats.swebench.check_grading`: a missing field, an unknown log parser).
+runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance
+the ``swebench`` strategy could not grade (:func:`polar_client.formats.swebench.check_grading`: a missing field,
+an unknown log parser).
 """
 
 from __future__ import annotations

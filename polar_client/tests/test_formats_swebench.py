@@ -11,6 +11,7 @@ import pytest
 from polar_client import load_task
 from polar_client.formats import FORMATS, select_mapping, split_selector
 from polar_client.formats.swebench import official_image, task_mappings
+from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
 from polar_run.generate import load_dataset
 from polar_run.run_config import load_task_mapping
@@ -49,9 +50,10 @@ def test_a_record_becomes_a_task_in_the_instance_image(tmp_path: Path) -> None:
     assert task.instruction == "Fix the bug of octo__lib-7."
     assert task.runtime.image == "swebench/sweb.eval.x86_64.octo_1776_lib-7:latest"
     assert task.evaluator.strategy == "swebench"
-    instance = task.evaluator.options["instance"]
+    instance = struct_to_dict(task.evaluator.options)["instance"]
     assert list(instance["FAIL_TO_PASS"]) == ["tests/test_a.py::test_new"]  # JSON text read as a list
-    assert "patch" not in instance and "problem_statement" not in instance  # the gold patch never reaches a task
+    assert "patch" not in instance  # the gold patch never reaches a task
+    assert "problem_statement" not in instance
     assert task.metadata["repository"] == "octo/lib"
 
 

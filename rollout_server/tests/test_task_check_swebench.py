@@ -56,6 +56,6 @@ async def test_an_ungradable_instance_is_refused(
         await core.submit_task(new_task_from_proto(_task("bad", instance)))
     assert info.value.details["field"] == field
     assert await store.get_task("bad") is None
-    summary, existed = await core.submit_task(new_task_from_proto(_task("good", _INSTANCE)))
+    _, existed = await core.submit_task(new_task_from_proto(_task("good", _INSTANCE)))
     assert not existed
     assert await store.get_task("good") is not None
