@@ -36,6 +36,19 @@ _FORGE = (
     f"_atexit.register(lambda: (_sys.stdout.write('PASSED {F2P}\\n'), _sys.stdout.flush(), _os._exit(0)))\n"
 )
 
+_EXIT_EARLY = (
+    "import os as _os\n"
+    "_lines = ''.join(f'PASSED {t}\\n' for t in "
+    + repr(sorted({F2P, *P2P}))
+    + ").encode()\n"
+    "for _fd in range(1, 64):\n"
+    "    try:\n"
+    "        _os.write(_fd, _lines)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "_os._exit(0)\n"
+)
+
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
@@ -115,6 +128,17 @@ async def test_forged_result_lines_and_planted_tests_are_unresolved(
     (log,) = (tmp_path / "state").rglob("test_output.txt")
     spec = build_strategy(EvaluatorSpec("swebench", options)).spec  # type: ignore[attr-defined]
     report = get_eval_report(spec, {"instance_id": record["instance_id"], "model_patch": "x"}, str(log), True)
+    assert report[record["instance_id"]]["resolved"] is True
+
+    # Result lines for every test written to every open descriptor (past pytest's capture) at import, then
+    # exit 0 before pytest reports anything: no conflicting line, an exit status of 0, and the official
+    # report alone believes it; pytest's own JUnit report never appears, so it is not believed.
+    early_exit = make_patch(repo, {"src/toml/__init__.py": _EXIT_EARLY + init})
+    result = await _grade(local, options, early_exit)
+    assert result.status is TerminalStatus.UNRESOLVED, result.error_message
+    assert "pytest wrote no (readable) JUnit report" in result.error_message
+    logs = sorted((tmp_path / "state").rglob("test_output.txt"), key=lambda p: p.stat().st_mtime)
+    report = get_eval_report(spec, {"instance_id": record["instance_id"], "model_patch": "x"}, str(logs[-1]), True)
     assert report[record["instance_id"]]["resolved"] is True
 
     # A test file the eval applies, written by the agent to pass, and a conftest forcing passes: both undone.

@@ -18,7 +18,14 @@ is read-only: the eval script's ``/testbed`` paths name the copy):
    with two different statuses means code under test printed result lines of its own (a reward hack the
    parser alone, keeping the last line, would believe): ``unresolved``;
 5. the official report (``swebench.harness.grading.get_eval_report``) decides: ``resolved`` (reward 1) or
-   ``unresolved`` (0), per-test outcomes from its FAIL_TO_PASS / PASS_TO_PASS success and failure lists.
+   ``unresolved`` (0), per-test outcomes from its FAIL_TO_PASS / PASS_TO_PASS success and failure lists;
+6. Polar's guard, for pytest-based parsers (``junit_check``, default on): pytest also writes a JUnit report
+   (``PYTEST_ADDOPTS=--junitxml=`` a fresh, randomly named directory); a ``resolved`` verdict stands only if
+   that report exists and agrees on every listed test, so result lines printed by code that then ends pytest
+   early (``os._exit(0)`` at import) are not believed.
+
+The log is the eval command's own output stream (stdout and stderr merged; the runtime keeps the last 4 MiB),
+never a file the code under test could rewrite after the fact.
 
 ``swebench`` is imported on first use (it is heavy: ``modal``, ``datasets``).
 """
@@ -26,11 +33,14 @@ is read-only: the eval script's ``/testbed`` paths name the copy):
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from xml.etree.ElementTree import ParseError
 
 from evaluator.errors import InvalidOptions
+from evaluator.junit import outcomes_for, parse_junit
 from evaluator.models import Artifacts, EvaluationResult, TestOutcome, TestStatus
 from evaluator.strategies.base import EvalContext, opt_str, opt_str_list
 from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restore_protected, track_ignored_protected
@@ -43,8 +53,8 @@ __all__ = ["SwebenchStrategy", "conflicting_results"]
 _FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
            "eval_script", "log_parser", "eval_type")  # fmt: skip
 _DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
-# The eval script runs with its output (stdout and stderr, in order) in a file: exec output is truncated.
-_RUN_EVAL = 'cd "$1" && exec /bin/bash "$2" > "$3" 2>&1'
+# The eval script's stdout and stderr, in order, as one stream.
+_RUN_EVAL = 'cd "$1" && exec /bin/bash "$2" 2>&1'
 
 
 def _instance(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,6 +99,14 @@ def _test_spec(instance: Mapping[str, Any], image: str) -> Any:
     return make_test_spec({**instance, "image": image})
 
 
+def _is_pytest_parser(name: str) -> bool:
+    """Whether the instance's log parser reads pytest's output (so pytest can also write a JUnit report)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import parse_log_pytest, parse_log_pytest_options, parse_log_pytest_v2
+
+    return PARSER_REGISTRY.get(name) in (parse_log_pytest, parse_log_pytest_options, parse_log_pytest_v2)
+
+
 def conflicting_results(log: str, test_spec: Any) -> dict[str, set[str]]:
     """Tests the official parser finds with more than one status when it reads the log line by line."""
     from swebench.harness.log_parsers import PARSER_REGISTRY
@@ -113,6 +131,10 @@ class SwebenchStrategy:
         self.spec = _test_spec(self.instance, "")  # refuses an unknown parser or eval type at Prepare
         self.repo_path = opt_str(options, "repo_path", "/testbed")
         self.host_repo = opt_str(options, "repo", "")
+        junit_check = options.get("junit_check", True)
+        if not isinstance(junit_check, bool):
+            raise InvalidOptions("option 'junit_check' must be true or false", details={"field": "junit_check"})
+        self.junit_check = junit_check and _is_pytest_parser(self.instance["log_parser"])
         touched = {p for pair in _DIFF_PATHS.findall(self.instance["test_patch"]) for p in pair}
         self.protected = [*DEFAULT_PROTECTED, *sorted(touched), *opt_str_list(options, "protected_files")]
 
@@ -140,7 +162,7 @@ class SwebenchStrategy:
         await track_ignored_protected(ctx, self.protected)
 
     async def evaluate(self, ctx: EvalContext, artifacts: Artifacts) -> EvaluationResult:
-        """Apply, restore, run the official eval script, grade with the official report."""
+        """Apply, restore, run the official eval script, grade with the official report, cross-check."""
         runtime = ctx.need_runtime()
         patch = artifacts.patch or b""
         if patch:
@@ -150,18 +172,24 @@ class SwebenchStrategy:
                 return EvaluationResult(0.0, TerminalStatus.INVALID_PATCH, error_message=problem[-2000:])
         await restore_protected(ctx, self.protected)
         script = runtime.root / "eval" / "eval.sh"
-        out = runtime.root / "eval" / "test_output.txt"
-        eval_script = self.spec.eval_script.replace(self.repo_path, str(ctx.repo_dir))
-        await runtime.upload(eval_script.encode("utf-8"), script)
-        run = await ctx.run(["sh", "-c", _RUN_EVAL, "polar-swebench", str(ctx.repo_dir), str(script), str(out)],
-                            timeout=ctx.remaining())  # fmt: skip
-        try:
-            log = (await runtime.download(out)).decode("utf-8", "replace")
-        except NotFound:
-            raise RuntimeDied(f"the eval script left no output (exit {run.exit_code})") from None
+        await runtime.upload(self.spec.eval_script.replace(self.repo_path, str(ctx.repo_dir)).encode("utf-8"), script)
+        env: dict[str, str] = {}
+        junit: PurePosixPath | None = None
+        if self.junit_check:
+            # A fresh, randomly named directory (mkdir without -p: never one planted in advance).
+            junit = runtime.root / "eval" / f"report-{secrets.token_hex(12)}" / "junit.xml"
+            await ctx.run(["mkdir", str(junit.parent)], check=True)
+            env["PYTEST_ADDOPTS"] = f"--junitxml={junit}"
+        # The log is the command's own output stream, not a file the code under test could rewrite afterwards.
+        run = await ctx.run(["sh", "-c", _RUN_EVAL, "polar-swebench", str(ctx.repo_dir), str(script)],
+                            env=env, timeout=ctx.remaining())  # fmt: skip
+        log = run.stdout
         log_path = ctx.workdir / "test_output.txt"
         log_path.write_text(log, encoding="utf-8")
-        return self._grade(ctx, patch, log, str(log_path))
+        result = self._grade(ctx, patch, log, str(log_path))
+        if junit is not None and result.status is TerminalStatus.RESOLVED:
+            result = await self._cross_check(ctx, junit, str(log_path), result)
+        return result
 
     def _grade(self, ctx: EvalContext, patch: bytes, log: str, log_path: str) -> EvaluationResult:
         from swebench.harness.grading import get_eval_report
@@ -169,11 +197,7 @@ class SwebenchStrategy:
         conflicts = conflicting_results(log, self.spec)
         if conflicts:
             named = ", ".join(f"{t} ({'/'.join(sorted(s))})" for t, s in sorted(conflicts.items())[:5])
-            message = f"the test output reports tests twice with different results: {named}"
-            ctx.log.write("unresolved: forged result lines", message)
-            return EvaluationResult(
-                0.0, TerminalStatus.UNRESOLVED, test_outcomes=self._missing(), error_message=message
-            )
+            return self._forged(ctx, f"the test output reports tests twice with different results: {named}")
         prediction = {"instance_id": self.instance["instance_id"], "model_patch": patch.decode("utf-8", "replace")}
         report = get_eval_report(self.spec, prediction, log_path, include_tests_status=True)
         entry = report[self.instance["instance_id"]]
@@ -192,6 +216,35 @@ class SwebenchStrategy:
             test_outcomes=outcomes,
             error_message=message,
         )
+
+    async def _cross_check(
+        self, ctx: EvalContext, junit: PurePosixPath, log_path: str, result: EvaluationResult
+    ) -> EvaluationResult:
+        """A resolved verdict stands only if pytest's own JUnit report agrees with the log on every listed test."""
+        from swebench.harness.grading import get_logs_eval
+
+        try:
+            parsed = parse_junit(await ctx.need_runtime().download(junit))
+        except (NotFound, ParseError):
+            return self._forged(ctx, "the log reports the tests passed but pytest wrote no (readable) JUnit report")
+        status_map, _ = get_logs_eval(self.spec, log_path)
+        # Ids SWE-bench stores truncated mid-parameter are matched by prefix in its grading: not checked here.
+        tests = [
+            t for t in (*self.instance["FAIL_TO_PASS"], *self.instance["PASS_TO_PASS"]) if t.count("[") <= t.count("]")
+        ]
+        disagree = []
+        for outcome in outcomes_for(tests, parsed):
+            skipped_ok = status_map.get(outcome.test_id) in ("SKIPPED", "XFAIL")
+            if outcome.status is not TestStatus.PASSED and not (skipped_ok and outcome.status is TestStatus.SKIPPED):
+                disagree.append(f"{outcome.test_id} ({outcome.status.value})")
+        if disagree:
+            return self._forged(ctx, f"the log and pytest's JUnit report disagree: {', '.join(disagree[:5])}")
+        ctx.log.write("pytest's JUnit report agrees with the log", f"{len(tests)} test(s)")
+        return result
+
+    def _forged(self, ctx: EvalContext, message: str) -> EvaluationResult:
+        ctx.log.write("unresolved: forged or unconfirmed results", message)
+        return EvaluationResult(0.0, TerminalStatus.UNRESOLVED, test_outcomes=self._missing(), error_message=message)
 
     def _outcomes(self, tests_status: Any) -> tuple[TestOutcome, ...]:
         if not isinstance(tests_status, Mapping):
