@@ -38,9 +38,7 @@ _FORGE = (
 
 _EXIT_EARLY = (
     "import os as _os\n"
-    "_lines = ''.join(f'PASSED {t}\\n' for t in "
-    + repr(sorted({F2P, *P2P}))
-    + ").encode()\n"
+    "_lines = ''.join(f'PASSED {t}\\n' for t in " + repr(sorted({F2P, *P2P})) + ").encode()\n"
     "for _fd in range(1, 64):\n"
     "    try:\n"
     "        _os.write(_fd, _lines)\n"

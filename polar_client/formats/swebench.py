@@ -154,10 +154,14 @@ def read_records(path: Path, *, split: str = "") -> list[dict[str, Any]]:
                 try:
                     items.append((lineno, json.loads(line)))
                 except json.JSONDecodeError as exc:
-                    raise InvalidArgument(f"{path}:{lineno}: not JSON ({exc.msg})", details={"line": str(lineno)}) from None
+                    raise InvalidArgument(
+                        f"{path}:{lineno}: not JSON ({exc.msg})", details={"line": str(lineno)}
+                    ) from None
     for where, row in items:
         if not isinstance(row, dict):
-            raise InvalidArgument(f"{path}:{where}: a SWE-bench record must be a JSON object", details={"line": str(where)})
+            raise InvalidArgument(
+                f"{path}:{where}: a SWE-bench record must be a JSON object", details={"line": str(where)}
+            )
     return [row for _, row in items]
 
 
