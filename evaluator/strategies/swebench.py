@@ -108,21 +108,27 @@ def _is_pytest_parser(name: str) -> bool:
 
 
 def conflicting_results(log: str, test_spec: Any) -> dict[str, set[str]]:
-    """Tests the official parser finds with more than one status when it reads the log line by line."""
+    """Listed tests the official parser finds with more than one status when it reads the log line by line.
+
+    Only FAIL_TO_PASS and PASS_TO_PASS tests count: another test pytest reports twice (passed, then an error at
+    teardown) does not decide the verdict, so it must not spoil an honest one.
+    """
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
     parser = PARSER_REGISTRY[test_spec.log_parser]
+    listed = {*test_spec.FAIL_TO_PASS, *test_spec.PASS_TO_PASS}
     seen: dict[str, set[str]] = {}
     for line in log.splitlines():
         for test, status in parser(line, test_spec).items():
-            seen.setdefault(test, set()).add(status)
+            if test in listed:
+                seen.setdefault(test, set()).add(status)
     return {test: statuses for test, statuses in seen.items() if len(statuses) > 1}
 
 
 class SwebenchStrategy:
     """Options: ``instance`` (the record's grading fields), ``repo_path`` (the repository in the image, default
     ``/testbed``), ``repo`` (instead, a git repository on the evaluator's host, history included, under its task
-    roots), ``protected_files`` (extra globs)."""
+    roots), ``protected_files`` (extra globs), ``junit_check`` (default true; only for pytest-based parsers)."""
 
     needs_runtime = True
 
