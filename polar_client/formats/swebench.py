@@ -308,6 +308,7 @@ def record_to_mapping(
     mapping: dict[str, Any] = {
         "task_id": instance_id,
         "instruction": record["problem_statement"],
+        "num_samples": 1,  # polar submit --samples / polar run --samples / polar.num_samples set more
         "runtime": {"kind": "docker", "image": image},
         "evaluator": {"strategy": "swebench", "instance": grading},
         "metadata": metadata,

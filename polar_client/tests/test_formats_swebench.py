@@ -48,6 +48,7 @@ def test_a_record_becomes_a_task_in_the_instance_image(tmp_path: Path) -> None:
     task = load_task(_jsonl(tmp_path / "one.jsonl", _record()))
     assert task.task_id == "octo__lib-7"
     assert task.instruction == "Fix the bug of octo__lib-7."
+    assert task.num_samples == 1
     assert task.runtime.image == "swebench/sweb.eval.x86_64.octo_1776_lib-7:latest"
     assert task.evaluator.strategy == "swebench"
     instance = struct_to_dict(task.evaluator.options)["instance"]

@@ -59,3 +59,18 @@ async def test_an_ungradable_instance_is_refused(
     _, existed = await core.submit_task(new_task_from_proto(_task("good", _INSTANCE)))
     assert not existed
     assert await store.get_task("good") is not None
+
+
+async def test_a_records_host_repository_outside_the_roots_is_refused(tmp_path: Path, store: SqlStore) -> None:
+    from polar_client import task_from_mapping
+    from polar_client.formats.swebench import record_to_mapping
+
+    roots = tmp_path / "tasks"
+    roots.mkdir()
+    record = {**_INSTANCE, "patch": "", "problem_statement": "fix it", "polar": {"repo_dir": "../../etc"}}
+    mapping = record_to_mapping(record, base_dir=roots)
+    check = TaskCheck.from_settings(RolloutSettings(task_roots=[str(roots)]))
+    core = RolloutCore(store, FakeGatewayClient(), task_check=check)
+    with pytest.raises(InvalidArgument, match="not under the operator's task roots"):
+        await core.submit_task(new_task_from_proto(task_from_mapping(mapping)))
+    assert await store.active_tasks() == []
