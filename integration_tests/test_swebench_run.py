@@ -24,8 +24,8 @@ _SCRIPT = [
 ]
 
 
-@pytest.mark.slow
-def test_polar_run_on_a_records_file(tmp_path: Path) -> None:
+def _records(tmp_path: Path) -> Path:
+    """Two instances of the toml repository (the second a copy under another id), run by the command harness."""
     _, record = make_instance(tmp_path, sys.executable)
     record["polar"] = {
         "repo_dir": "testbed",
@@ -35,6 +35,12 @@ def test_polar_run_on_a_records_file(tmp_path: Path) -> None:
     other = {**record, "instance_id": "uiri__toml-2", "polar": {**record["polar"]}}
     records = tmp_path / "instances.jsonl"
     records.write_text(json.dumps(record) + "\n" + json.dumps(other) + "\n", encoding="utf-8")
+    return records
+
+
+@pytest.mark.slow
+def test_polar_run_on_a_records_file(tmp_path: Path) -> None:
+    records = _records(tmp_path)
     script = write_script(tmp_path / "fix.jsonl", _SCRIPT)
     out = tmp_path / "run"
     proc = run_polar(
@@ -49,6 +55,23 @@ def test_polar_run_on_a_records_file(tmp_path: Path) -> None:
     patch = (out / row["files"] / "patch.diff").read_text()
     assert "+            bool: lambda v: unicode(v).lower()," in patch
     assert row["tests"] == {"passed": 3}
+
+
+@pytest.mark.slow
+def test_polar_generate_takes_the_whole_records_file(tmp_path: Path) -> None:
+    records = _records(tmp_path)
+    script = write_script(tmp_path / "fix.jsonl", _SCRIPT)
+    out = tmp_path / "out"
+    proc = run_polar(
+        "generate", str(records), "--out", str(out), "--backend", "scripted", "--model", "tiny",
+        "--backend-option", f"script={script}", cwd=tmp_path, timeout_s=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ledger = json.loads((out / "ledger.json").read_text())
+    (row,) = ledger["rows"]
+    assert row["repository"] == "uiri/toml"
+    assert row["tasks"] == 2
+    assert row["accepted"] == 2
 
 
 def test_bad_records_exit_2_naming_the_field(tmp_path: Path) -> None:
