@@ -108,6 +108,7 @@ async def test_reference_empty_breaking_and_garbage_patches(local: EvaluatorServ
     assert result.status is TerminalStatus.INVALID_PATCH
 
 
+@pytest.mark.slow
 async def test_forged_result_lines_and_planted_tests_are_unresolved(
     local: EvaluatorService, instance: Any, tmp_path: Path
 ) -> None:
