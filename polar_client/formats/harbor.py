@@ -17,7 +17,7 @@ workspace's base (``metadata.repo``), and the ``harbor`` evaluator with the task
 gateway or evaluator runs the built image (``polar-harbor/<name>:<hash>``).
 
 Polar additions, all optional, in task.toml's free-form ``[metadata.polar]`` table: ``harness`` (a table with
-``name`` and its options), ``num_samples``.
+``name`` and its options), ``num_samples`` (default 1).
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def task_mapping(
     mapping: dict[str, Any] = {
         "task_id": task_id,
         "instruction": instruction,
+        "num_samples": 1,
         "runtime": {"kind": "docker", "image": image},
         "metadata": {"repo": str(base), "harbor": {"task_dir": str(task_dir), "image": image, "workdir": workdir}},
         "evaluator": {
