@@ -53,7 +53,9 @@ def test_the_build_links_harbor_paths_and_is_cached_by_content(built, docker_env
     base = Path(mapping["metadata"]["repo"])
     assert (base / "seed.txt").read_text() == "seed\n"  # the image's WORKDIR, copied out as the workspace's base
     assert (base / "notes" / "README").is_file()
-    links = client.containers.run(image.id, ["sh", "-c", "readlink /app /tests /logs"], remove=True, network_disabled=True)
+    links = client.containers.run(
+        image.id, ["sh", "-c", "readlink /app /tests /logs"], remove=True, network_disabled=True
+    )
     assert links.decode().split() == ["/polar/session/workspace", "/polar/session/tests", "/polar/session/logs"]
     again = harbor.task_mapping(task, docker_client=client)
     assert again == mapping
@@ -68,6 +70,31 @@ def test_a_base_image_that_is_not_here_is_refused(docker_env, tmp_path: Path) ->
     assert info.value.details["field"] == "environment/Dockerfile FROM"
     tag = harbor.task_mapping(task, build=False)["runtime"]["image"]
     assert not client.images.list(name=tag)  # nothing was built, nothing pulled
+
+
+def test_a_directory_of_harbor_tasks_is_a_generate_dataset(docker_env, tmp_path: Path, monkeypatch) -> None:
+    from polar_run.generate import load_dataset
+    from polar_run.run_config import RunOverrides, prepare_task
+    from polar_run.run_generate import GenerateOptions, _stack_options
+
+    daemon, _, _ = docker_env
+    monkeypatch.setenv("DOCKER_HOST", daemon.url)  # what ``polar generate`` builds on: the runtimes' daemon
+    write_harbor_task(tmp_path, "hello-b")
+    write_harbor_task(tmp_path, "hello-a")
+    tasks = load_dataset(tmp_path)
+    assert [(t.task_id, t.repository, t.path.parent.name) for t in tasks] == [
+        ("hello-a", "hello-a", "hello-a"),
+        ("hello-b", "hello-b", "hello-b"),
+    ]
+    overrides = RunOverrides(harness="command")
+    data = [{**t.data, "harness": {"name": "command", "argv": ["true"]}} for t in tasks]
+    prepared = [prepare_task(t.path, overrides, data=d) for t, d in zip(tasks, data, strict=True)]
+    assert [p.task_dir for p in prepared] == [tmp_path / "hello-a", tmp_path / "hello-b"]
+    options = _stack_options(GenerateOptions(dataset=tmp_path, out=tmp_path / "out"), prepared)
+    # The embedded stack, as the operator, allows exactly the images this run built, and nothing else.
+    assert options.allowed_images == tuple(sorted({t.data["runtime"]["image"] for t in tasks}))
+    for p in prepared:
+        options.admission().check(p.task)
 
 
 @pytest.fixture
@@ -142,7 +169,7 @@ def _tests_variant(built: tuple[Path, dict[str, Any]], name: str, test_sh: str) 
     [
         ("nan", "echo nan > /logs/verifier/reward.txt\n", "non-finite"),
         ("words", "echo passed > /logs/verifier/reward.txt\n", "not a number"),
-        ("json", "echo '{\"reward\": \"yes\"}' > /logs/verifier/reward.json\n", "non-numeric"),
+        ("json", 'echo \'{"reward": "yes"}\' > /logs/verifier/reward.json\n', "non-numeric"),
         ("none", "echo no reward written\n", "wrote no /logs/verifier/reward.txt"),
     ],
 )
@@ -177,9 +204,9 @@ def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path) -> None:
     from integration_tests.test_polar_run import AGENT
 
     daemon, _, _ = docker_env
-    argv = json.dumps(["python3", "-c", AGENT])  # a JSON array of strings is a TOML array too
+    agent = json.dumps(["python3", "-c", AGENT])  # a JSON array of strings is a TOML array too
     task = write_harbor_task(tmp_path)
-    harness = f'[metadata.polar]\nharness = {{ name = "command", argv = {argv} }}\n\n[verifier]\n'
+    harness = f'[metadata.polar]\nharness = {{ name = "command", argv = {agent} }}\n\n[verifier]\n'
     (task / "task.toml").write_text((task / "task.toml").read_text().replace("[verifier]\n", harness, 1))
     script = tmp_path / "turns.jsonl"
     script.write_text("".join(json.dumps(t) + "\n" for t in _SCRIPT))
@@ -193,6 +220,7 @@ def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
     assert [(r["status"], r["reward"]) for r in rows] == [("resolved", 1.0)], rows
     patch = (out / rows[0]["files"] / "patch.diff").read_text()
-    assert "+++ b/hello.txt" in patch and HELLO in patch
+    assert "+++ b/hello.txt" in patch
+    assert HELLO in patch
     assert "seed.txt" not in patch
     shutil.rmtree(out / "state", ignore_errors=True)

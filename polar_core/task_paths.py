@@ -57,7 +57,8 @@ def resolve_task_paths(task: Mapping[str, Any], task_dir: Path) -> dict[str, Any
 
 def host_paths(task: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """The host paths a task names, as ``(field, path)``: ``metadata.repo``, ``evaluator.repo``,
-    ``evaluator.repo_path``, ``evaluator.tests_dir`` and ``evaluator.test_patch`` when it is one line (more lines are the diff's text).
+    ``evaluator.repo_path``, ``evaluator.tests_dir`` and ``evaluator.test_patch`` when it is one line (more lines
+    are the diff's text).
 
     ``task`` has the task file's shape; the evaluator's options may sit in ``evaluator`` or ``evaluator.options``.
     """

@@ -171,8 +171,12 @@ def _extract_workdir(client: Any, image: str, workdir: str, target: Path) -> Non
                     fh.write(chunk)
             out = Path(tmp) / "out"
             out.mkdir()
-            with tarfile.open(archive) as tar:
-                tar.extractall(out, filter="data")
+            try:
+                with tarfile.open(archive) as tar:
+                    tar.extractall(out, filter="data")
+            except (tarfile.TarError, OSError) as exc:  # a link out of WORKDIR, a device file, ...
+                raise InvalidArgument(f"environment/Dockerfile: WORKDIR {workdir} cannot be copied out: {exc}",
+                                      details={"field": "environment/Dockerfile WORKDIR"}) from None  # fmt: skip
             inner = out / PurePosixPath(workdir).name
             if not inner.is_dir():
                 raise InvalidArgument(f"environment/Dockerfile: WORKDIR {workdir} is not a directory in the image",

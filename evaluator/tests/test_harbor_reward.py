@@ -45,13 +45,15 @@ def test_rewards_are_read_as_harbor_writes_them(raw: bytes, json_file: bool, rew
 def test_garbage_rewards_are_refused_with_a_reason(raw: bytes, json_file: bool, why: str) -> None:
     reward, problem = parse_reward(raw, json_file=json_file)
     assert reward == 0.0
-    assert problem is not None and why in problem
+    assert problem is not None
+    assert why in problem
 
 
 def test_options_are_checked_when_the_strategy_is_built() -> None:
     spec = EvaluatorSpec(strategy="harbor", options={"repo": "/r", "tests_dir": "/t", "verifier_timeout_seconds": 5})
     strategy = build_strategy(spec)
-    assert isinstance(strategy, HarborStrategy) and strategy.verifier_timeout_s == 5.0
+    assert isinstance(strategy, HarborStrategy)
+    assert strategy.verifier_timeout_s == 5.0
     with pytest.raises(InvalidOptions, match="tests_dir"):
         HarborStrategy({"repo": "/r"})
     with pytest.raises(InvalidOptions, match="LD_PRELOAD"):

@@ -84,7 +84,7 @@ def write_harbor_task(
     (task / "tests").mkdir(exist_ok=True)
     (task / "solution").mkdir(exist_ok=True)
     (task / "task.toml").write_text(TASK_TOML.format(verifier_timeout=verifier_timeout) + extra_toml)
-    (task / "instruction.md").write_text(f"Create a file called hello.txt in /app containing \"{HELLO}\".\n")
+    (task / "instruction.md").write_text(f'Create a file called hello.txt in /app containing "{HELLO}".\n')
     (task / "environment" / "Dockerfile").write_text(DOCKERFILE.format(base=base))
     (task / "environment" / "seed.txt").write_text("seed\n")
     (task / "tests" / "test.sh").write_text(test_sh)

@@ -47,7 +47,9 @@ def _task(root: Path, name: str = "hello-world", toml: str = TOML) -> Path:
 
 def test_a_task_directory_becomes_a_docker_task_graded_by_its_tests(tmp_path: Path) -> None:
     task = _task(tmp_path)
-    assert harbor.detect(task) and harbor.detect(task / "task.toml") and not harbor.is_dataset(task)
+    assert harbor.detect(task)
+    assert harbor.detect(task / "task.toml")
+    assert not harbor.is_dataset(task)
     mapping = harbor.task_mapping(task, build=False)
     assert mapping["task_id"] == "hello-world"
     assert mapping["instruction"].startswith("Create /app/hello.txt")
@@ -78,13 +80,14 @@ def test_the_image_tag_follows_the_environment_content(tmp_path: Path) -> None:
 
 def test_polar_fields_in_metadata_polar(tmp_path: Path) -> None:
     toml = TOML.replace(
-        "[verifier]\n", '[metadata.polar]\nnum_samples = 3\nharness = { name = "command", argv = ["true"] }\n\n[verifier]\n'
+        "[verifier]\n",
+        '[metadata.polar]\nnum_samples = 3\nharness = { name = "command", argv = ["true"] }\n\n[verifier]\n',
     )
     mapping = harbor.task_mapping(_task(tmp_path, toml=toml), build=False)
     assert mapping["num_samples"] == 3
     assert mapping["harness"] == {"name": "command", "argv": ["true"]}
     bad = TOML.replace("[verifier]\n", "[metadata.polar]\nrepo = '/etc'\n\n[verifier]\n")
-    with pytest.raises(InvalidArgument, match="metadata.polar") as info:
+    with pytest.raises(InvalidArgument, match=r"metadata\.polar") as info:
         harbor.task_mapping(_task(tmp_path, "bad", toml=bad), build=False)
     assert info.value.details["field"] == "task.toml metadata.polar"
 
@@ -92,7 +95,8 @@ def test_polar_fields_in_metadata_polar(tmp_path: Path) -> None:
 def test_a_directory_of_tasks_is_a_dataset(tmp_path: Path) -> None:
     _task(tmp_path, "b-task")
     _task(tmp_path, "a-task")
-    assert harbor.is_dataset(tmp_path) and not harbor.detect(tmp_path)
+    assert harbor.is_dataset(tmp_path)
+    assert not harbor.detect(tmp_path)
     assert [m["task_id"] for m in harbor.task_mappings(tmp_path, build=False)] == ["a-task", "b-task"]
     with pytest.raises(InvalidArgument, match="neither a Harbor task"):
         harbor.task_mappings(tmp_path / "a-task" / "tests", build=False)
@@ -162,3 +166,21 @@ def test_polar_submit_refuses_a_task_without_tests_with_exit_2(tmp_path: Path) -
     assert proc.returncode == 2, proc.stderr
     assert "tests/test.sh" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_operators_image_policy_applies_to_built_images(tmp_path: Path) -> None:
+    from runtimes.policy import TaskAdmission
+
+    mapping = harbor.task_mapping(_task(tmp_path), build=False)
+    with pytest.raises(InvalidArgument, match="image") as info:
+        TaskAdmission.of(task_roots=[tmp_path]).check(mapping)
+    assert info.value.details["field"] == "image"
+    TaskAdmission.of(task_roots=[tmp_path], images=["polar-harbor/*"]).check(mapping)
+    with pytest.raises(InvalidArgument, match="task roots") as info:
+        TaskAdmission.of(task_roots=[tmp_path / "elsewhere"], images=["polar-harbor/*"]).check(mapping)
+    # The trusted tests directory is a host path like the repository: it must lie under the task roots too.
+    moved = {**mapping, "metadata": {}, "evaluator": {**mapping["evaluator"], "repo": str(tmp_path)}}
+    moved["evaluator"]["tests_dir"] = "/etc"
+    with pytest.raises(InvalidArgument) as info:
+        TaskAdmission.of(task_roots=[tmp_path], images=["polar-harbor/*"]).check(moved)
+    assert info.value.details["field"] == "evaluator.tests_dir"
