@@ -119,11 +119,16 @@ async def _evaluate(svc: EvaluatorService, mapping: dict[str, Any], patch: bytes
     return await svc.evaluate(handle, Artifacts(patch=patch))
 
 
-async def test_solution_resolves_and_no_op_does_not(service, built) -> None:
+async def test_the_solution_resolves(service, built) -> None:
     _, mapping = built
     base = Path(mapping["metadata"]["repo"])
     result = await _evaluate(service, mapping, make_patch(base, {"hello.txt": HELLO + "\n"}))
     assert (result.status, result.reward) == (TerminalStatus.RESOLVED, 1.0), result.error_message
+
+
+async def test_no_op_and_wrong_output_are_not_rewarded(service, built) -> None:
+    _, mapping = built
+    base = Path(mapping["metadata"]["repo"])
     result = await _evaluate(service, mapping, None)
     assert (result.status, result.reward) == (TerminalStatus.UNRESOLVED, 0.0)
     wrong = await _evaluate(service, mapping, make_patch(base, {"hello.txt": "Goodbye\n", "seed.txt": "gone\n"}))
@@ -146,6 +151,23 @@ async def test_a_patch_cannot_plant_a_reward_or_change_the_tests(service, built)
     )
     result = await _evaluate(service, mapping, attack)
     assert (result.status, result.reward) == (TerminalStatus.UNRESOLVED, 0.0), result.error_message
+
+
+async def test_a_pytest_module_in_the_workspace_cannot_forge_the_run(service, built) -> None:
+    _, mapping = built
+    base = Path(mapping["metadata"]["repo"])
+    # A pytest.py in WORKDIR that "passes" and writes the reward itself: test.sh's `python3 -m pytest` runs in
+    # /app, but with PYTHONSAFEPATH the working directory is not on sys.path, so the real pytest runs.
+    forger = "open('/logs/verifier/reward.txt', 'w').write('1')\nraise SystemExit(0)\n"
+    forged = make_patch(base, {"pytest.py": forger})
+    result = await _evaluate(service, mapping, forged)
+    assert (result.status, result.reward) == (TerminalStatus.UNRESOLVED, 0.0), result.error_message
+    unguarded = await _evaluate(service, mapping, forged, env={"PYTHONSAFEPATH": ""})  # the attack is real
+    assert unguarded.reward == 1.0
+
+
+async def test_a_patch_cannot_reach_outside_the_workspace(service, built) -> None:
+    _, mapping = built
     # A patch that reaches outside the workspace, into the session's logs: git refuses it.
     escape = (
         b"diff --git a/../logs/verifier/reward.txt b/../logs/verifier/reward.txt\nnew file mode 100644\n"
@@ -183,9 +205,9 @@ async def test_missing_or_garbage_rewards_are_unresolved(service, built, name: s
 
 async def test_json_rewards_and_the_verifier_timeout(service, built) -> None:
     _, mapping = built
-    partial = _tests_variant(built, "partial", "echo '{\"reward\": 0.5}' > /logs/verifier/reward.json\n")
-    result = await _evaluate(service, mapping, None, tests_dir=partial)
-    assert (result.status, result.reward) == (TerminalStatus.UNRESOLVED, 0.5)
+    partial = _tests_variant(built, "partial", 'echo "{\\"reward\\": $SHARE}" > /logs/verifier/reward.json\n')
+    result = await _evaluate(service, mapping, None, tests_dir=partial, env={"SHARE": "0.5"})  # [verifier.env]
+    assert (result.status, result.reward) == (TerminalStatus.UNRESOLVED, 0.5), result.error_message
     slow = _tests_variant(built, "slow", "sleep 60\necho 1 > /logs/verifier/reward.txt\n")
     result = await _evaluate(service, mapping, None, tests_dir=slow, verifier_timeout_seconds=2)
     assert result.status is TerminalStatus.EVAL_TIMEOUT

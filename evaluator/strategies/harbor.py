@@ -12,7 +12,8 @@ container of the same image (built by :mod:`runtimes.image_build`, whose Polar l
    evaluator's host (``tests_dir``), never from anything the agent touched: a patch cannot plant a reward file
    or change a test.
 3. ``bash /tests/test.sh`` runs in ``WORKDIR`` with the task's ``verifier.env`` under the verifier timeout
-   (``verifier_timeout_seconds``; past it: ``eval_timeout``).
+   (``verifier_timeout_seconds``; past it: ``eval_timeout``), and ``PYTHONSAFEPATH=1`` unless that env sets it:
+   ``python3 -m pytest`` run in ``WORKDIR`` would otherwise import a ``pytest.py`` the patch put there.
 4. The reward is read as Harbor reads it: ``/logs/verifier/reward.json`` first (an object of named numbers; its
    ``reward``, else its only value, else their mean), else ``reward.txt`` (one number). No reward file, an
    empty one, or one that is not a finite number is ``unresolved`` with reward 0 and the reason in the message
@@ -104,7 +105,8 @@ class HarborStrategy:
         fresh = ['rm -rf -- "$0/tests" "$0/logs" && mkdir -p "$0/logs/verifier" "$0/logs/agent"']
         await ctx.run(["sh", "-c", *fresh, str(root)], check=True)
         await runtime.upload(self.tests_dir, "tests")
-        run = await ctx.run(["bash", "/tests/test.sh"], cwd=ctx.repo_dir, env=self.env,
+        env = {"PYTHONSAFEPATH": "1", **self.env}  # `python3 -m pytest` in /app must not import the agent's pytest.py
+        run = await ctx.run(["bash", "/tests/test.sh"], cwd=ctx.repo_dir, env=env,
                             timeout=self.verifier_timeout_s)  # fmt: skip
         (ctx.workdir / "test-stdout.txt").write_text(run.stdout[-200_000:] + run.stderr[-200_000:], encoding="utf-8")
         for rel in _REWARD_FILES:
