@@ -84,6 +84,15 @@ def _checked_files(task_dir: Path, config: Any) -> tuple[str, Path]:
     from harbor.models.task.paths import TaskPaths
 
     paths = TaskPaths(task_dir)
+    # Harbor's own input check: no file the task reads (its prompt, build context, tests) may resolve outside the
+    # task directory, or a task could send a host file to the model, into an image or into the tests.
+    for field, path in (("instruction.md", paths.instruction_path), ("environment/", paths.environment_dir),
+                        ("tests/", paths.tests_dir)):  # fmt: skip
+        if path.exists() or path.is_symlink():
+            try:
+                paths.validate_input_tree(path)
+            except (ValueError, OSError) as exc:
+                raise _refuse(task_dir, field, str(exc)) from None
     if config.steps:
         raise _refuse(task_dir, "task.toml steps", "multi-step Harbor tasks are not supported")
     if str(getattr(config.environment.os, "value", config.environment.os)) not in ("linux", "None"):

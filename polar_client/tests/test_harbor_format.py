@@ -131,16 +131,32 @@ def _linked_test_script(task: Path) -> None:
     (task / "tests" / "test.sh").symlink_to("/etc/hostname")
 
 
+def _instruction_from_the_host(task: Path) -> None:
+    (task / "instruction.md").unlink()
+    (task / "instruction.md").symlink_to("/etc/hostname")
+
+
+def _build_context_reaching_out(task: Path) -> None:
+    (task / "environment" / "secrets").symlink_to("/etc")
+
+
+def _tests_elsewhere(task: Path) -> None:
+    (task / "tests" / "data").symlink_to("/root")
+
+
 @pytest.mark.parametrize(
     ("damage", "field"),
     [
         (_without_tests, "tests/test.sh"),
-        (_linked_test_script, "tests/test.sh"),
+        (_linked_test_script, "tests/"),  # a link out of the task
         (_without_instruction, "instruction.md"),
         (_empty_instruction, "instruction.md"),
         (_malformed_toml, "task.toml"),
         (_mistyped_toml, "task.toml verifier.timeout_sec"),
         (_without_dockerfile, "environment/Dockerfile"),
+        (_instruction_from_the_host, "instruction.md"),
+        (_build_context_reaching_out, "environment/"),
+        (_tests_elsewhere, "tests/"),
     ],
 )
 def test_bad_task_directories_are_refused_with_the_field(tmp_path: Path, damage, field: str) -> None:
