@@ -137,6 +137,8 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
 def load_task(path: Path | str) -> task_pb2.Task:
     """Read a ``TASK.yaml`` file; paths in it (``evaluator.repo``, ...) are made absolute against its folder.
 
+    A Harbor task directory (:mod:`polar_client.formats.harbor`) is converted instead (its image built).
+
     A ``base_commit`` of a git repository found on this host must name one of its commits (checked here, so a
     typo fails at submission rather than at every session's admission).
 

@@ -21,7 +21,7 @@ from polar_core.errors import InvalidArgument
 
 __all__ = ["absolute_path", "check_task_paths", "host_paths", "resolve_task_paths"]
 
-_EVALUATOR_PATHS = ("repo", "repo_path", "test_patch")
+_EVALUATOR_PATHS = ("repo", "repo_path", "test_patch", "tests_dir")  # tests_dir: the harbor strategy's
 
 
 def absolute_path(value: Any, base: Path, *, must_exist: bool = False) -> Any:
@@ -57,7 +57,8 @@ def resolve_task_paths(task: Mapping[str, Any], task_dir: Path) -> dict[str, Any
 
 def host_paths(task: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """The host paths a task names, as ``(field, path)``: ``metadata.repo``, ``evaluator.repo``,
-    ``evaluator.repo_path`` and ``evaluator.test_patch`` when it is one line (more lines are the diff's text).
+    ``evaluator.repo_path``, ``evaluator.tests_dir`` and ``evaluator.test_patch`` when it is one line (more lines
+    are the diff's text).
 
     ``task`` has the task file's shape; the evaluator's options may sit in ``evaluator`` or ``evaluator.options``.
     """

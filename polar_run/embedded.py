@@ -60,6 +60,8 @@ class StackOptions:
             dataset's and each task file's. Empty means the working directory.
         read_only_roots: Where a task's ``runtime.read_only_paths`` may lie; the harness installation (above
             ``harness_bin_dir``) is always allowed.
+        allowed_images: Container images tasks may name (the services' ``allowed_images``): ``polar run`` and
+            ``polar generate`` allow exactly the images they built for Harbor tasks.
     """
 
     state_dir: Path
@@ -77,6 +79,7 @@ class StackOptions:
     fsync: bool = False
     task_roots: tuple[Path, ...] = ()
     read_only_roots: tuple[Path, ...] = ()
+    allowed_images: tuple[str, ...] = ()
 
     def policy_settings(self) -> dict[str, Any]:
         """The operator-policy settings every embedded service gets (the same for all three)."""
@@ -88,6 +91,7 @@ class StackOptions:
         return {
             "task_roots": [str(p.absolute()) for p in task_roots],
             "read_only_roots": [str(p) for p in roots],
+            "allowed_images": list(self.allowed_images),
         }
 
     def admission(self) -> TaskAdmission:
@@ -96,6 +100,7 @@ class StackOptions:
         return TaskAdmission.of(
             task_roots=[Path(p) for p in settings["task_roots"]],
             read_only_roots=[Path(p) for p in settings["read_only_roots"]],
+            images=list(self.allowed_images),
         )
 
 

@@ -1,8 +1,8 @@
 """Pure parts of ``polar generate``: datasets, the attempt ledger, SFT records and the repository split.
 
-A *dataset* is a file or directory in a format of :mod:`polar_client.formats` (SWE-bench records), a JSONL
-file of tasks (one task mapping a line, paths relative to the file), or a directory:
-its ``tasks.jsonl`` if it has one, else every ``task.yaml``/``task.yml`` below it. A task's *repository* (the
+A *dataset* is a file or directory in a format of :mod:`polar_client.formats` (SWE-bench records, a Harbor task
+directory or a directory of them), a JSONL file of tasks (one task mapping a line, paths relative to the file), or a
+directory: its ``tasks.jsonl`` if it has one, else every ``task.yaml``/``task.yml`` below it. A task's *repository* (the
 unit of the train/validation split and of the ledger's rows) is ``metadata.repository`` when given, else the
 name of the directory holding the task file (for JSONL lines: the line's ``task_id``).
 
@@ -69,8 +69,13 @@ def load_dataset(path: Path) -> list[DatasetTask]:
     Raises:
         InvalidArgument: Nothing to read, a malformed line, or two tasks with one ``task_id``.
     """
-    foreign = load_mappings(path)  # SWE-bench records, ... (polar_client.formats)
-    if foreign is not None:
+    from polar_client.formats import harbor  # Harbor tasks: each anchored at its own directory
+
+    if harbor.detect(path) or harbor.is_dataset(path):
+        mappings = harbor.task_mappings(path)
+        tasks = [DatasetTask(m, Path(m["metadata"]["harbor"]["task_dir"]) / "task.toml",
+                             _repository(m, str(m["task_id"]))) for m in mappings]  # fmt: skip
+    elif (foreign := load_mappings(path)) is not None:  # SWE-bench records, ... (polar_client.formats)
         anchor = (path if path.is_dir() else path.parent) / "task.yaml"
         tasks = [DatasetTask(data, anchor, _repository(data, str(data["task_id"]))) for data in foreign]
     elif path.is_dir():

@@ -124,7 +124,7 @@ class PreparedTask:
 
 
 def load_task_mapping(path: Path) -> dict[str, Any]:
-    """Read a task file as a mapping.
+    """Read a task file as a mapping (a Harbor task directory or its ``task.toml``: built and converted).
 
     Raises:
         InvalidArgument: The file cannot be read or is not a YAML mapping.
@@ -258,6 +258,8 @@ def prepare_task(
         FailedPrecondition: The harness is a real CLI that is not installed.
     """
     overrides = overrides or RunOverrides()
+    if path.is_dir():  # a Harbor task directory: its paths resolve from the directory itself
+        path = path / "task.toml"
     task_dir = path.parent.resolve()
     task = copy.deepcopy(dict(data)) if data is not None else load_task_mapping(path)
     if not task.get("task_id"):

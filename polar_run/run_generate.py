@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_client import task_from_mapping
+from polar_client.formats.harbor import built_image
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
 from polar_run.embedded import EmbeddedStack, StackOptions, context_length
@@ -206,6 +207,7 @@ def _stack_options(options: GenerateOptions, prepared: Sequence[PreparedTask]) -
         running_workers=default_workers(first.backend, options.workers),
         context_length=context_length(options.overrides.context_length),
         task_roots=tuple(roots),
+        allowed_images=tuple(sorted({image for p in prepared if (image := built_image(p.task))})),
     )
 
 

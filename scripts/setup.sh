@@ -22,6 +22,9 @@ if [ ! -f "$stamp" ]; then
   # The official SWE-bench grader; the dependencies its imported modules need are pinned in requirements.lock
   # (datasets, modal, unidiff), the rest (ghapi, GitPython, pre-commit, bs4, chardet) are not needed.
   .venv/bin/python -m pip install -q --no-deps swebench==5.0.2
+  # Harbor's task model (polar_client/formats/harbor.py): only its task modules are used, which need pydantic and
+  # toml; the package declares Python >=3.12 and ~25 heavy dependencies (litellm, supabase, fastapi, ...).
+  .venv/bin/python -m pip install -q --no-deps --ignore-requires-python harbor==0.25.0
   rm -f .venv/.polar-setup-*
   touch "$stamp"
 else

@@ -1,4 +1,4 @@
-"""Evaluation strategies: ``swe``, ``swebench``, ``command``, ``session_completed``, ``module:callable``."""
+"""Evaluation strategies: ``swe``, ``swebench``, ``harbor``, ``command``, ``session_completed``, ``module:callable``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from evaluator.models import EvaluatorSpec
 from evaluator.strategies.base import EvalContext, EvalTimeout, Strategy
 from evaluator.strategies.command import CommandStrategy
 from evaluator.strategies.custom import CustomEvaluation, CustomResult, CustomStrategy
+from evaluator.strategies.harbor import HarborStrategy
 from evaluator.strategies.simple import SessionCompletedStrategy
 from evaluator.strategies.swe import SweStrategy
 from evaluator.strategies.swebench import SwebenchStrategy
@@ -18,6 +19,7 @@ __all__ = [
     "CustomStrategy",
     "EvalContext",
     "EvalTimeout",
+    "HarborStrategy",
     "SessionCompletedStrategy",
     "Strategy",
     "SweStrategy",
@@ -46,6 +48,8 @@ def build_strategy(spec: EvaluatorSpec) -> Strategy:
         return SwebenchStrategy(spec.options)
     if name == "command":
         return CommandStrategy(spec.options)
+    if name == "harbor":  # Harbor / Terminal-Bench task directories (polar_client.formats.harbor)
+        return HarborStrategy(spec.options)
     if name == "session_completed":
         return SessionCompletedStrategy(spec.options)
     if name == "custom":

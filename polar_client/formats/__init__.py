@@ -25,7 +25,7 @@ from polar_core.errors import InvalidArgument
 
 __all__ = ["FORMATS", "find_format", "load_mappings", "select_mapping", "split_selector"]
 
-FORMATS: tuple[str, ...] = ("polar_client.formats.swebench",)
+FORMATS: tuple[str, ...] = ("polar_client.formats.swebench", "polar_client.formats.harbor")
 """The format modules, tried in order (each exposes ``detect`` and ``task_mappings``)."""
 
 
