@@ -60,6 +60,8 @@ class StackOptions:
             dataset's and each task file's. Empty means the working directory.
         read_only_roots: Where a task's ``runtime.read_only_paths`` may lie; the harness installation (above
             ``harness_bin_dir``) is always allowed.
+        dashboard: Serve the rollout server's live dashboard on a free loopback port (``polar run``), opened by
+            a per-run dashboard key (:attr:`EmbeddedStack.dashboard_url` carries it).
     """
 
     state_dir: Path
@@ -77,6 +79,7 @@ class StackOptions:
     fsync: bool = False
     task_roots: tuple[Path, ...] = ()
     read_only_roots: tuple[Path, ...] = ()
+    dashboard: bool = False
 
     def policy_settings(self) -> dict[str, Any]:
         """The operator-policy settings every embedded service gets (the same for all three)."""
@@ -191,10 +194,12 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
     )
 
 
-def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int) -> Any:
+def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int, dashboard_key: str) -> Any:
     from rollout_server.settings import RolloutSettings
 
     return RolloutSettings(
+        dashboard_address=f"{_HOST}:0" if options.dashboard else "",
+        dashboard_key=dashboard_key,
         host=_HOST,
         state_dir=state / "rollout",
         auth_token=token,
@@ -209,7 +214,11 @@ def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_po
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddedStack:
-    """A running embedded stack: the addresses of its services and their shared control-plane token."""
+    """A running embedded stack: the addresses of its services and their shared control-plane token.
+
+    ``dashboard_url`` (empty without ``StackOptions.dashboard``) opens the dashboard: it carries the per-run
+    dashboard key, which shows the dashboard and opens nothing else.
+    """
 
     token: str
     rollout_address: str
@@ -218,6 +227,7 @@ class EmbeddedStack:
     reconstructor_address: str
     evaluator_address: str
     options: StackOptions
+    dashboard_url: str = ""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -271,8 +281,9 @@ class EmbeddedStack:
                 seams=GatewaySeams(sink=sink),
             )
             ports["gateway"] = stopping(gateway)
+            dashboard_key = secrets.token_urlsafe(18) if options.dashboard else ""
             rollout = await start_rollout(
-                _rollout_settings(options, state, token, ports["gateway"]),
+                _rollout_settings(options, state, token, ports["gateway"], dashboard_key),
                 tracer_provider=create_tracer_provider("rollout"),
             )
             stopping(rollout)
@@ -282,7 +293,9 @@ class EmbeddedStack:
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink
+            board = rollout.app.dashboard
             yield cls(
+                dashboard_url=f"{board.url}?token={dashboard_key}" if board is not None else "",
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
                 gateway_address=f"{_HOST}:{ports['gateway']}",
