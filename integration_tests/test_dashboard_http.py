@@ -59,7 +59,7 @@ async def test_refused_without_a_trainer_or_admin_secret(rollout: RunningService
                     assert refused.status == 401, (path, header)
         async with http.post(base + "/login", data={"token": GATEWAY}) as login:
             assert login.status == 401
-        assert not http.cookie_jar.filter_cookies(base)  # nothing opened a session
+        assert len(http.cookie_jar) == 0  # nothing opened a session
         async with http.get(base + "/static/../server.py") as traversal:
             assert traversal.status in (403, 404)
         async with http.get(base + "/static/vendor/chart.umd.min.js") as chart:
@@ -110,3 +110,24 @@ async def test_token_becomes_a_cookie_and_the_stream_shows_the_task(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for secret in (TRAINER, ADMIN, GATEWAY):
         assert secret not in logged
+
+
+@pytest.mark.slow
+def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
+    from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script
+
+    script = write_script(tmp_path / "fix.jsonl", FIX_SCRIPT)
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run", str(_command_task(tmp_path)), "--out", str(out), "--plain", "--backend", "scripted",
+        "--backend-option", f"script={script}", "--model", "tiny", "--samples", "1",
+        cwd=tmp_path, timeout_s=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    links = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("dashboard http://127.0.0.1:")]
+    assert len(links) == 1
+    key = links[0].partition("?token=")[2]
+    assert len(key) >= 20
+    assert "\x1b[" not in proc.stdout  # plain lines: no cursor movement, no colour
+    assert "done=1" in proc.stdout
+    assert key not in (out / "polar.log").read_text()  # the link is for the person at the terminal only
