@@ -112,6 +112,18 @@ async def test_token_becomes_a_cookie_and_the_stream_shows_the_task(
         assert secret not in logged
 
 
+async def test_an_open_or_insecure_server_says_so(tmp_path: Path) -> None:
+    settings = RolloutSettings(port=0, state_dir=tmp_path, insecure=True, dashboard_address="127.0.0.1:0")
+    running = await start_server(settings)
+    try:
+        async with aiohttp.ClientSession() as http, http.get(_base(running) + "/api/snapshot") as reply:
+            assert reply.status == 200  # no token configured: nothing to log in with
+            assert (await reply.json())["server"]["insecure"] is True
+            assert (await reply.json())["server"]["open_access"] is True
+    finally:
+        await running.stop(1.0)
+
+
 @pytest.mark.slow
 def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
     from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script
