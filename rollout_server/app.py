@@ -161,7 +161,9 @@ class RolloutApp:
         return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy, dashboard)
 
     async def start(self) -> None:
-        """Reconcile with gateways and the store, then start the dispatch, watchdog and delivery loops."""
+        """Start the dashboard (if any), reconcile with gateways and the store, then start the loops."""
+        if self.dashboard is not None:
+            await self.dashboard.start()  # first: a taken port fails before any loop runs
         if self.scheduler.config.static_gateways:
             await self.scheduler.refresh_static_gateways(self.scheduler.config.static_gateways)
         await self.scheduler.reconcile()
@@ -171,8 +173,6 @@ class RolloutApp:
             asyncio.create_task(self.scheduler.run_watchdog(), name="rollout-watchdog"),
             asyncio.create_task(self.deliverer.run(), name="rollout-delivery"),
         ]
-        if self.dashboard is not None:
-            await self.dashboard.start()
 
     async def close(self) -> None:
         """Stop the dashboard and the loops and release connections (idempotent)."""

@@ -150,13 +150,14 @@ class Dashboard:
         """Bind and serve; :attr:`port` is the bound port afterwards."""
         runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
         self._runner = runner
-        server = site._server
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        if runner.addresses:
+            self.port = int(runner.addresses[0][1])
         _log.info("dashboard serving on %s", self.url)
 
     async def stop(self) -> None:
