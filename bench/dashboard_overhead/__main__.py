@@ -9,9 +9,12 @@ a subprocess, in three modes, interleaved run by run so machine load hits them a
 * ``watched``: as ``on``, and a client logs in with the printed link and reads the event stream the whole run.
 
 It prints each mode's median, min and max wall time (the process's, start to exit, and the run's own
-``wall_seconds`` from ``summary.json``) and the ratios to ``off``.
+``wall_seconds`` from ``summary.json``) and the ratios to ``off``. ``--startup N`` instead times what the
+dashboard adds to a rollout server's start and stop, in process (``start_server`` then ``stop`` on a fresh
+SQLite store, N times each way, interleaved; the dashboard's modules imported once beforehand, as a run
+would have them after its first import).
 
-Run: ``.venv/bin/python -m bench.dashboard_overhead [--runs 5] [--samples 4]``.
+Run: ``.venv/bin/python -m bench.dashboard_overhead [--runs 5] [--samples 4]`` or ``... --startup 20``.
 """
 
 from __future__ import annotations
@@ -87,11 +90,46 @@ def _one(mode: str, task: Path, script: Path, out: Path, samples: int) -> tuple[
     return elapsed, wall, events[0]
 
 
+async def _start_stop(state: Path, dashboard: bool) -> float:
+    from rollout_server.server import start_server
+    from rollout_server.settings import RolloutSettings
+
+    settings = RolloutSettings(
+        port=0, state_dir=state, auth_token="bench", dashboard_address="127.0.0.1:0" if dashboard else ""
+    )
+    started = time.perf_counter()
+    running = await start_server(settings)
+    await running.stop(0)
+    return time.perf_counter() - started
+
+
+def _startup(runs: int) -> None:
+    import asyncio
+
+    import rollout_server.dashboard  # noqa: F401 - imported once, outside the timing
+
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="polar-dash-start-") as tmp_name:
+        for i in range(runs):
+            for mode in times:
+                state = Path(tmp_name) / f"{mode}-{i}"
+                times[mode].append(asyncio.run(_start_stop(state, mode == "on")))
+    print(f"rollout server start + stop in process, {runs} times each (ms)")
+    print(f"{'dashboard':<11}{'median':>9}{'min':>9}{'max':>9}")
+    for mode, values in times.items():
+        ms = [v * 1000 for v in values]
+        print(f"{mode:<11}{statistics.median(ms):>9.1f}{min(ms):>9.1f}{max(ms):>9.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per mode (default 5)")
     parser.add_argument("--samples", type=int, default=4, help="sessions per run (default 4)")
+    parser.add_argument("--startup", type=int, default=0, metavar="N", help="time server start/stop N times instead")
     args = parser.parse_args()
+    if args.startup:
+        _startup(args.startup)
+        return
     times: dict[str, list[tuple[float, float, int]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="polar-dash-bench-") as tmp_name:
         tmp = Path(tmp_name)
