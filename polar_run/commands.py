@@ -166,6 +166,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         live=_live(args),
         workers=args.workers,
+        dashboard=not args.no_dashboard,
     )
     return run_command(options, verbose=args.verbose)
 
@@ -274,6 +275,9 @@ def add_parser(subparsers: Any) -> None:
     )
     run.add_argument("task", help="the task file (TASK.yaml, or SWE-bench records: FILE#INSTANCE_ID)")
     run.add_argument("--out", default=None, help="run directory (default runs/<task>-<time>)")
+    run.add_argument(
+        "--no-dashboard", action="store_true", help="serve no live dashboard (default: one on a loopback port)"
+    )
     _embedded_options(run)
     run.set_defaults(func=_run_cmd)
     generate = subparsers.add_parser(

@@ -62,6 +62,8 @@ class StackOptions:
             ``harness_bin_dir``) is always allowed.
         allowed_images: Container images tasks may name (the services' ``allowed_images``): ``polar run`` and
             ``polar generate`` allow exactly the images they built for Harbor tasks.
+        dashboard: Serve the rollout server's live dashboard on a free loopback port (``polar run``), opened by
+            a per-run dashboard key (:attr:`EmbeddedStack.dashboard_url` carries it).
     """
 
     state_dir: Path
@@ -80,6 +82,7 @@ class StackOptions:
     task_roots: tuple[Path, ...] = ()
     read_only_roots: tuple[Path, ...] = ()
     allowed_images: tuple[str, ...] = ()
+    dashboard: bool = False
 
     def policy_settings(self) -> dict[str, Any]:
         """The operator-policy settings every embedded service gets (the same for all three)."""
@@ -196,10 +199,12 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
     )
 
 
-def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int) -> Any:
+def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int, dashboard_key: str) -> Any:
     from rollout_server.settings import RolloutSettings
 
     return RolloutSettings(
+        dashboard_address=f"{_HOST}:0" if options.dashboard else "",
+        dashboard_key=dashboard_key,
         host=_HOST,
         state_dir=state / "rollout",
         auth_token=token,
@@ -214,7 +219,11 @@ def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_po
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddedStack:
-    """A running embedded stack: the addresses of its services and their shared control-plane token."""
+    """A running embedded stack: the addresses of its services and their shared control-plane token.
+
+    ``dashboard_url`` (empty without ``StackOptions.dashboard``) opens the dashboard: it carries the per-run
+    dashboard key, which shows the dashboard and opens nothing else.
+    """
 
     token: str
     rollout_address: str
@@ -223,6 +232,7 @@ class EmbeddedStack:
     reconstructor_address: str
     evaluator_address: str
     options: StackOptions
+    dashboard_url: str = ""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -276,8 +286,9 @@ class EmbeddedStack:
                 seams=GatewaySeams(sink=sink),
             )
             ports["gateway"] = stopping(gateway)
+            dashboard_key = secrets.token_urlsafe(18) if options.dashboard else ""
             rollout = await start_rollout(
-                _rollout_settings(options, state, token, ports["gateway"]),
+                _rollout_settings(options, state, token, ports["gateway"], dashboard_key),
                 tracer_provider=create_tracer_provider("rollout"),
             )
             stopping(rollout)
@@ -287,7 +298,9 @@ class EmbeddedStack:
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink
+            board = rollout.app.dashboard
             yield cls(
+                dashboard_url=f"{board.url}?token={dashboard_key}" if board is not None else "",
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
                 gateway_address=f"{_HOST}:{ports['gateway']}",

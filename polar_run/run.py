@@ -83,6 +83,7 @@ class RunOptions:
         live: Draw a live table (a terminal) instead of plain progress lines.
         workers: Harnesses run at once; None: 1 for the in-process backend (one model serves one call at a
             time, and a waiting harness would spend its budget), else 4.
+        dashboard: Serve the live dashboard on a loopback port and print its address (``--no-dashboard``: off).
     """
 
     task_file: Path
@@ -92,6 +93,7 @@ class RunOptions:
     overwrite: bool = False
     live: bool = False
     workers: int | None = None
+    dashboard: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -298,6 +300,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         context_length=context_length(options.overrides.context_length),
         task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
         allowed_images=tuple(filter(None, [built_image(prepared.task)])),
+        dashboard=options.dashboard,
     )
 
 
@@ -340,6 +343,8 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
         startup_s = time.monotonic() - started
         adopt_library_loggers()
         console.print(f"stack up in {startup_s:.1f}s", soft_wrap=True)
+        if stack.dashboard_url:
+            console.print(f"dashboard {stack.dashboard_url}", soft_wrap=True, highlight=False)
         state.started = time.monotonic()
         results: list[session_pb2.SessionResult] = []
         with display:

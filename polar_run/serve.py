@@ -100,6 +100,7 @@ class _Started:
     port: int
     grpc_service: str
     shared_token: bool = False
+    dashboard_url: str = ""
 
 
 async def serve(options: ServeOptions) -> int:
@@ -123,6 +124,10 @@ async def serve(options: ServeOptions) -> int:
             local = "127.0.0.1" if service.host in ("0.0.0.0", "::") else service.host
             addresses[name] = f"{local}:{service.port}"
             print(f"{name:<14} {service.host}:{service.port}  ({service.grpc_service})", flush=True)
+            if service.dashboard_url:
+                print(
+                    f"{'dashboard':<14} {service.dashboard_url}  (log in with the trainer or admin token)", flush=True
+                )
         if any(service.shared_token for service in started):
             print(f"control-plane token: {token}", flush=True)
         if options.check:
@@ -149,7 +154,16 @@ async def _start_one(
         settings = spec.settings_cls.load(options.config, **overrides, **wiring)
     settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
-    return _Started(name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring)
+    return _Started(
+        name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring, _dashboard_url(server)
+    )
+
+
+def _dashboard_url(server: grpc.aio.Server) -> str:
+    """The rollout server's dashboard address when its settings turned one on (``dashboard_address``)."""
+    app = getattr(getattr(server, "running", None), "app", None)
+    board = getattr(app, "dashboard", None)
+    return str(board.url) if board is not None else ""
 
 
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:

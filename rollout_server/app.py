@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -19,6 +20,9 @@ from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store, open_store
 from rollout_server.task_check import TaskCheck
+
+if TYPE_CHECKING:
+    from rollout_server.dashboard import Dashboard
 
 __all__ = ["RolloutApp"]
 
@@ -51,12 +55,14 @@ class RolloutApp:
         deliverer: Deliverer,
         closers: list[GatewayClient | CallbackSender | ProxyClient],
         policy: PolicyCoordinator | None = None,
+        dashboard: Dashboard | None = None,
     ) -> None:
         self.store = store
         self.core = core
         self.scheduler = scheduler
         self.deliverer = deliverer
         self.policy = policy or PolicyCoordinator(store, GrpcProxyClient())
+        self.dashboard = dashboard
         self._closers = closers
         self._loops: list[asyncio.Task[None]] = []
 
@@ -78,6 +84,11 @@ class RolloutApp:
         ``current_policy`` says the fleet's policy version for staleness; by default the fleet's current version
         (from UpdatePolicy), or the highest integer version recorded in results before any update.
         """
+        dashboard: Dashboard | None = None
+        if settings.dashboard_address:  # imported only when asked for: a server without one loads no aiohttp
+            from rollout_server.dashboard import Dashboard
+
+            Dashboard.check_settings(settings)  # before anything opens
         store = store or await open_store(settings.store_url, settings.state_dir)
         token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(
@@ -145,10 +156,14 @@ class RolloutApp:
         policy = PolicyCoordinator(
             store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock
         )
-        return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy)
+        if settings.dashboard_address:
+            dashboard = Dashboard.from_settings(settings, store)
+        return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy, dashboard)
 
     async def start(self) -> None:
-        """Reconcile with gateways and the store, then start the dispatch, watchdog and delivery loops."""
+        """Start the dashboard (if any), reconcile with gateways and the store, then start the loops."""
+        if self.dashboard is not None:
+            await self.dashboard.start()  # first: a taken port fails before any loop runs
         if self.scheduler.config.static_gateways:
             await self.scheduler.refresh_static_gateways(self.scheduler.config.static_gateways)
         await self.scheduler.reconcile()
@@ -160,7 +175,9 @@ class RolloutApp:
         ]
 
     async def close(self) -> None:
-        """Stop the loops and release connections (idempotent)."""
+        """Stop the dashboard and the loops and release connections (idempotent)."""
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         loops, self._loops = self._loops, []
         for loop in loops:
             loop.cancel()

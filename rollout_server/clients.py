@@ -29,7 +29,13 @@ from polar_core.durations import duration, timestamp
 from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
 from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
-from rollout_server.convert import proxy_policy_from_proto, result_from_proto, result_to_json, result_to_proto
+from rollout_server.convert import (
+    proxy_policy_from_proto,
+    result_from_proto,
+    result_to_json,
+    result_to_proto,
+    stage_metrics_from_proto,
+)
 from rollout_server.errors import (
     DeliveryFailed,
     GatewayBusy,
@@ -137,7 +143,8 @@ class GrpcGatewayClient:
             raise GatewayUnreachable(error_from_rpc(exc, address).message) from None
         # What it would hold now (as its heartbeat reports): no free slots while it is full or a dependency is down.
         capacity = min(reply.capacity, reply.active_sessions + reply.available)
-        return CapacityView(reply.gateway_id, capacity, reply.active_sessions, reply.draining)
+        stages = stage_metrics_from_proto(reply.stage_metrics)
+        return CapacityView(reply.gateway_id, capacity, reply.active_sessions, reply.draining, stages)
 
     async def close(self) -> None:
         """Close every channel."""

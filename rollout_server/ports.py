@@ -63,12 +63,13 @@ class GatewaySessionView:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CapacityView:
-    """A gateway's capacity as it reports it."""
+    """A gateway's capacity as it reports it (``stage_metrics`` as in a heartbeat)."""
 
     gateway_id: str
     capacity: int
     active_sessions: int
     draining: bool
+    stage_metrics: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 class GatewayClient(Protocol):

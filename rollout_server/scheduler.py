@@ -272,6 +272,7 @@ class Scheduler:
                 draining=view.draining or (existing is not None and existing.draining),
                 lease_expires_at=self.core.clock() + self.core.config.lease_ttl_s,
                 active_sessions=view.active_sessions,
+                stage_metrics=view.stage_metrics,
             )
             await self.core.store.upsert_gateway(gateway)
         self.core.dispatch_wakeup.set()

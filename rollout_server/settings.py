@@ -53,6 +53,15 @@ class RolloutSettings(ServiceSettings):
         min_isolation: The weakest isolation a task may ask for: the gateways' ``min_isolation``.
         read_only_roots: Where a task's ``runtime.read_only_paths`` may lie: the gateways' ``read_only_roots``.
         allowed_images: Glob patterns of images a task may name: the gateways' ``allowed_images``.
+        dashboard_address: ``host:port`` of the live dashboard's HTTP server (port 0 picks one); empty (the
+            default) serves none. It shows tasks, sessions and results to holders of the trainer or admin token
+            (or the all-roles ``auth_token``); see ``docs/observability.md``, "Dashboard".
+        dashboard_key: An extra secret that opens the dashboard only (never the gRPC API); ``polar run`` makes
+            one per run, so the link it prints gives away no control-plane token.
+        dashboard_jaeger_url: Jaeger's UI (``http://jaeger:16686``); when set the dashboard links each task's
+            sessions to their trace there.
+        dashboard_proxy_metrics_urls: Prometheus endpoints of the model proxies (``http://proxy:9464/metrics``)
+            the dashboard reads call latency and tokens/s from, while someone watches it.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -87,3 +96,7 @@ class RolloutSettings(ServiceSettings):
     min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)
+    dashboard_address: str = ""
+    dashboard_key: str = ""
+    dashboard_jaeger_url: str = ""
+    dashboard_proxy_metrics_urls: list[str] = Field(default_factory=list)

@@ -48,6 +48,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# Only the dashboard's browser test needs Chromium and playwright-core (it is skipped, with the reason, without
+# them), so a machine that cannot install them still sets up. playwright-core drives /usr/bin/chromium; it never
+# downloads a browser (install scripts off).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing system package for the browser test: chromium"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+      || log "warning: could not install chromium; the dashboard's browser test will be skipped"
+  else
+    log "warning: chromium is missing; the dashboard's browser test will be skipped"
+  fi
+fi
+browser=integration_tests/browser
+if command -v npm >/dev/null 2>&1 && [ -f $browser/package-lock.json ]; then
+  browser_stamp=$browser/node_modules/.polar-$(sha256sum $browser/package-lock.json | cut -c1-16)
+  if [ ! -f "$browser_stamp" ]; then
+    log "installing playwright-core for the browser test ($browser/node_modules)"
+    if npm ci --prefix $browser --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null; then
+      touch "$browser_stamp"
+    else
+      log "warning: npm ci in $browser failed; the dashboard's browser test will be skipped"
+    fi
+  fi
+fi
+
 for extra in scripts/setup_backends.sh scripts/setup_harnesses.sh; do
   if [ -f "$extra" ] && [ "${POLAR_SETUP_MINIMAL:-0}" != 1 ]; then
     bash "$extra"

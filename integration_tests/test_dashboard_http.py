@@ -1,0 +1,145 @@
+"""The dashboard's HTTP side over a real rollout server (no browser): who gets in, what the stream carries, and
+that it costs nothing until someone looks. Runs everywhere; the browser test is ``test_dashboard_browser.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from polar_client import RolloutClient, task_from_mapping
+from polar_core.server import RunningService
+from rollout_server.app import RolloutApp
+from rollout_server.server import start_server
+from rollout_server.settings import RolloutSettings
+
+TRAINER = "trainer-Secret-1"
+GATEWAY = "gateway-Secret-2"
+ADMIN = "admin-Secret-3"
+
+
+@pytest.fixture
+async def rollout(tmp_path: Path) -> AsyncIterator[RunningService[RolloutApp]]:
+    settings = RolloutSettings(
+        port=0,
+        state_dir=tmp_path,
+        trainer_token=TRAINER,
+        gateway_token=GATEWAY,
+        admin_token="sha256:" + hashlib.sha256(ADMIN.encode()).hexdigest(),
+        dashboard_address="127.0.0.1:0",
+        dashboard_jaeger_url="http://jaeger.example:16686",
+        task_roots=[str(tmp_path)],
+    )
+    running = await start_server(settings)
+    yield running
+    await running.stop(1.0)
+
+
+def _base(running: RunningService[RolloutApp]) -> str:
+    assert running.app.dashboard is not None
+    return running.app.dashboard.url.rstrip("/")
+
+
+async def test_refused_without_a_trainer_or_admin_secret(rollout: RunningService[RolloutApp]) -> None:
+    base = _base(rollout)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(base + "/") as page:
+            assert page.status == 401
+            assert 'name="token"' in await page.text()
+            assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+        for path in ("/api/snapshot", "/api/events"):
+            for header in ({}, {"Authorization": f"Bearer {GATEWAY}"}, {"Authorization": "Bearer nope"}):
+                async with http.get(base + path, headers=header) as refused:
+                    assert refused.status == 401, (path, header)
+        async with http.post(base + "/login", data={"token": GATEWAY}) as login:
+            assert login.status == 401
+        assert len(http.cookie_jar) == 0  # nothing opened a session
+        async with http.get(base + "/static/../server.py") as traversal:
+            assert traversal.status in (403, 404)
+        async with http.get(base + "/static/vendor/chart.umd.min.js") as chart:
+            assert chart.status == 200
+            assert (await chart.text()).startswith("/*!\n * Chart.js v4.6.1")
+
+
+async def test_token_becomes_a_cookie_and_the_stream_shows_the_task(
+    rollout: RunningService[RolloutApp], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    base = _base(rollout)
+    board = rollout.app.dashboard
+    assert board is not None
+    async with RolloutClient(f"127.0.0.1:{rollout.port}", token=TRAINER) as client:
+        task = {"task_id": "watched", "instruction": "x", "num_samples": 3, "evaluator": {"strategy": "none"}}
+        await client.submit(task_from_mapping(task))
+    assert board.hub.snapshots_built == 0  # nobody looked: nothing was read for the dashboard
+    # unsafe: keep cookies of an IP-address host (127.0.0.1), as browsers do
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(base + "/?token=" + ADMIN, allow_redirects=False) as exchange:
+            assert exchange.status == 303
+            assert exchange.headers["Location"] == "/"
+            cookie = exchange.headers["Set-Cookie"]
+            assert "HttpOnly" in cookie
+            assert "SameSite=Strict" in cookie
+            assert ADMIN not in cookie
+        async with http.get(base + "/api/events") as events:
+            assert events.status == 200
+            assert events.headers["Content-Type"].startswith("text/event-stream")
+            async for line in events.content:
+                if line.startswith(b"data: "):
+                    snapshot = json.loads(line[len(b"data: ") :])
+                    break
+        async with http.get(base + "/api/snapshot", headers={"Authorization": f"Bearer {TRAINER}"}) as plain:
+            assert plain.status == 200
+            assert (await plain.json())["sessions_by_state"]["pending"] == 3
+    row = snapshot["tasks"][0]
+    assert row["task_id"] == "watched"
+    assert row["sessions"]["pending"] == 3
+    assert snapshot["server"] == {"insecure": False, "open_access": False, "jaeger": True, "interval_s": 1.0}
+    assert row["trace_url"] == ""  # an untraced submission has no trace to link to
+    for _ in range(200):  # the stream notices the browser left at its next write (a snapshot per second)
+        if board.hub.watchers == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert board.hub.watchers == 0  # and the sampler stopped with it
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for secret in (TRAINER, ADMIN, GATEWAY):
+        assert secret not in logged
+
+
+async def test_an_open_or_insecure_server_says_so(tmp_path: Path) -> None:
+    settings = RolloutSettings(port=0, state_dir=tmp_path, insecure=True, dashboard_address="127.0.0.1:0")
+    running = await start_server(settings)
+    try:
+        async with aiohttp.ClientSession() as http, http.get(_base(running) + "/api/snapshot") as reply:
+            assert reply.status == 200  # no token configured: nothing to log in with
+            assert (await reply.json())["server"]["insecure"] is True
+            assert (await reply.json())["server"]["open_access"] is True
+    finally:
+        await running.stop(1.0)
+
+
+@pytest.mark.slow
+def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
+    from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script
+
+    script = write_script(tmp_path / "fix.jsonl", FIX_SCRIPT)
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run", str(_command_task(tmp_path)), "--out", str(out), "--plain", "--backend", "scripted",
+        "--backend-option", f"script={script}", "--model", "tiny", "--samples", "1",
+        cwd=tmp_path, timeout_s=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    links = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("dashboard http://127.0.0.1:")]
+    assert len(links) == 1
+    key = links[0].partition("?token=")[2]
+    assert len(key) >= 20
+    assert "\x1b[" not in proc.stdout  # plain lines: no cursor movement, no colour
+    assert "done=1" in proc.stdout
+    assert key not in (out / "polar.log").read_text()  # the link is for the person at the terminal only

@@ -1,0 +1,258 @@
+"""The dashboard's HTTP server (aiohttp): the page, its static files, a JSON snapshot and a server-sent-event stream.
+
+Routes:
+
+* ``GET /`` — the dashboard (``401`` and the login form without a session; ``?token=`` is exchanged for a
+  cookie and redirected away, so the secret leaves the address bar and any history at once);
+* ``GET /login``, ``POST /login`` (form field ``token``), ``POST /logout``;
+* ``GET /api/snapshot`` — one snapshot as JSON; ``GET /api/events`` — a snapshot per interval as SSE
+  (``event: snapshot``), both ``401`` without a session cookie or ``authorization: Bearer``;
+* ``GET /static/...`` — the page's script, style and the vendored Chart.js (no data, open).
+
+The access log is off (a ``?token=`` would otherwise land in it), every response carries a strict
+Content-Security-Policy (scripts and styles from this origin only), and data is never cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from polar_core.errors import InvalidArgument
+from polar_core.settings import is_loopback
+from rollout_server.dashboard.auth import COOKIE_NAME, DashboardAuth
+from rollout_server.dashboard.data import DashboardData, DataConfig
+from rollout_server.dashboard.hub import SnapshotHub
+from rollout_server.dashboard.proxy_metrics import ProxyMetricsSource
+from rollout_server.settings import RolloutSettings
+from rollout_server.store import Store
+
+__all__ = ["Dashboard", "parse_address"]
+
+_log = logging.getLogger(__name__)
+STATIC = Path(__file__).with_name("static")
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_PING_S = 15.0
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:port`` for IPv6) as a pair.
+
+    Raises:
+        InvalidArgument: Not ``host:port`` with a port from 0 to 65535.
+    """
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(
+            f"dashboard_address must be host:port, not {address!r}", details={"dashboard_address": address}
+        )
+    return host, int(port)
+
+
+def _redirect(location: str) -> web.Response:
+    """A ``303 See Other`` to ``location`` (returned, not raised, so a cookie can ride on it)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", _CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    if not request.path.startswith("/static/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+class Dashboard:
+    """The dashboard server of one rollout server.
+
+    Args:
+        hub: The snapshot sampler.
+        auth: Who may look.
+        host: Interface to bind.
+        port: Port (0 picks one).
+        insecure: Whether the rollout server runs ``insecure`` (the page says so).
+    """
+
+    def __init__(self, hub: SnapshotHub, auth: DashboardAuth, host: str, port: int, *, insecure: bool) -> None:
+        self.hub = hub
+        self.auth = auth
+        self.host = host
+        self.port = port
+        self.insecure = insecure
+        self._runner: web.AppRunner | None = None
+        self._closing = asyncio.Event()
+
+    @staticmethod
+    def check_settings(settings: RolloutSettings) -> DashboardAuth:
+        """Check the dashboard settings and return who may look.
+
+        Raises:
+            InvalidArgument: A malformed ``dashboard_address``, or one off loopback that nobody has to log in to
+                (no token configured) while the server is not ``insecure``.
+        """
+        host, _ = parse_address(settings.dashboard_address)
+        secrets_ = (settings.auth_token, settings.trainer_token, settings.admin_token, settings.dashboard_key)
+        auth = DashboardAuth(secrets_)
+        if auth.open_access and not is_loopback(host) and not settings.insecure:
+            raise InvalidArgument(
+                f"refusing to serve the dashboard on {host} to anyone: set a trainer or admin token, a "
+                "dashboard_key, or insecure",
+                details={"dashboard_address": settings.dashboard_address},
+            )
+        return auth
+
+    @classmethod
+    def from_settings(cls, settings: RolloutSettings, store: Store) -> Dashboard:
+        """Build the dashboard the settings ask for (``dashboard_address`` must be set; see :meth:`check_settings`)."""
+        auth = cls.check_settings(settings)
+        host, port = parse_address(settings.dashboard_address)
+        data = DashboardData(store, DataConfig(jaeger_url=settings.dashboard_jaeger_url))
+        hub = SnapshotHub(data, ProxyMetricsSource(settings.dashboard_proxy_metrics_urls))
+        return cls(hub, auth, host, port, insecure=settings.insecure)
+
+    @property
+    def url(self) -> str:
+        """The dashboard's address (``http://host:port/``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{self.port}/"
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[_headers])
+        app.add_routes(
+            [
+                web.get("/", self._index),
+                web.get("/login", self._login_page),
+                web.post("/login", self._login),
+                web.post("/logout", self._logout),
+                web.get("/api/snapshot", self._snapshot),
+                web.get("/api/events", self._events),
+                web.static("/static", STATIC, follow_symlinks=False),
+            ]
+        )
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; :attr:`port` is the bound port afterwards."""
+        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        if runner.addresses:
+            self.port = int(runner.addresses[0][1])
+        _log.info("dashboard serving on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop serving (open event streams end) and the sampler; idempotent."""
+        self._closing.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        await self.hub.close()
+
+    # Auth ------------------------------------------------------------------------------------------------
+    def _allowed(self, request: web.Request) -> bool:
+        return self.auth.allowed(
+            cookie=request.cookies.get(COOKIE_NAME, ""), authorization=request.headers.get("Authorization", "")
+        )
+
+    def _with_session(self, response: web.StreamResponse) -> web.StreamResponse:
+        response.set_cookie(
+            COOKIE_NAME, self.auth.open_session(), httponly=True, samesite="Strict", path="/", max_age=12 * 3600
+        )
+        return response
+
+    def _login_response(self, status: int, message: str = "") -> web.Response:
+        page = (STATIC / "login.html").read_text(encoding="utf-8")
+        note = "<p class=error>That token does not open the dashboard.</p>" if message else ""
+        return web.Response(status=status, text=page.replace("<!--note-->", note), content_type="text/html")
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        token = request.query.get("token", "")
+        if token:
+            if self.auth.check_secret(token):
+                return self._with_session(_redirect("/"))
+            return self._login_response(401, "bad token")
+        if not self._allowed(request):
+            return self._login_response(401)
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def _login_page(self, request: web.Request) -> web.StreamResponse:
+        return self._login_response(200)
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        token = form.get("token")
+        if isinstance(token, str) and self.auth.check_secret(token):
+            return self._with_session(_redirect("/"))
+        return self._login_response(401, "bad token")
+
+    async def _logout(self, request: web.Request) -> web.StreamResponse:
+        self.auth.close_session(request.cookies.get(COOKIE_NAME, ""))
+        response = _redirect("/login")
+        response.del_cookie(COOKIE_NAME, path="/")
+        return response
+
+    # Data ------------------------------------------------------------------------------------------------
+    def _server_info(self) -> dict[str, Any]:
+        return {
+            "insecure": self.insecure,
+            "open_access": self.auth.open_access,
+            "jaeger": bool(self.hub.data.config.jaeger_url),
+            "interval_s": self.hub.interval_s,
+        }
+
+    def _refused(self) -> web.Response:
+        return web.json_response(
+            {"error": "log in to the dashboard: a trainer or admin token"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="polar-dashboard"'},
+        )
+
+    async def _snapshot(self, request: web.Request) -> web.StreamResponse:
+        if not self._allowed(request):
+            return self._refused()
+        snapshot = await self.hub.build()
+        return web.json_response({**snapshot, "server": self._server_info()})
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        if not self._allowed(request):
+            return self._refused()
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        async with self.hub.watch() as queue:
+            while not self._closing.is_set():
+                try:
+                    snapshot = await asyncio.wait_for(queue.get(), _PING_S)
+                except TimeoutError:
+                    payload = b": ping\n\n"
+                else:
+                    body = json.dumps({**snapshot, "server": self._server_info()}, separators=(",", ":"))
+                    payload = f"event: snapshot\ndata: {body}\n\n".encode()
+                try:
+                    await response.write(payload)
+                except (ConnectionResetError, RuntimeError):
+                    break  # the browser went away
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await response.write_eof()
+        return response
