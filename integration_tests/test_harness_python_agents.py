@@ -95,9 +95,15 @@ async def _run(
         home_files={f"{_AUDIT_DIR}/sitecustomize.py": _SITECUSTOMIZE},
         timeout_s=150,
     )
-    log = audit / "net.jsonl"
-    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return run, events
+    return run, _events(audit / "net.jsonl")
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _all_exist(paths: Any) -> bool:
+    return all(Path(p).exists() for p in paths)
 
 
 # The proxy as the agent reaches it, and the runtime's tunnel forwarder (a Python process too) behind it.
@@ -138,7 +144,7 @@ async def test_tool_call_loop(tmp_path: Path, tokenizer: Any, harness: str, opti
     assert "+polar-was-here" in run.patch
     assert len(run.completions) == 2, run.describe()
     assert DONE in run.stdout, run.describe()
-    assert all(Path(p).exists() for p in run.launch.log_paths), run.launch.log_paths
+    assert _all_exist(run.launch.log_paths), run.launch.log_paths
     _assert_only_the_proxy(run, events)
 
     built = reconstruct_session(run.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))

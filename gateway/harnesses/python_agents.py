@@ -30,11 +30,11 @@ VENV_OPTION = "venv"
 # is off unless configured, and these keep its debug banners out of the agent's output.
 LITELLM_OFFLINE_ENV: Mapping[str, str] = MappingProxyType(
     {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_OFFLINE_MODE": "true",
-    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
-    "LITELLM_LOCAL_BLOG_POSTS": "True",
-    "LITELLM_LOG": "ERROR",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_OFFLINE_MODE": "true",
+        "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+        "LITELLM_LOCAL_BLOG_POSTS": "True",
+        "LITELLM_LOG": "ERROR",
     }
 )
 

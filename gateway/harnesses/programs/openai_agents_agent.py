@@ -9,8 +9,9 @@ library. Usage::
 
 ``CONFIG.json`` holds ``base_url`` (the proxy's OpenAI ``/v1``), ``api`` (``chat_completions`` or
 ``responses``), ``model``, ``workspace``, ``max_turns``, ``command_timeout`` and ``transcript`` (where the run's
-items are written as JSON); the flags override the config's values; the key is ``OPENAI_API_KEY``. The SDK's tracing export (to OpenAI) is off. The final
-answer goes to stdout; the exit status is 0 when the agent finished, 1 when it failed (the error on stderr).
+items are written as JSON); the flags override the config's values; the key is ``OPENAI_API_KEY``. The SDK's
+tracing export (to OpenAI) is off. The final answer goes to stdout; the exit status is 0 when the agent
+finished, 1 when it failed (the error on stderr).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _model(config: dict[str, Any]) -> Any:
     return OpenAIChatCompletionsModel(model=config["model"], openai_client=client)
 
 
-async def _run(config: dict[str, Any], instruction: str) -> int:
+async def _run(config: dict[str, Any], instruction: str) -> Any:
     settings = ModelSettings(temperature=config["temperature"]) if config.get("temperature") is not None else None
     agent = Agent(
         name="polar-openai-agent",
@@ -86,12 +87,7 @@ async def _run(config: dict[str, Any], instruction: str) -> int:
         model_settings=settings or ModelSettings(),
         tools=[_shell_tool(config["workspace"], float(config["command_timeout"]))],
     )
-    result = await Runner.run(agent, instruction, max_turns=int(config["max_turns"]))
-    transcript = Path(config["transcript"])
-    transcript.parent.mkdir(parents=True, exist_ok=True)
-    transcript.write_text(json.dumps(result.to_input_list(), indent=2, default=str) + "\n")
-    print(result.final_output)
-    return 0
+    return await Runner.run(agent, instruction, max_turns=int(config["max_turns"]))
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -113,10 +109,15 @@ def main(argv: list[str]) -> int:
             config[key] = getattr(args, key)
     set_tracing_disabled(True)
     try:
-        return asyncio.run(_run(config, args.instruction))
+        result = asyncio.run(_run(config, args.instruction))
     except Exception as exc:  # the agent failed: say why on stderr and exit 1, which the gateway records
         print(f"openai-agents run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    transcript = Path(config["transcript"])
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    transcript.write_text(json.dumps(result.to_input_list(), indent=2, default=str) + "\n")
+    print(result.final_output)
+    return 0
 
 
 if __name__ == "__main__":
