@@ -1,4 +1,4 @@
-# mypy: ignore-missing-imports, allow-untyped-decorators, allow-subclassing-any
+# mypy: allow-untyped-decorators
 """A coding agent on the OpenAI Agents SDK: one ``shell`` function tool, run to completion on one instruction.
 
 Polar runs this file (copied into the session's ``HOME`` by :mod:`gateway.harnesses.openai_agents`) with the
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents import (
+from agents import (  # type: ignore[import-not-found]  # the SDK lives in its own venv, not Polar's
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
