@@ -79,7 +79,12 @@ def tokenizer() -> Any:
 
 
 async def _run(
-    tmp: Path, tokenizer: Any, harness: str, turns: list[dict[str, Any]], options: dict[str, Any]
+    tmp: Path,
+    tokenizer: Any,
+    harness: str,
+    turns: list[dict[str, Any]],
+    options: dict[str, Any],
+    instruction: str = "Say the answer.",
 ) -> tuple[HarnessRun, list[dict[str, Any]]]:
     """Run once with the audit hook; return the run and the network events its Python made."""
     home = (tmp / "sessions" / SESSION).absolute() / "home"
@@ -91,6 +96,7 @@ async def _run(
         tmp=tmp,
         tokenizer=tokenizer,
         session_id=SESSION,
+        instruction=instruction,
         options={**options, "env": env},
         home_files={f"{_AUDIT_DIR}/sitecustomize.py": _SITECUSTOMIZE},
         timeout_s=150,
@@ -123,8 +129,13 @@ def _assert_only_the_proxy(run: HarnessRun, events: list[dict[str, Any]]) -> Non
 
 @pytest.mark.parametrize(("harness", "options"), [MINI, AIDER, AGENTS, AGENTS_CHAT])
 async def test_plain_prompt(tmp_path: Path, tokenizer: Any, harness: str, options: dict[str, Any]) -> None:
-    run, events = await _run(tmp_path, tokenizer, harness, [final_turn(harness, ANSWER)], dict(options))
+    # An instruction that looks like an option reaches the model as the task, not the CLI's parser.
+    turns = [final_turn(harness, ANSWER)]
+    run, events = await _run(tmp_path, tokenizer, harness, turns, dict(options), instruction="--help")
     assert run.exit_code == 0, run.describe()
+    user = [m for m in run.completions[0].request["messages"] if m["role"] == "user"] if run.completions else []
+    assert user, run.describe()
+    assert "--help" in json.dumps(user[-1]["content"]), user[-1]
     assert ANSWER in run.stdout, run.describe()
     assert len(run.completions) == 1, run.describe()
     call = run.completions[0]

@@ -122,7 +122,8 @@ class AiderAdapter:
                 )
             argv += ["--test-cmd", test_cmd, "--auto-test"]
         argv += string_list(self.name, "extra_args", ctx.option("extra_args"))
-        argv += ["--message", ctx.instruction]
+        # One argument, so an instruction that looks like an option ("--help") is still the message.
+        argv.append(f"--message={ctx.instruction}")
         return HarnessLaunch(
             argv=tuple(argv),
             env=finish_environment(env, ctx, self.name),

@@ -119,7 +119,8 @@ class MiniSweAgentAdapter:
         # The command line's output path wins over any config file's (mini's -o has a default).
         argv += ["-y", "--exit-immediately", "-o", str(trajectory)]
         argv += string_list(self.name, "extra_args", ctx.option("extra_args"))
-        argv += ["-t", ctx.instruction]
+        # One argument, so an instruction that looks like an option ("--help") is still the task.
+        argv.append(f"--task={ctx.instruction}")
         return HarnessLaunch(
             argv=tuple(argv),
             env=finish_environment(env, ctx, self.name),

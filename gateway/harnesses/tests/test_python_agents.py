@@ -68,9 +68,12 @@ def test_common_launch(name: str) -> None:
     assert all(not PurePosixPath(p).is_absolute() and ".." not in PurePosixPath(p).parts for p in launch.files)
     assert launch.log_paths
     assert all(p.is_relative_to("/s/home") for p in launch.log_paths)
-    # The instruction is the last argument, after the options, so one starting with "-" is not an option.
-    assert launch.argv[-1] == "--fix the bug"
-    assert launch.argv[-2] in {"-t", "--message", "--"}
+    # The instruction is the last argument, bound to its option or after "--", so one that looks like an option
+    # is not taken for one.
+    assert launch.argv[-1] in {"--task=--fix the bug", "--message=--fix the bug"} or launch.argv[-2:] == (
+        "--",
+        "--fix the bug",
+    )
 
 
 @pytest.mark.parametrize("name", PYTHON_AGENTS)
