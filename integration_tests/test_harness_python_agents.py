@@ -189,3 +189,14 @@ async def test_aider_edit_and_test_loop(tmp_path: Path, tokenizer: Any) -> None:
     built = reconstruct_session(run.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))
     assert len(built.traces) == 2, built.stats
     assert built.stats.splits_by_reason == {"prefix_mismatch": 1}
+
+
+@_venv("openai-agents")
+async def test_through_the_gateway(tmp_path: Path, tokenizer: Any) -> None:
+    """The gateway's own wiring for a Python agent: the venv found from its harness bin dir, the admission check
+    of the venv's interpreter, the harness tree (npm CLIs and venvs) visible read-only in the local runtime."""
+    from integration_tests.test_gateway_clis import check_tool_loop, run_session
+
+    outcome = await run_session(tmp_path, tokenizer, "openai-agents")
+    check_tool_loop(outcome, tokenizer)
+    assert outcome.completions[0].protocol == "openai_responses"
