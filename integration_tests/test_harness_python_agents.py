@@ -200,3 +200,23 @@ async def test_through_the_gateway(tmp_path: Path, tokenizer: Any) -> None:
     outcome = await run_session(tmp_path, tokenizer, "openai-agents")
     check_tool_loop(outcome, tokenizer)
     assert outcome.completions[0].protocol == "openai_responses"
+
+
+@pytest.mark.slow
+@_venv("openai-agents")
+def test_polar_run_with_a_python_agent(tmp_path: Path) -> None:
+    """``polar run --harness openai-agents`` end to end: the example task fixed through the agent's shell tool."""
+    from integration_tests.test_polar_run import PAGINATE, run_polar, write_script
+
+    fix = "sed -i 's|return total // per_page|return -(-total // per_page)|' pagination.py"
+    script = write_script(tmp_path / "fix.jsonl", [tool_call_turn("openai-agents", fix), {"text": "Fixed it."}])
+    out = tmp_path / "run"
+    proc = run_polar(
+        "run", str(PAGINATE / "task.yaml"), "--out", str(out), "--backend", "scripted", "--backend-option",
+        f"script={script}", "--model", "tiny", "--samples", "1", "--harness", "openai-agents", "--harness-dir",
+        str(HARNESS_DIR), cwd=tmp_path, timeout_s=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert row["status"] == "resolved", row
+    assert row["calls"] == 2
