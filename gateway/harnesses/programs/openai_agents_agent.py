@@ -72,7 +72,8 @@ def _shell_tool(workspace: str, timeout_s: float) -> Any:
 
 
 def _model(config: dict[str, Any]) -> Any:
-    client = AsyncOpenAI(base_url=config["base_url"], api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
+    # The client's default retries (2, on 408/409/429/5xx) ride out a proxy that is briefly overloaded.
+    client = AsyncOpenAI(base_url=config["base_url"], api_key=os.environ["OPENAI_API_KEY"])
     if config["api"] == "responses":
         return OpenAIResponsesModel(model=config["model"], openai_client=client)
     return OpenAIChatCompletionsModel(model=config["model"], openai_client=client)
