@@ -317,8 +317,12 @@ def _runtime_defaults(settings: GatewaySettings, bin_dir: Path | None) -> dict[s
     if settings.docker_host:
         defaults["docker_host"] = settings.docker_host
     if bin_dir is not None:
-        # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree.
-        defaults["read_only_paths"] = [str(bin_dir.parent if bin_dir.name == ".bin" else bin_dir)]
+        # ``node_modules/.bin`` holds symlinks into ``node_modules``: the sandbox must see the whole tree, and the
+        # Python agents' venvs beside it (``.harnesses/py``, found from ``bin_dir``), so the harness root.
+        root = bin_dir.parent if bin_dir.name == ".bin" else bin_dir
+        if root.name == "node_modules":
+            root = root.parent
+        defaults["read_only_paths"] = [str(root)]
     return defaults
 
 

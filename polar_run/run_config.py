@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "HARNESS_BINARIES",
     "IN_PROCESS_MAX_TOKENS",
+    "PYTHON_HARNESS_VENVS",
     "PreparedTask",
     "RunOverrides",
     "check_harness",
@@ -61,6 +62,13 @@ HARNESS_BINARIES: Mapping[str, str] = {
     "qwen-code": "qwen",
     "pi": "pi",
     "gemini-cli": "gemini",
+}
+# Python agents: the venv under .harnesses/py that setup_harnesses.sh installs each into (the adapter finds it
+# from the CLIs' bin dir).
+PYTHON_HARNESS_VENVS: Mapping[str, str] = {
+    "mini-swe-agent": "mini-swe-agent",
+    "aider": "aider",
+    "openai-agents": "openai-agents",
 }
 _HARNESS_ALIASES = {"claude_code": "claude-code", "qwen_code": "qwen-code", "gemini_cli": "gemini-cli"}
 _MODEL_NAME = "policy"
@@ -287,11 +295,13 @@ def prepare_task(
     bin_dir: Path | None = None
     runtime = _section(task, "runtime")
     binary = HARNESS_BINARIES.get(harness)
-    if binary is not None:
+    venv = PYTHON_HARNESS_VENVS.get(harness)
+    if binary is not None or venv is not None:
         root = overrides.harness_root
-        if root is None or not (root / "node_modules" / ".bin" / binary).exists():
+        program = f"node_modules/.bin/{binary}" if binary is not None else f"py/{venv}/bin/python"
+        if root is None or not (root / program).exists():
             raise FailedPrecondition(
-                f"the {harness} CLI is not installed (looked for .harnesses/node_modules/.bin/{binary}); "
+                f"the {harness} CLI is not installed (looked for .harnesses/{program}); "
                 "run `bash scripts/setup.sh`, or choose `--harness command` with a command of your own"
             )
         bin_dir = root / "node_modules" / ".bin"

@@ -45,7 +45,14 @@ log "done in $(( $(date +%s) - start )) s"
 # Python agents: one virtual environment per agent, .harnesses/py/<name>, from the complete exact pins in
 # gateway/harnesses/python/<name>/requirements.txt (installed --no-deps, so nothing but the pins lands).
 install_python_agents() {
-  local req name venv pstamp start
+  local req name venv pstamp start python
+  # The venv's interpreter is a symlink to its base Python, which must be visible inside every sandbox: the
+  # system one under /usr is (bubblewrap binds /usr read-only; Debian images have it), a pyenv build under /root
+  # is not. HARNESS_PYTHON overrides.
+  python=${HARNESS_PYTHON:-}
+  if [ -z "$python" ]; then
+    if [ -x /usr/bin/python3 ]; then python=/usr/bin/python3; else python=python3; fi
+  fi
   for req in gateway/harnesses/python/*/requirements.txt; do
     [ -f "$req" ] || continue
     name=$(basename "$(dirname "$req")")
@@ -57,7 +64,7 @@ install_python_agents() {
     fi
     start=$(date +%s)
     rm -rf "$venv"
-    "${PYTHON:-python3}" -m venv "$venv"
+    "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req"
     touch "$pstamp"
     log "$name installed into $venv in $(( $(date +%s) - start )) s"

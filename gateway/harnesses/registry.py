@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.harnesses.aider import AiderAdapter
 from gateway.harnesses.base import HarnessAdapter
 from gateway.harnesses.claude_code import ClaudeCodeAdapter
 from gateway.harnesses.codex import CodexAdapter
 from gateway.harnesses.command import CommandAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
+from gateway.harnesses.mini_swe_agent import MiniSweAgentAdapter
+from gateway.harnesses.openai_agents import OpenAIAgentsAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
@@ -23,6 +26,9 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "qwen-code": QwenCodeAdapter,
         "pi": PiAdapter,
         "gemini-cli": GeminiCliAdapter,
+        "mini-swe-agent": MiniSweAgentAdapter,
+        "aider": AiderAdapter,
+        "openai-agents": OpenAIAgentsAdapter,
         "command": CommandAdapter,
     }
 

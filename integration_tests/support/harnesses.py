@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "ScriptedProxy",
     "assert_tool_loop_mask",
     "clis_installed",
+    "final_turn",
     "run_harness",
     "tool_call_turn",
 ]
@@ -73,6 +75,8 @@ SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
     "qwen-code": ("run_shell_command", "command"),
     "gemini-cli": ("run_shell_command", "command"),
     "pi": ("bash", "command"),
+    "mini-swe-agent": ("bash", "command"),
+    "openai-agents": ("shell", "command"),
 }
 
 
@@ -86,6 +90,18 @@ def tool_call_turn(harness: str, command: str) -> dict[str, Any]:
     tool, arg = SHELL_TOOLS[harness]
     call = json.dumps({"name": tool, "arguments": {arg: command}})
     return {"text": f"<tool_call>\n{call}\n</tool_call>"}
+
+
+def final_turn(harness: str, text: str) -> dict[str, Any]:
+    """A scripted turn that ends ``harness``'s session with the answer ``text``.
+
+    Most harnesses stop at a reply without a tool call; mini-swe-agent stops only when its shell prints
+    ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` first (the lines after it are its submission, which it prints).
+    """
+    if harness == "mini-swe-agent":
+        command = f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf '%s\\n' {shlex.quote(text)}"
+        return tool_call_turn(harness, command)
+    return {"text": text}
 
 
 class ScriptedProxy:
@@ -173,8 +189,12 @@ async def run_harness(
     instruction: str = "Say the answer.",
     options: Mapping[str, Any] | None = None,
     timeout_s: float = 100.0,
+    home_files: Mapping[str, str] | None = None,
 ) -> HarnessRun:
-    """Run ``harness`` once in a network-less sandbox against a proxy answering ``turns``."""
+    """Run ``harness`` once in a network-less sandbox against a proxy answering ``turns``.
+
+    ``home_files`` (path under ``HOME`` → text) are written besides the adapter's files, before launch.
+    """
     async with ScriptedProxy(turns, tokenizer, tmp / "state") as proxy:
         endpoints = await proxy.open_session(session_id)
         async with UnixSocketBridge("127.0.0.1", proxy.http_port, tmp / "sock" / "proxy.sock") as bridge:
@@ -185,6 +205,7 @@ async def run_harness(
                 instruction=instruction,
                 options=options or {},
                 timeout_s=timeout_s,
+                home_files=home_files or {},
             )
         run.completions = await proxy.list_completions(session_id)
         return run
@@ -210,6 +231,7 @@ async def _run_in_sandbox(
     instruction: str,
     options: Mapping[str, Any],
     timeout_s: float,
+    home_files: Mapping[str, str],
 ) -> HarnessRun:
     await runtime.start()
     root = runtime.root
@@ -229,7 +251,7 @@ async def _run_in_sandbox(
         bin_dir=PurePosixPath(BIN_DIR),
     )
     launch = get_adapter(harness).prepare(ctx)
-    for rel, content in launch.files.items():
+    for rel, content in {**launch.files, **home_files}.items():
         await runtime.upload(content.encode() if isinstance(content, str) else content, ctx.home / rel)
     started = time.monotonic()
     result = await runtime.exec(launch.argv, cwd=launch.cwd, env=launch.env, timeout=timeout_s)

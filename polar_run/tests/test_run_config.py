@@ -91,6 +91,19 @@ def test_a_missing_cli_is_a_clear_precondition(tmp_path: Path) -> None:
         prepare_task(_task_file(tmp_path), RunOverrides(harness="codex", harness_root=None))
 
 
+def test_a_python_agent_runs_from_its_venv(tmp_path: Path) -> None:
+    root = _harness_root(tmp_path)
+    with pytest.raises(FailedPrecondition, match=r"py/aider/bin/python"):
+        prepare_task(_task_file(tmp_path / "a"), RunOverrides(harness="aider", harness_root=root))
+    (root / "py" / "aider" / "bin").mkdir(parents=True)
+    (root / "py" / "aider" / "bin" / "python").write_text("")
+    prepared = prepare_task(_task_file(tmp_path / "b"), RunOverrides(harness="aider", harness_root=root))
+    assert prepared.harness == "aider"
+    # The adapter finds the venv from the CLIs' bin dir; the local runtime sees the whole harness tree.
+    assert prepared.harness_bin_dir == root / "node_modules" / ".bin"
+    assert str(root) in prepared.task["runtime"]["read_only_paths"]
+
+
 def test_backend_from_the_task_or_the_command_line(tmp_path: Path) -> None:
     path = _task_file(
         tmp_path,
