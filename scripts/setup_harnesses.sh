@@ -64,8 +64,13 @@ install_python_agents() {
     fi
     start=$(date +%s)
     rm -rf "$venv"
-    "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req"
+    if [ -x .venv/bin/uv ]; then  # uv (pinned in requirements.lock): ~10x faster than pip for these closures
+      .venv/bin/uv venv -q --python "$python" "$venv"
+      VIRTUAL_ENV="$venv" .venv/bin/uv pip install -q --no-deps -r "$req"
+    else
+      "$python" -m venv "$venv"
+      "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req"
+    fi
     touch "$pstamp"
     log "$name installed into $venv in $(( $(date +%s) - start )) s"
   done
