@@ -191,11 +191,18 @@ def seed_argv(image_path: str, workspace: PurePosixPath) -> list[str]:
 
 
 def require_image(runtime: Runtime, image_path: str) -> None:
-    """Refuse to seed from ``image_path`` in a runtime that has no image (the local runtime sees the host).
+    """Refuse to seed from ``image_path`` in a runtime that has no image (the local runtime sees the host), or
+    from a directory that holds the session directory or lies in it (the copy would hold itself).
 
     Raises:
-        FailedPrecondition: The session's runtime is not an image's.
+        FailedPrecondition: The session's runtime is not an image's, or the paths overlap.
     """
+    path, root = PurePosixPath(image_path), runtime.root
+    if path == root or root in path.parents or path in root.parents:
+        raise FailedPrecondition(
+            f"{_IMAGE_PATH_KEY} {image_path!r} overlaps the session directory {root}",
+            details={"field": _IMAGE_PATH_KEY},
+        )
     spec = getattr(runtime, "spec", None)
     if not isinstance(spec, RuntimeSpec) or not spec.image:
         raise FailedPrecondition(

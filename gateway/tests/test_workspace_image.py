@@ -85,6 +85,11 @@ def test_it_needs_a_runtime_with_an_image_and_a_recorded_base(tmp_path: Path) ->
         require_image(_HostRuntime(PurePosixPath(tmp_path)), "/testbed")  # type: ignore[arg-type]
     with pytest.raises(FailedPrecondition, match="needs a runtime with an image"):
         require_image(_HostRuntime(PurePosixPath(tmp_path), RuntimeSpec()), "/testbed")  # type: ignore[arg-type]
+    image = _HostRuntime(PurePosixPath("/polar/session"), RuntimeSpec(kind="docker", image="img"))
+    require_image(image, "/testbed")  # type: ignore[arg-type]
+    for overlapping in ("/polar", "/polar/session", "/polar/session/workspace"):
+        with pytest.raises(FailedPrecondition, match="overlaps the session directory"):
+            require_image(image, overlapping)  # type: ignore[arg-type]
     # collect without the base prepare took must not fall back to the agent-controlled first commit
     with pytest.raises(FailedPrecondition, match="no record of it"):
         workspace_base(_spec("/testbed"), TreeCache(tmp_path / "trees"))
