@@ -23,7 +23,7 @@ from gateway.workspace import image_base, image_source, require_image, seed_argv
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_core.git_trees import TreeCache
 from polar_core.testing import git
-from runtimes import ExecResult, RuntimeSpec
+from runtimes import ExecResult, RuntimeKind, RuntimeSpec
 
 
 def _spec(image_path: Any, **metadata: Any) -> SessionSpec:
@@ -85,7 +85,7 @@ def test_it_needs_a_runtime_with_an_image_and_a_recorded_base(tmp_path: Path) ->
         require_image(_HostRuntime(PurePosixPath(tmp_path)), "/testbed")  # type: ignore[arg-type]
     with pytest.raises(FailedPrecondition, match="needs a runtime with an image"):
         require_image(_HostRuntime(PurePosixPath(tmp_path), RuntimeSpec()), "/testbed")  # type: ignore[arg-type]
-    image = _HostRuntime(PurePosixPath("/polar/session"), RuntimeSpec(kind="docker", image="img"))
+    image = _HostRuntime(PurePosixPath("/polar/session"), RuntimeSpec(kind=RuntimeKind.DOCKER, image="img"))
     require_image(image, "/testbed")  # type: ignore[arg-type]
     for overlapping in ("/polar", "/polar/session", "/polar/session/workspace"):
         with pytest.raises(FailedPrecondition, match="overlaps the session directory"):
