@@ -10,6 +10,8 @@ budget, and afterwards collects the workspace patch (against the base kept on th
 Task keys read here (free-form ``metadata``, so neither the harness nor the evaluator options need them):
 ``metadata.repo`` / ``metadata.base_commit`` (or the ``evaluator.options`` keys): the workspace's base, see
 :mod:`gateway.workspace`;
+``metadata.workspace_image_path``: instead, a directory inside the runtime's image the workspace is seeded from
+(``/testbed`` of a SWE-bench image), see :mod:`gateway.workspace`;
 ``metadata.artifact_paths``: files (relative to the workspace) sent to the evaluator besides the patch.
 """
 
@@ -37,7 +39,15 @@ from gateway.harnesses.patch import PATCH_SCRIPT, init_workspace_argv
 from gateway.models import AgentRun, Artifacts, ProxyEndpoints, SessionSpec
 from gateway.ports import PreparedAgent
 from gateway.tunnel import ProxyTunnel
-from gateway.workspace import WorkspaceBase, validate_repository, workspace_base
+from gateway.workspace import (
+    WorkspaceBase,
+    image_base,
+    image_source,
+    require_image,
+    seed_argv,
+    validate_repository,
+    workspace_base,
+)
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from polar_core.git_trees import TreeCache
 from polar_core.records import AgentStatus
@@ -48,6 +58,7 @@ from runtimes.policy import OperatorPolicy, apply_task_runtime
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
 _SETUP_TIMEOUT_S = 120.0
+_SEED_TIMEOUT_S = 600.0  # copying a large repository out of the image (django's tree: tens of MB)
 _PATCH_FILE = ".polar/agent.patch"
 MAX_PATCH_BYTES = 64 * 1024 * 1024
 """The largest workspace patch collected; a bigger one (or a bigger file in the workspace) is ``invalid_patch``."""
@@ -187,15 +198,10 @@ class HarnessAgentRunner:
         """Lay out the workspace and the harness's files; see :class:`gateway.ports.AgentRunner`."""
         endpoints = await self._sandbox_endpoints(runtime, endpoints)
         workspace = runtime.root / self._workspace_dir
-        base = await asyncio.to_thread(workspace_base, spec, self._trees)
+        base = await self._lay_out(runtime, spec, workspace)
         self._bases[(spec.session_id, spec.attempt)] = base
         while len(self._bases) > _MAX_BASES:
             self._bases.popitem(last=False)
-        if base.directory is not None:
-            await runtime.upload(base.directory, self._workspace_dir)
-        else:
-            await _check(runtime, ["mkdir", "-p", str(workspace)], "creating the workspace")
-        await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
         ctx = HarnessContext(
             home=runtime.root / "home",
             workspace=workspace,
@@ -212,6 +218,23 @@ class HarnessAgentRunner:
             data = content.encode("utf-8") if isinstance(content, str) else content
             await runtime.upload(data, f"home/{rel}")
         return PreparedHarness(spec.harness.name, launch, workspace)
+
+    async def _lay_out(self, runtime: Runtime, spec: SessionSpec, workspace: PurePosixPath) -> WorkspaceBase:
+        """Make the workspace (from the host repository, the image's directory, or empty) and commit it once."""
+        image_path = image_source(spec)
+        if image_path:
+            require_image(runtime, image_path)
+            what = f"copying {image_path} of the image into the workspace"
+            await _check(runtime, seed_argv(image_path, workspace), what, timeout_s=_SEED_TIMEOUT_S)
+            await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
+            return await image_base(runtime, workspace, self._trees)
+        base = await asyncio.to_thread(workspace_base, spec, self._trees)
+        if base.directory is not None:
+            await runtime.upload(base.directory, self._workspace_dir)
+        else:
+            await _check(runtime, ["mkdir", "-p", str(workspace)], "creating the workspace")
+        await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
+        return base
 
     async def run(self, runtime: Runtime, prepared: PreparedAgent, *, timeout_s: float) -> AgentRun:
         """Run the harness; the runtime kills its process tree at ``timeout_s``."""
@@ -256,8 +279,8 @@ class HarnessAgentRunner:
         return Artifacts(patch=patch or None, files=files)
 
 
-async def _check(runtime: Runtime, argv: list[str], what: str) -> None:
-    _raise_unless_ok(await runtime.exec(argv, timeout=_SETUP_TIMEOUT_S), what)
+async def _check(runtime: Runtime, argv: list[str], what: str, *, timeout_s: float = _SETUP_TIMEOUT_S) -> None:
+    _raise_unless_ok(await runtime.exec(argv, timeout=timeout_s), what)
 
 
 def _raise_unless_ok(result: ExecResult, what: str) -> None:

@@ -58,12 +58,17 @@ LABEL = "polar.test=deploy-images"
 
 
 def _wheelhouse() -> Path:
-    """The wheels of the lock (plus pip and setuptools), downloaded on the host once per machine."""
+    """The wheels of the lock and of deploy/requirements-nodeps.txt (plus pip and setuptools), downloaded on the
+    host once per machine (pip's own cache makes a later call cheap)."""
     dest = CACHE / "wheelhouse"
     dest.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(dest),
-            "-r", str(REPO / "requirements.lock"), "pip>=24", "setuptools>=70"]  # fmt: skip
-    subprocess.run(argv, check=True, timeout=900, capture_output=True)
+    download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(dest)]
+    for extra in (
+        ["-r", str(REPO / "requirements.lock"), "pip>=24", "setuptools>=70"],
+        # harbor declares Python >=3.12; its task modules run on the images' 3.11 (as scripts/setup.sh installs it).
+        ["--ignore-requires-python", "-r", str(REPO / "deploy" / "requirements-nodeps.txt")],
+    ):
+        subprocess.run([*download, *extra], check=True, timeout=900, capture_output=True)
     return dest
 
 

@@ -270,6 +270,28 @@ class TreeCache:
         os.replace(staging, final)
         return final
 
+    def cached_pack(self, tree: str) -> Path | None:
+        """The cached pack of ``tree``'s objects (one :meth:`pack` or :meth:`store_pack` wrote), if there is one."""
+        if not _HEX.fullmatch(tree):
+            raise InvalidArgument(f"{tree!r} is not a tree sha")
+        final = self._dir() / f"{tree}.pack"
+        return final if final.is_file() else None
+
+    def store_pack(self, tree: str, data: bytes) -> Path:
+        """Keep ``data``, a pack of every object of ``tree`` made elsewhere (in a runtime), as its cached pack.
+
+        The caller vouches for the pack (it was made before any agent code ran); a pack that lacks an object
+        makes the patch fail to collect rather than change it.
+        """
+        if not _HEX.fullmatch(tree):
+            raise InvalidArgument(f"{tree!r} is not a tree sha")
+        fd, staging = tempfile.mkstemp(prefix=".pack-", dir=self._dir())
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        final = self._dir() / f"{tree}.pack"
+        os.replace(staging, final)
+        return final
+
     def snapshot(self, directory: Path) -> ResolvedTree:
         """The tree of a plain directory as ``git add -A`` sees it (``.gitignore`` respected), in a private store.
 
