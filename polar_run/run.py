@@ -27,13 +27,12 @@ from polar.rollout.v1 import rollout_service_pb2
 from rich.console import Console
 
 from polar_client import RolloutClient, task_from_mapping
-from polar_client.formats.harbor import built_image
 from polar_core.auth import bearer_metadata
 from polar_core.channels import open_channel
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_run.embedded import EmbeddedStack, StackOptions, context_length
 from polar_run.progress import ProgressDisplay, ProgressState
-from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
+from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task, task_images
 from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
 
 __all__ = [
@@ -299,7 +298,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         running_workers=default_workers(prepared.backend, options.workers),
         context_length=context_length(options.overrides.context_length),
         task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
-        allowed_images=tuple(filter(None, [built_image(prepared.task)])),
+        allowed_images=task_images(prepared.task),
         dashboard=options.dashboard,
     )
 

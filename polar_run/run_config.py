@@ -44,6 +44,7 @@ __all__ = [
     "load_task_mapping",
     "parse_backend_options",
     "prepare_task",
+    "task_images",
 ]
 
 DEFAULT_MODEL = "smollm2"
@@ -129,6 +130,19 @@ class PreparedTask:
     def task_id(self) -> str:
         """The task's id."""
         return str(self.task.get("task_id") or "")
+
+
+def task_images(task: Mapping[str, Any]) -> tuple[str, ...]:
+    """The container images a task file names: the image a Harbor task's build made, or ``runtime.image``.
+
+    ``polar run`` and ``polar generate`` run the user's own files on the user's machine, so their embedded stack
+    allows exactly these images (a fleet's operator lists its own ``allowed_images``).
+    """
+    from polar_client.formats.harbor import built_image
+
+    runtime = task.get("runtime")
+    named = runtime.get("image") if isinstance(runtime, Mapping) else None
+    return tuple(dict.fromkeys(i for i in (built_image(task), named) if isinstance(i, str) and i))
 
 
 def load_task_mapping(path: Path) -> dict[str, Any]:

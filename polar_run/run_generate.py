@@ -24,7 +24,6 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_client import task_from_mapping
-from polar_client.formats.harbor import built_image
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
 from polar_run.embedded import EmbeddedStack, StackOptions, context_length
@@ -56,7 +55,7 @@ from polar_run.run import (
     quiet_model_loading,
     start_logging,
 )
-from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task
+from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task, task_images
 from polar_run.run_output import session_row, trace_rows, write_session_files
 
 __all__ = ["GenerateOptions", "generate", "generate_command", "write_parquet"]
@@ -207,7 +206,7 @@ def _stack_options(options: GenerateOptions, prepared: Sequence[PreparedTask]) -
         running_workers=default_workers(first.backend, options.workers),
         context_length=context_length(options.overrides.context_length),
         task_roots=tuple(roots),
-        allowed_images=tuple(sorted({image for p in prepared if (image := built_image(p.task))})),
+        allowed_images=tuple(sorted({image for p in prepared for image in task_images(p.task)})),
     )
 
 

