@@ -9,6 +9,8 @@ from gateway.harnesses.claude_code import ClaudeCodeAdapter
 from gateway.harnesses.codex import CodexAdapter
 from gateway.harnesses.command import CommandAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
+from gateway.harnesses.hermes_agent import HermesAgentAdapter
+from gateway.harnesses.openhands import OpenHandsAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
@@ -23,6 +25,8 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "qwen-code": QwenCodeAdapter,
         "pi": PiAdapter,
         "gemini-cli": GeminiCliAdapter,
+        "hermes-agent": HermesAgentAdapter,
+        "openhands": OpenHandsAdapter,
         "command": CommandAdapter,
     }
 

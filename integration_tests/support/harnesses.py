@@ -73,6 +73,8 @@ SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
     "qwen-code": ("run_shell_command", "command"),
     "gemini-cli": ("run_shell_command", "command"),
     "pi": ("bash", "command"),
+    "openhands": ("terminal", "command"),
+    "hermes-agent": ("terminal", "command"),
 }
 
 
@@ -197,7 +199,9 @@ def _sandbox(socket_path: Path, tmp: Path, session_id: str) -> LocalRuntime:
         proxy_socket=socket_path,
         proxy_port=SANDBOX_PORT,
         isolation=Isolation.BWRAP,
-        read_only_paths=(HARNESS_DIR,),
+        # Also the real directory when ``.harnesses`` is a symbolic link (a worktree sharing one checkout's
+        # installation): the Python agents' environments link to their interpreters by real path.
+        read_only_paths=tuple(dict.fromkeys((HARNESS_DIR, HARNESS_DIR.resolve()))),
     )
     return LocalRuntime(spec, session_id=session_id, base_dir=tmp / "sessions")
 
