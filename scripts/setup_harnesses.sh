@@ -77,7 +77,8 @@ install_python_agents() {
     [ -f "$req" ] || continue
     name=$(basename "$(dirname "$req")")
     venv="$dest/py/$name"
-    pstamp="$venv/.polar-stamp-$(sha256sum "$req" | cut -c1-16)"
+    # The stamp covers the interpreter choice too (python-version, when there is one).
+    pstamp="$venv/.polar-stamp-$({ cat "$req"; cat "$(dirname "$req")/python-version" 2>/dev/null || true; } | sha256sum | cut -c1-16)"
     if [ -f "$pstamp" ]; then
       log "$name up to date ($venv)"
       continue
