@@ -61,9 +61,39 @@ Run = Callable[..., Awaitable[HarnessRun]]
 @pytest.fixture
 def run(tmp_path: Path, tokenizer: Any) -> Run:
     async def run(harness: str, turns: list[dict[str, Any]]) -> HarnessRun:
-        return await run_harness(harness, turns, tmp=tmp_path, tokenizer=tokenizer, timeout_s=240)
+        return await run_harness(
+            harness,
+            turns,
+            tmp=tmp_path,
+            tokenizer=tokenizer,
+            timeout_s=240,
+            options=AUDIT_OPTIONS,
+            home_files=AUDIT_FILES,
+        )
 
     return run
+
+
+# Loaded by the agent's interpreter (``PYTHONPATH`` relative to its working directory, the workspace): records
+# every name look-up and connection that is not to the loopback, where the proxy's tunnel is.
+AUDIT = """
+import os, sys
+_HOME = os.environ.get("HOME", "")
+open(os.path.join(_HOME, "audit-loaded"), "w").close()
+def _hook(event, args):
+    if event == "socket.getaddrinfo":
+        host = args[0]
+    elif event == "socket.connect" and isinstance(args[1], tuple):
+        host = args[1][0]
+    else:
+        return
+    if str(host) not in ("127.0.0.1", "localhost", "::1"):
+        with open(os.path.join(_HOME, "offline-violations.txt"), "a") as f:
+            f.write(f"{event} {host}\\n")
+sys.addaudithook(_hook)
+"""
+AUDIT_FILES = {".polar-audit/sitecustomize.py": AUDIT}
+AUDIT_OPTIONS = {"env": {"PYTHONPATH": "../home/.polar-audit"}}
 
 
 def _has_files(paths: Sequence[PurePosixPath]) -> bool:
@@ -71,6 +101,11 @@ def _has_files(paths: Sequence[PurePosixPath]) -> bool:
 
 
 def _no_network_errors(result: HarnessRun) -> None:
+    """Nothing printed about the network, and the audit hook (which did load) saw no look-up beyond the loopback."""
+    home = result.workspace.parent / "home"
+    assert (home / "audit-loaded").exists(), result.describe()
+    violations = home / "offline-violations.txt"
+    assert not violations.exists(), violations.read_text()
     text = (result.stdout + result.stderr).lower()
     for needle in ("name or service not known", "temporary failure in name resolution", "connection refused"):
         assert needle not in text, result.describe()

@@ -175,8 +175,12 @@ async def run_harness(
     instruction: str = "Say the answer.",
     options: Mapping[str, Any] | None = None,
     timeout_s: float = 100.0,
+    home_files: Mapping[str, str] | None = None,
 ) -> HarnessRun:
-    """Run ``harness`` once in a network-less sandbox against a proxy answering ``turns``."""
+    """Run ``harness`` once in a network-less sandbox against a proxy answering ``turns``.
+
+    ``home_files`` (path below HOME → text) are written after the adapter's own files (test instrumentation).
+    """
     async with ScriptedProxy(turns, tokenizer, tmp / "state") as proxy:
         endpoints = await proxy.open_session(session_id)
         async with UnixSocketBridge("127.0.0.1", proxy.http_port, tmp / "sock" / "proxy.sock") as bridge:
@@ -187,6 +191,7 @@ async def run_harness(
                 instruction=instruction,
                 options=options or {},
                 timeout_s=timeout_s,
+                home_files=home_files or {},
             )
         run.completions = await proxy.list_completions(session_id)
         return run
@@ -214,6 +219,7 @@ async def _run_in_sandbox(
     instruction: str,
     options: Mapping[str, Any],
     timeout_s: float,
+    home_files: Mapping[str, str] | None = None,
 ) -> HarnessRun:
     await runtime.start()
     root = runtime.root
@@ -233,7 +239,7 @@ async def _run_in_sandbox(
         bin_dir=PurePosixPath(BIN_DIR),
     )
     launch = get_adapter(harness).prepare(ctx)
-    for rel, content in launch.files.items():
+    for rel, content in {**launch.files, **(home_files or {})}.items():
         await runtime.upload(content.encode() if isinstance(content, str) else content, ctx.home / rel)
     started = time.monotonic()
     result = await runtime.exec(launch.argv, cwd=launch.cwd, env=launch.env, timeout=timeout_s)
