@@ -70,6 +70,8 @@ PYTHON_HARNESS_VENVS: Mapping[str, str] = {
     "mini-swe-agent": "mini-swe-agent",
     "aider": "aider",
     "openai-agents": "openai-agents",
+    "openhands": "openhands",
+    "hermes-agent": "hermes-agent",
 }
 _HARNESS_ALIASES = {"claude_code": "claude-code", "qwen_code": "qwen-code", "gemini_cli": "gemini-cli"}
 _MODEL_NAME = "policy"

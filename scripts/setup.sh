@@ -30,12 +30,14 @@ else
 fi
 
 # System tools: bubblewrap (local runtime), Docker engine and debootstrap (docker runtime and its offline
-# test image), git (workspaces, patches). Installed only when missing and when we may install them.
+# test image), git (workspaces, patches), patchelf (relocated agent interpreters). Installed only when missing and when we may install them.
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# patchelf: setup_harnesses.sh relocates a Python agent's base interpreter into .harnesses (see there).
+command -v patchelf >/dev/null 2>&1 || missing+=(patchelf)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing system packages: ${missing[*]}"

@@ -42,33 +42,58 @@ done
 log "done in $(( $(date +%s) - start )) s"
 }
 
+# The interpreter a Python agent's environment is built from. Without gateway/harnesses/python/<name>/python-version
+# it is $HARNESS_PYTHON, else /usr/bin/python3 (sandboxes see /usr; a pyenv build under /root they do not). With one (a minor
+# version, e.g. 3.12) it is that version, found on PATH or in pyenv; sandboxes see only system directories and
+# .harnesses, so one outside /usr is copied once into .harnesses/py/.python/<version> (without its tests and
+# site-packages) with its library path made relative ($ORIGIN), and the environment is built from the copy.
+agent_python() {
+  local dir=$1 ver py prefix copy
+  ver=$(tr -d '[:space:]' < "$dir/python-version" 2>/dev/null || true)
+  if [ -z "$ver" ]; then  # the system Python: /usr is visible in every sandbox, a pyenv build under /root is not
+    if [ -n "${HARNESS_PYTHON:-}" ]; then echo "$HARNESS_PYTHON"; elif [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else echo python3; fi
+    return 0
+  fi
+  py=$(command -v "python$ver" 2>/dev/null || true)
+  case "$py" in */shims/*) py="" ;; esac  # pyenv's shims run only the version pyenv has selected
+  if [ -z "$py" ]; then
+    py=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$ver".*/bin/"python$ver" 2>/dev/null | sort -V | tail -1 || true)
+  fi
+  [ -n "$py" ] || { log "no Python $ver found (PATH, pyenv) for $dir" >&2; return 1; }
+  prefix=$("$py" -c 'import sys; print(sys.base_prefix)')
+  case "$prefix" in /usr|/usr/*) echo "$py"; return 0 ;; esac
+  copy="$dest/py/.python/$("$py" -c 'import platform; print(platform.python_version())')"
+  if [ ! -x "$copy/bin/python$ver" ]; then
+    mkdir -p "$copy"
+    (cd "$prefix" && tar cf - --exclude="lib/python$ver/test" --exclude="lib/python$ver/site-packages/*" \
+      --exclude="lib/python$ver/idlelib" --exclude="lib/python$ver/tkinter" bin lib include) | tar xf - -C "$copy"
+    patchelf --set-rpath '$ORIGIN/../lib' "$copy/bin/python$ver"
+  fi
+  echo "$(cd "$copy" && pwd -P)/bin/python$ver"
+}
+
 # Python agents: one virtual environment per agent, .harnesses/py/<name>, from the complete exact pins in
 # gateway/harnesses/python/<name>/requirements.txt (installed --no-deps, so nothing but the pins lands).
 install_python_agents() {
-  local req name venv pstamp start python
-  # The venv's interpreter is a symlink to its base Python, which must be visible inside every sandbox: the
-  # system one under /usr is (bubblewrap binds /usr read-only; Debian images have it), a pyenv build under /root
-  # is not. HARNESS_PYTHON overrides.
-  python=${HARNESS_PYTHON:-}
-  if [ -z "$python" ]; then
-    if [ -x /usr/bin/python3 ]; then python=/usr/bin/python3; else python=python3; fi
-  fi
+  local req name venv pstamp start py
   for req in gateway/harnesses/python/*/requirements.txt; do
     [ -f "$req" ] || continue
     name=$(basename "$(dirname "$req")")
     venv="$dest/py/$name"
-    pstamp="$venv/.polar-stamp-$(sha256sum "$req" | cut -c1-16)"
+    # The stamp covers the interpreter choice too (python-version, when there is one).
+    pstamp="$venv/.polar-stamp-$({ cat "$req"; cat "$(dirname "$req")/python-version" 2>/dev/null || true; } | sha256sum | cut -c1-16)"
     if [ -f "$pstamp" ]; then
       log "$name up to date ($venv)"
       continue
     fi
     start=$(date +%s)
     rm -rf "$venv"
+    py=$(agent_python "$(dirname "$req")")
     if [ -x .venv/bin/uv ]; then  # uv (pinned in requirements.lock): ~10x faster than pip for these closures
-      .venv/bin/uv venv -q --python "$python" "$venv"
+      .venv/bin/uv venv -q --python "$py" "$venv"
       VIRTUAL_ENV="$venv" .venv/bin/uv pip install -q --no-deps -r "$req"
     else
-      "$python" -m venv "$venv"
+      "$py" -m venv "$venv"
       "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req"
     fi
     touch "$pstamp"

@@ -12,6 +12,8 @@ from gateway.harnesses.command import CommandAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
 from gateway.harnesses.mini_swe_agent import MiniSweAgentAdapter
 from gateway.harnesses.openai_agents import OpenAIAgentsAdapter
+from gateway.harnesses.hermes_agent import HermesAgentAdapter
+from gateway.harnesses.openhands import OpenHandsAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
@@ -29,6 +31,8 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "mini-swe-agent": MiniSweAgentAdapter,
         "aider": AiderAdapter,
         "openai-agents": OpenAIAgentsAdapter,
+        "hermes-agent": HermesAgentAdapter,
+        "openhands": OpenHandsAdapter,
         "command": CommandAdapter,
     }
 

@@ -77,6 +77,8 @@ SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
     "pi": ("bash", "command"),
     "mini-swe-agent": ("bash", "command"),
     "openai-agents": ("shell", "command"),
+    "openhands": ("terminal", "command"),
+    "hermes-agent": ("terminal", "command"),
 }
 
 
@@ -218,7 +220,9 @@ def _sandbox(socket_path: Path, tmp: Path, session_id: str) -> LocalRuntime:
         proxy_socket=socket_path,
         proxy_port=SANDBOX_PORT,
         isolation=Isolation.BWRAP,
-        read_only_paths=(HARNESS_DIR,),
+        # Also the real directory when ``.harnesses`` is a symbolic link (a worktree sharing one checkout's
+        # installation): the Python agents' environments link to their interpreters by real path.
+        read_only_paths=tuple(dict.fromkeys((HARNESS_DIR, HARNESS_DIR.resolve()))),
     )
     return LocalRuntime(spec, session_id=session_id, base_dir=tmp / "sessions")
 
@@ -231,7 +235,7 @@ async def _run_in_sandbox(
     instruction: str,
     options: Mapping[str, Any],
     timeout_s: float,
-    home_files: Mapping[str, str],
+    home_files: Mapping[str, str] | None = None,
 ) -> HarnessRun:
     await runtime.start()
     root = runtime.root
@@ -251,7 +255,7 @@ async def _run_in_sandbox(
         bin_dir=PurePosixPath(BIN_DIR),
     )
     launch = get_adapter(harness).prepare(ctx)
-    for rel, content in {**launch.files, **home_files}.items():
+    for rel, content in {**launch.files, **(home_files or {})}.items():
         await runtime.upload(content.encode() if isinstance(content, str) else content, ctx.home / rel)
     started = time.monotonic()
     result = await runtime.exec(launch.argv, cwd=launch.cwd, env=launch.env, timeout=timeout_s)
