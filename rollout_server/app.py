@@ -8,11 +8,14 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.metrics import MetricsEndpoint, open_endpoint
 from polar_core.roles import TOKEN_DIGEST_PREFIX, Role
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
+from rollout_server.metrics import RolloutMetrics
 from rollout_server.models import CoreConfig, DeliveryConfig, PolicyConfig, SchedulerConfig, StalePolicy
+from rollout_server.overview import OverviewLoop
 from rollout_server.policy import PolicyCoordinator
 from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.scheduler import Scheduler
@@ -51,6 +54,9 @@ class RolloutApp:
         deliverer: Deliverer,
         closers: list[GatewayClient | CallbackSender | ProxyClient],
         policy: PolicyCoordinator | None = None,
+        *,
+        metrics_endpoint: MetricsEndpoint | None = None,
+        overview_interval_s: float = 5.0,
     ) -> None:
         self.store = store
         self.core = core
@@ -59,6 +65,16 @@ class RolloutApp:
         self.policy = policy or PolicyCoordinator(store, GrpcProxyClient())
         self._closers = closers
         self._loops: list[asyncio.Task[None]] = []
+        self.metrics_endpoint = metrics_endpoint
+        self.overview = OverviewLoop(store, core.current_policy, core.clock, interval_s=overview_interval_s)
+        """The latest counts by state, gateway load and policy version (the gauges' source); refreshed in the
+        background while the metrics endpoint is on, or on demand with ``overview.refresh()``."""
+        core.metrics.overview = lambda: self.overview.latest
+
+    @property
+    def metrics_port(self) -> int:
+        """Port of the Prometheus endpoint (-1 when off)."""
+        return self.metrics_endpoint.port if self.metrics_endpoint is not None else -1
 
     @classmethod
     async def open(
@@ -79,6 +95,8 @@ class RolloutApp:
         (from UpdatePolicy), or the highest integer version recorded in results before any update.
         """
         store = store or await open_store(settings.store_url, settings.state_dir)
+        endpoint, meter_provider = open_endpoint("polar-rollout", settings.metrics_host, settings.metrics_port)
+        metrics = RolloutMetrics(meter_provider)
         token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(
             auth_token=token,
@@ -112,6 +130,7 @@ class RolloutApp:
             clock=clock,
             current_policy=current_policy,
             task_check=TaskCheck.from_settings(settings),
+            metrics=metrics,
         )
         scheduler = Scheduler(
             core,
@@ -133,6 +152,7 @@ class RolloutApp:
             ),
             clock=clock,
             wakeup=core.delivery_wakeup,
+            metrics=metrics,
         )
         proxies = proxy_client or GrpcProxyClient(
             auth_token=token,
@@ -145,7 +165,16 @@ class RolloutApp:
         policy = PolicyCoordinator(
             store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock
         )
-        return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy)
+        return cls(
+            store,
+            core,
+            scheduler,
+            deliverer,
+            [gateways, sender, proxies],
+            policy,
+            metrics_endpoint=endpoint,
+            overview_interval_s=settings.metrics_refresh_s,
+        )
 
     async def start(self) -> None:
         """Reconcile with gateways and the store, then start the dispatch, watchdog and delivery loops."""
@@ -158,6 +187,8 @@ class RolloutApp:
             asyncio.create_task(self.scheduler.run_watchdog(), name="rollout-watchdog"),
             asyncio.create_task(self.deliverer.run(), name="rollout-delivery"),
         ]
+        if self.metrics_endpoint is not None:
+            self._loops.append(asyncio.create_task(self.overview.run(), name="rollout-overview"))
 
     async def close(self) -> None:
         """Stop the loops and release connections (idempotent)."""
@@ -173,3 +204,6 @@ class RolloutApp:
             await closer.close()
         if closers:
             await self.store.close()
+        endpoint, self.metrics_endpoint = self.metrics_endpoint, None
+        if endpoint is not None:
+            endpoint.stop()

@@ -53,6 +53,8 @@ class RolloutSettings(ServiceSettings):
         min_isolation: The weakest isolation a task may ask for: the gateways' ``min_isolation``.
         read_only_roots: Where a task's ``runtime.read_only_paths`` may lie: the gateways' ``read_only_roots``.
         allowed_images: Glob patterns of images a task may name: the gateways' ``allowed_images``.
+        metrics_refresh_s: Seconds between the counts behind the metrics endpoint's gauges (tasks, sessions and
+            deliveries by state, gateways, policy version); each refresh is a few ``GROUP BY`` queries.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -87,3 +89,4 @@ class RolloutSettings(ServiceSettings):
     min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)
+    metrics_refresh_s: float = Field(default=5.0, gt=0)

@@ -39,8 +39,9 @@ class Scrape:
             assert family in declared, f"{family} is exported but not declared"
             spec = declared[family]
             assert self.types[family] == spec.prometheus_type, (family, self.types[family])
+            series = {family, f"{family}_bucket", f"{family}_sum", f"{family}_count"}
             for name, labels, _ in self.samples:
-                if name == family or name.startswith(family + "_"):
+                if name in series:
                     extra = set(labels) - set(spec.prometheus_labels) - {"le", "otel_scope_name",
                                                                           "otel_scope_version",
                                                                           "otel_scope_schema_url"}  # fmt: skip

@@ -1,0 +1,95 @@
+"""The reconstructor's and the evaluator's Prometheus endpoints over real gRPC: one operation each, then a scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from polar.common.v1 import reconstruction_pb2, status_pb2, task_pb2
+from polar.evaluator.v1 import evaluator_service_pb2 as epb
+from polar.evaluator.v1 import evaluator_service_pb2_grpc as epb_grpc
+from polar.reconstructor.v1 import reconstructor_service_pb2 as rpb
+from polar.reconstructor.v1 import reconstructor_service_pb2_grpc as rpb_grpc
+
+from evaluator.metrics import EVALUATOR_METRICS
+from evaluator.server import start_server as start_evaluator
+from evaluator.settings import EvaluatorSettings
+from integration_tests.support.evaluator import example_spec
+from integration_tests.support.prometheus import scrape
+from polar_core.channels import open_channel
+from polar_core.convert import completion_to_proto
+from reconstructor import ReconstructionOptions, reconstruct_session
+from reconstructor.metrics import RECONSTRUCTOR_METRICS
+from reconstructor.server import start_server as start_reconstructor
+from reconstructor.settings import ReconstructorSettings
+from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
+
+
+async def test_reconstructor_counts_traces_merges_splits_and_tokens(tmp_path: Path) -> None:
+    """One inline reconstruction and one refused request: the counters equal the reconstruction's own stats."""
+    spec = SyntheticSpec(turns=10, retokenize_prob=0.3, truncate_prob=0.2, compaction_every=4, subagents=2)
+    records = synthetic_session(random.Random(7), spec, "sess-1")
+    expected = reconstruct_session(records, ReconstructionOptions(end_of_turn_ids=(IM_END,))).stats
+    running = await start_reconstructor(ReconstructorSettings(state_dir=tmp_path, metrics_port=0))
+    try:
+        async with open_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = rpb_grpc.ReconstructorServiceStub(channel)
+            request = rpb.ReconstructRequest(
+                completions=rpb.CompletionList(completions=[completion_to_proto(r) for r in records]),
+                strategy=reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE,
+                end_of_turn_token_ids=[IM_END],
+                terminal_status=status_pb2.TERMINAL_STATUS_RESOLVED,
+            )
+            reply = await stub.Reconstruct(request, timeout=30)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Reconstruct(rpb.ReconstructRequest(), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        got = await asyncio.to_thread(scrape, running.app.metrics_port)
+    finally:
+        await running.stop(None)
+    assert len(reply.traces) == expected.chains > 1
+    assert expected.splits_by_reason
+    assert got.value("polar_reconstructor_reconstructions_total", strategy="prefix-merge", status="ok") == 1
+    assert got.value("polar_reconstructor_reconstructions_total", status="error", error_type="InvalidArgument") == 1
+    assert got.value("polar_reconstructor_traces_total", strategy="prefix-merge") == expected.chains
+    assert got.value("polar_reconstructor_merges_total") == expected.merges
+    for reason, n in expected.splits_by_reason.items():
+        assert got.value("polar_reconstructor_splits_total", reason=reason) == n
+    assert got.value("polar_reconstructor_tokens_total", type="trainable") == expected.trainable_tokens
+    assert got.value("polar_reconstructor_tokens_total", type="total") == expected.total_tokens
+    assert got.value("polar_reconstructor_calls_total", outcome="used") == expected.calls - expected.aborted_calls
+    assert got.value("polar_reconstructor_reconstruction_duration_seconds_count", status="ok") == 1
+    got.check_declared(RECONSTRUCTOR_METRICS)
+
+
+async def test_evaluator_counts_evaluations_prepares_and_the_prewarm(tmp_path: Path) -> None:
+    """Prepare twice (the second reuses the handle), evaluate the reference fix: resolved, counted once each."""
+    spec, fix = example_spec("paginate")
+    options = struct_pb2.Struct()
+    options.update({k: (str(v) if isinstance(v, Path) else v) for k, v in spec.options.items()})
+    evaluator = task_pb2.EvaluatorSpec(strategy=spec.strategy, options=options)
+    running = await start_evaluator(EvaluatorSettings(state_dir=tmp_path, metrics_port=0))
+    try:
+        async with open_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = epb_grpc.EvaluatorServiceStub(channel)
+            prepare = epb.PrepareRequest(evaluator=evaluator, task_id="paginate", request_id="r1")
+            prepared = await stub.Prepare(prepare, timeout=90)
+            await stub.Prepare(prepare, timeout=90)
+            artifacts = epb.EvaluationArtifacts(patch_bytes=fix, agent_status=epb.AGENT_STATUS_COMPLETED)
+            reply = await stub.Evaluate(epb.EvaluateRequest(handle=prepared.handle, artifacts=artifacts), timeout=90)
+        got = await asyncio.to_thread(scrape, running.app.metrics_port)
+    finally:
+        await running.stop(None)
+    assert reply.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED
+    assert got.value("polar_evaluator_evaluations_total", strategy=spec.strategy, status="resolved") == 1
+    assert got.value("polar_evaluator_evaluation_duration_seconds_count", status="resolved") == 1
+    assert got.value("polar_evaluator_evaluation_duration_seconds_sum", status="resolved") > 0
+    assert got.value("polar_evaluator_prepares_total", outcome="prepared") == 1
+    assert got.value("polar_evaluator_prepares_total", outcome="reused") == 1
+    assert got.value("polar_evaluator_prewarm_total", result="miss") == 1
+    assert got.value("polar_evaluator_evaluations_active") == 0
+    got.check_declared(EVALUATOR_METRICS)
