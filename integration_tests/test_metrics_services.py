@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import re
+import signal
 from pathlib import Path
 
 import grpc
@@ -20,6 +24,7 @@ from evaluator.server import start_server as start_evaluator
 from evaluator.settings import EvaluatorSettings
 from integration_tests.support.evaluator import example_spec
 from integration_tests.support.prometheus import scrape
+from integration_tests.support.services import POLAR_ARGV
 from polar_core.channels import open_channel
 from polar_core.convert import completion_to_proto
 from reconstructor import ReconstructionOptions, reconstruct_session
@@ -27,6 +32,8 @@ from reconstructor.metrics import RECONSTRUCTOR_METRICS
 from reconstructor.server import start_server as start_reconstructor
 from reconstructor.settings import ReconstructorSettings
 from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 async def test_reconstructor_counts_traces_merges_splits_and_tokens(tmp_path: Path) -> None:
@@ -93,3 +100,39 @@ async def test_evaluator_counts_evaluations_prepares_and_the_prewarm(tmp_path: P
     assert got.value("polar_evaluator_prewarm_total", result="miss") == 1
     assert got.value("polar_evaluator_evaluations_active") == 0
     got.check_declared(EVALUATOR_METRICS)
+
+
+async def test_polar_serve_prints_and_serves_each_metrics_endpoint(tmp_path: Path) -> None:
+    """``polar serve reconstructor evaluator`` with metrics ports set prints each endpoint, and each answers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    env |= {"POLAR_RECONSTRUCTOR_METRICS_PORT": "0", "POLAR_EVALUATOR_METRICS_PORT": "0",
+            "POLAR_EVALUATOR_TASK_ROOTS": json.dumps([str(tmp_path)])}  # fmt: skip
+    argv = [*POLAR_ARGV, "serve", "reconstructor", "evaluator", "--state-dir", str(tmp_path / "state")]
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None
+    endpoints: dict[str, str] = {}
+    grpc_ports: dict[str, int] = {}
+    token = ""
+    try:
+        async with asyncio.timeout(120):
+            while not token:  # printed once every service has started
+                line = (await proc.stdout.readline()).decode().strip()
+                assert line, "polar serve exited"
+                token = line.removeprefix("control-plane token: ") if line.startswith("control-plane token:") else ""
+                if match := re.match(r"^(\w+)\s+metrics http://([\d.]+:\d+)/metrics$", line):
+                    endpoints[match.group(1)] = match.group(2)
+                elif match := re.match(r"^(\w+)\s+[\d.]+:(\d+)\s+\(", line):
+                    grpc_ports[match.group(1)] = int(match.group(2))
+        async with open_channel(f"127.0.0.1:{grpc_ports['reconstructor']}", auth_token=token) as channel:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await rpb_grpc.ReconstructorServiceStub(channel).Reconstruct(rpb.ReconstructRequest(), timeout=30)
+        host, port = endpoints["reconstructor"].rsplit(":", 1)
+        got = await asyncio.to_thread(scrape, int(port), host)
+        assert got.value("polar_reconstructor_reconstructions_total", status="error") == 1
+        assert got.has("target_info", service_name="polar-reconstructor")
+        host, port = endpoints["evaluator"].rsplit(":", 1)
+        assert not (await asyncio.to_thread(scrape, int(port), host)).family_names()  # nothing evaluated yet
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    assert set(endpoints) == {"reconstructor", "evaluator"}

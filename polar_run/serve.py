@@ -100,6 +100,8 @@ class _Started:
     port: int
     grpc_service: str
     shared_token: bool = False
+    metrics: str = ""
+    """``host:port`` of the service's Prometheus endpoint; empty when off."""
 
 
 async def serve(options: ServeOptions) -> int:
@@ -123,6 +125,8 @@ async def serve(options: ServeOptions) -> int:
             local = "127.0.0.1" if service.host in ("0.0.0.0", "::") else service.host
             addresses[name] = f"{local}:{service.port}"
             print(f"{name:<14} {service.host}:{service.port}  ({service.grpc_service})", flush=True)
+            if service.metrics:
+                print(f"{name:<14} metrics http://{service.metrics}/metrics", flush=True)
         if any(service.shared_token for service in started):
             print(f"control-plane token: {token}", flush=True)
         if options.check:
@@ -149,7 +153,19 @@ async def _start_one(
         settings = spec.settings_cls.load(options.config, **overrides, **wiring)
     settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
-    return _Started(name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring)
+    return _Started(
+        name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring, _metrics(server, settings)
+    )
+
+
+def _metrics(server: grpc.aio.Server, settings: ServiceSettings) -> str:
+    """``host:port`` of a started service's Prometheus endpoint (its ``metrics_*`` settings), or "" when off."""
+    app = getattr(getattr(server, "running", None), "app", None)
+    port = getattr(app, "metrics_port", -1)
+    if not isinstance(port, int) or port < 0:
+        return ""
+    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "::", "") else settings.metrics_host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:
