@@ -2,20 +2,21 @@
 
 Names follow the OpenTelemetry GenAI semantic conventions where one exists (the proxy is a GenAI server to
 harnesses and a GenAI client of its backend); the rest are ``polar.proxy.*``. :data:`PROXY_METRICS` declares
-them all (``docs/observability.md`` lists them). Every recording is a handful of dictionary operations, done
-once per call at its end (plus the first token's time), never per token; with metrics off the meter is a
-no-op one.
+them all (``docs/observability.md`` lists them). A call is recorded once, at its end, never per token, on the
+event loop's next turn after its answer was handed over (:class:`CallMeasurement`); with metrics off the meter
+is a no-op one and the engine measures nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
 from polar_core.metrics import TOKEN_BUCKETS, InstrumentKind, MetricSpec, make_instrument
 
-__all__ = ["PROXY_METRICS", "GateView", "ProxyMetrics"]
+__all__ = ["PROXY_METRICS", "CallMeasurement", "GateView", "ProxyMetrics"]
 
 _C, _H, _G = InstrumentKind.COUNTER, InstrumentKind.HISTOGRAM, InstrumentKind.OBSERVABLE_GAUGE
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
@@ -119,10 +120,44 @@ class GateView:
         self.policy_version = policy_version
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallMeasurement:
+    """What one finished call measured (seconds are ``perf_counter`` differences).
+
+    Attributes:
+        protocol: The harness's protocol (``openai_chat``, ``anthropic_messages``, ...).
+        status: ``ok`` or ``aborted``.
+        duration_s: Arrival at the engine to the recorded end.
+        ttft_s: Arrival to the backend's first chunk (render, gate wait and prefill included).
+        prompt_tokens: Prompt tokens.
+        output_tokens: Sampled tokens.
+        backend_s: Request sent to the backend to its last chunk.
+        decode_s: First chunk to last.
+        record_write_s: Seconds to make the completion record durable (``None``: not written yet).
+        backend: The backend's name.
+    """
+
+    protocol: str
+    status: str
+    duration_s: float
+    ttft_s: float
+    prompt_tokens: int
+    output_tokens: int
+    backend_s: float
+    decode_s: float
+    record_write_s: float | None
+    backend: str
+
+
 class ProxyMetrics:
-    """Records the proxy's calls on OpenTelemetry instruments (the engine and HTTP front call it)."""
+    """Records the proxy's calls on OpenTelemetry instruments (the engine and HTTP front call it).
+
+    Attributes:
+        enabled: False on a no-op meter provider (metrics off): the engine then skips measuring at all.
+    """
 
     def __init__(self, meter_provider: MeterProvider, view: GateView | None = None) -> None:
+        self.enabled = not isinstance(meter_provider, NoOpMeterProvider)
         meter = meter_provider.get_meter("polar.proxy")
         self.view = view or GateView()
         self._calls = make_instrument(meter, _CALLS)
@@ -138,44 +173,20 @@ class ProxyMetrics:
         make_instrument(meter, _GATE, self._gauge(lambda: int(self.view.paused())))
         make_instrument(meter, _VERSION, self._observe_version)
 
-    def first_token(self, protocol: str, seconds: float) -> None:
-        """A call's first chunk came ``seconds`` after it arrived."""
-        self._ttft.record(seconds, {"gen_ai.operation.name": _CHAT, "protocol": protocol})
-
-    def call_finished(
-        self,
-        protocol: str,
-        status: str,
-        *,
-        duration_s: float,
-        prompt_tokens: int,
-        output_tokens: int,
-        backend_s: float,
-        decode_s: float,
-        backend: str,
-    ) -> None:
-        """A call that reached the backend ended ``ok`` or ``aborted`` after ``duration_s``.
-
-        Args:
-            protocol: The harness's protocol (``openai_chat``, ``anthropic``, ...).
-            status: ``ok`` or ``aborted``.
-            duration_s: Seconds from arrival to the recorded end.
-            prompt_tokens: Prompt tokens.
-            output_tokens: Sampled tokens.
-            backend_s: Seconds from sending the request to the backend to its last chunk.
-            decode_s: Seconds from the first chunk to the last (the backend's decode time).
-            backend: The backend's name.
-        """
+    def call_finished(self, call: CallMeasurement) -> None:
+        """A call that reached the backend ended ``ok`` or ``aborted``: record its latencies and tokens."""
+        protocol, status = call.protocol, call.status
+        chat = {"gen_ai.operation.name": _CHAT, "protocol": protocol}
         self._calls.add(1, {"protocol": protocol, "status": status})
-        self._duration.record(duration_s, {"gen_ai.operation.name": _CHAT, "protocol": protocol, "status": status})
-        self._tokens.record(prompt_tokens, {"gen_ai.operation.name": _CHAT, "gen_ai.token.type": "input",
-                                            "protocol": protocol})  # fmt: skip
-        self._tokens.record(output_tokens, {"gen_ai.operation.name": _CHAT, "gen_ai.token.type": "output",
-                                            "protocol": protocol})  # fmt: skip
-        self._backend.record(backend_s, {"gen_ai.operation.name": _CHAT, "backend": backend})
-        if output_tokens > 1:
-            self._per_token.record(decode_s / (output_tokens - 1), {"gen_ai.operation.name": _CHAT,
-                                                                    "protocol": protocol})  # fmt: skip
+        self._duration.record(call.duration_s, {**chat, "status": status})
+        self._ttft.record(call.ttft_s, chat)
+        self._tokens.record(call.prompt_tokens, {**chat, "gen_ai.token.type": "input"})
+        self._tokens.record(call.output_tokens, {**chat, "gen_ai.token.type": "output"})
+        self._backend.record(call.backend_s, {"gen_ai.operation.name": _CHAT, "backend": call.backend})
+        if call.output_tokens > 1:
+            self._per_token.record(call.decode_s / (call.output_tokens - 1), chat)
+        if call.record_write_s is not None:
+            self._record_write.record(call.record_write_s)
 
     def call_failed(self, protocol: str, exc: BaseException, *, duration_s: float | None = None) -> None:
         """A call ended in an error (refused before the engine, or failed in it) after ``duration_s``."""
