@@ -96,16 +96,15 @@ class MetricPoints:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
                     if metric.name == name:
-                        found.extend(
-                            p for p in metric.data.data_points
-                            if all(p.attributes.get(k) == v for k, v in attributes.items())
-                        )  # fmt: skip
+                        for point in metric.data.data_points:
+                            labels = point.attributes or {}
+                            if all(labels.get(k) == v for k, v in attributes.items()):
+                                found.append(point)
         return found
 
     def value(self, name: str, **attributes: str) -> float:
         """The summed value (counters, gauges) or summed ``sum`` (histograms) of the matching points."""
-        return float(sum(getattr(p, "value", None) if hasattr(p, "value") else p.sum
-                         for p in self.points(name, **attributes)))  # fmt: skip
+        return float(sum(p.value if hasattr(p, "value") else p.sum for p in self.points(name, **attributes)))
 
     def count(self, name: str, **attributes: str) -> int:
         """The summed ``count`` of the matching histogram points."""

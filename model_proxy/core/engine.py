@@ -153,16 +153,11 @@ class ProxyEngine:
         call_id = "call_" + secrets.token_hex(12)
         try:
             rendered, fired = await self.prepare_async(session, request, call_id, offload=offload)
-            n_prompt = len(rendered.token_ids)
-            limit = self.config.context_length
-            if n_prompt >= limit:
-                raise ContextLengthExceeded(n_prompt, limit)
+            sampling = self._sampling(request, len(rendered.token_ids))
         except Exception as exc:
             self.metrics.call_failed(request.protocol, exc, duration_s=time.perf_counter() - arrived)
             raise
-        room = limit - n_prompt
-        wanted = request.sampling.max_tokens or self.config.default_max_tokens or room
-        sampling = dataclasses.replace(request.sampling, max_tokens=min(wanted, room))
+        n_prompt = len(rendered.token_ids)
         span = self.tracer.start_span(
             f"chat {request.model}",
             context=trace_context,
@@ -193,6 +188,19 @@ class ProxyEngine:
             span.end()
             raise
         return call
+
+    def _sampling(self, request: InternalRequest, n_prompt: int) -> SamplingParams:
+        """The request's sampling with ``max_tokens`` fitted to the room the prompt leaves in the context.
+
+        Raises:
+            ContextLengthExceeded: The prompt leaves no room.
+        """
+        limit = self.config.context_length
+        if n_prompt >= limit:
+            raise ContextLengthExceeded(n_prompt, limit)
+        room = limit - n_prompt
+        wanted = request.sampling.max_tokens or self.config.default_max_tokens or room
+        return dataclasses.replace(request.sampling, max_tokens=min(wanted, room))
 
     def keep(self, task: asyncio.Task[Any]) -> None:
         """Hold a reference to a background task until it ends."""
@@ -392,7 +400,10 @@ class Call:
             record_write_s=self._write_s,
             backend=self.engine.backend.name,
         )
-        asyncio.get_running_loop().call_soon(metrics.call_finished, measured)
+        try:
+            asyncio.get_running_loop().call_soon(metrics.call_finished, measured)
+        except RuntimeError:  # finalised outside the event loop (interpreter shutdown): record it now
+            metrics.call_finished(measured)
 
     async def collect(self) -> CallResult:
         """Run the call to the end and return its result."""

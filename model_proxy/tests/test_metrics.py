@@ -49,19 +49,16 @@ def test_failures_carry_their_error_type() -> None:
 
 def test_gauges_read_the_gate_at_collection() -> None:
     m = MetricPoints()
-    state = {"in_flight": 3, "held": 2, "paused": True, "version": "12"}
+    paused, version = [True], ["12"]
     view = GateView(
-        in_flight=lambda: int(state["in_flight"]),
-        paused_calls=lambda: int(state["held"]),
-        paused=lambda: bool(state["paused"]),
-        policy_version=lambda: str(state["version"]),
+        in_flight=lambda: 3, paused_calls=lambda: 2, paused=lambda: paused[0], policy_version=lambda: version[0]
     )
     ProxyMetrics(m.provider, view)
     assert m.value("polar.proxy.calls.in_flight") == 3
     assert m.value("polar.proxy.calls.paused") == 2
     assert m.value("polar.proxy.generation.paused") == 1
     assert m.value("polar.proxy.policy.version") == 12
-    state.update(paused=False, version="v7")  # a version that is no integer is not exported
+    paused[0], version[0] = False, "v7"  # a version that is no integer is not exported
     assert m.value("polar.proxy.generation.paused") == 0
     assert not m.points("polar.proxy.policy.version")
 
