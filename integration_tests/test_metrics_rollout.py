@@ -22,10 +22,11 @@ def _first_resolves(spec: session_pb2.SessionSpec) -> tuple[str, float]:
     return ("resolved", 1.0) if spec.sample_index == 0 else ("unresolved", 0.0)
 
 
-async def test_a_task_shows_in_states_results_dispatch_and_dead_letters(tmp_path: Path) -> None:
-    """Four sessions (one resolved), callbacks to nobody: the scrape counts each and names the gateway."""
+async def test_a_task_shows_in_states_results_dispatch_and_dead_letters(tmp_path: Path, store_url: str) -> None:
+    """Four sessions (one resolved), callbacks to nobody: the scrape counts each and names the gateway (SQLite
+    and PostgreSQL: the gauges' counts are the store's ``GROUP BY`` queries)."""
     settings = RolloutSettings(
-        state_dir=tmp_path, auth_token=TOKEN, dispatch_interval_s=0.05, watchdog_interval_s=0.1,
+        state_dir=tmp_path, store_url=store_url, auth_token=TOKEN, dispatch_interval_s=0.05, watchdog_interval_s=0.1,
         callback_backoff_s=0.01, metrics_port=0, metrics_refresh_s=0.05,
     )  # fmt: skip
     running = await start_server(settings)
