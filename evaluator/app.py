@@ -9,9 +9,11 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 
 from evaluator.core import EvaluatorService
+from evaluator.metrics import EvaluatorMetrics
 from evaluator.models import EvaluatorConfig
 from evaluator.ports import RuntimeFactory
 from evaluator.settings import EvaluatorSettings
+from polar_core.metrics import MetricsEndpoint, open_endpoint
 from runtimes import Isolation
 from runtimes.local import IsolationProbe, probe_isolation
 
@@ -47,10 +49,13 @@ class EvaluatorApp:
 
     Attributes:
         service: The domain service the servicer delegates to.
+        metrics_port: Port of the Prometheus endpoint (-1 when off).
     """
 
-    def __init__(self, service: EvaluatorService) -> None:
+    def __init__(self, service: EvaluatorService, *, metrics_endpoint: MetricsEndpoint | None = None) -> None:
         self.service = service
+        self._endpoint = metrics_endpoint
+        self.metrics_port = metrics_endpoint.port if metrics_endpoint is not None else -1
 
     @classmethod
     async def open(
@@ -82,8 +87,15 @@ class EvaluatorApp:
                 config = dataclasses.replace(config, local_isolation=probe.best.value)
         if settings.min_isolation != "bwrap":
             _log.warning("evaluator allows weak local isolation (min_isolation=%s)", settings.min_isolation)
-        return cls(EvaluatorService(config, runtime_factory=runtime_factory))
+        endpoint, provider = open_endpoint("polar-evaluator", settings.metrics_host, settings.metrics_port)
+        metrics = EvaluatorMetrics(provider)
+        return cls(
+            EvaluatorService(config, runtime_factory=runtime_factory, metrics=metrics), metrics_endpoint=endpoint
+        )
 
     async def close(self) -> None:
-        """Release every live evaluation handle and its runtime."""
+        """Release every live evaluation handle and its runtime, then stop the metrics endpoint."""
         await self.service.close()
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.stop()

@@ -33,6 +33,7 @@ from typing import Any
 
 from evaluator.errors import HandleNotFound
 from evaluator.evallog import EvalLog
+from evaluator.metrics import EvaluatorMetrics
 from evaluator.models import Artifacts, EvaluationResult, EvaluatorConfig, PrepareParams
 from evaluator.ports import Runtime, RuntimeFactory, Strategy
 from evaluator.strategies import EvalContext, EvalTimeout, build_strategy
@@ -105,9 +106,17 @@ class EvaluatorService:
     Args:
         config: The evaluator's config (``app.evaluator_config`` builds it from the settings).
         runtime_factory: Builds runtimes; default: local/docker/apptainer from the spec.
+        metrics: Where evaluations and prepares are counted (a no-op by default).
     """
 
-    def __init__(self, config: EvaluatorConfig, *, runtime_factory: RuntimeFactory | None = None) -> None:
+    def __init__(
+        self,
+        config: EvaluatorConfig,
+        *,
+        runtime_factory: RuntimeFactory | None = None,
+        metrics: EvaluatorMetrics | None = None,
+    ) -> None:
+        self._metrics = metrics or EvaluatorMetrics()
         self._config = config
         self._factory = runtime_factory or DefaultRuntimeFactory(base_dir=config.runtimes_dir)
         self._entries: dict[str, _Entry] = {}
@@ -125,6 +134,17 @@ class EvaluatorService:
             InvalidArgument: Unknown strategy or malformed options.
             Unavailable: The runtime could not be started or set up in time.
         """
+        started = time.monotonic()
+        try:
+            handle, reused = await self._prepare(params)
+        except BaseException:
+            self._metrics.prepared("failed", time.monotonic() - started)
+            raise
+        self._metrics.prepared("reused" if reused else "prepared", time.monotonic() - started)
+        return handle
+
+    async def _prepare(self, params: PrepareParams) -> tuple[str, bool]:
+        """:meth:`prepare`; also returns whether the handle was prepared already (an idempotent repeat)."""
         if params.request_id:
             handle = "ev-" + hashlib.sha256(params.request_id.encode()).hexdigest()[:24]
         else:
@@ -132,7 +152,7 @@ class EvaluatorService:
         lock = self._locks.setdefault(handle, asyncio.Lock())
         async with lock:
             if handle in self._entries or self._result_path(handle).exists():
-                return handle
+                return handle, True
             if self._config.task_roots is not None:
                 snapshot = {"repo": params.repository_snapshot} if params.repository_snapshot else {}
                 check_task_paths({"evaluator": {**params.spec.options, **snapshot}}, self._config.task_roots)
@@ -157,12 +177,13 @@ class EvaluatorService:
                     raise Unavailable("preparing the evaluation timed out", retry_after_s=5.0) from None
                 raise
             self._entries[handle] = _Entry(strategy=strategy, ctx=ctx)
-        return handle
+        return handle, False
 
     async def _warm_local_python(self, python: str, params: PrepareParams) -> None:
         """Once, before the first local evaluation with the configured Python: :func:`_warm_pytest`."""
         if python != self._config.local_python or self._runtime_spec(params).kind is not RuntimeKind.LOCAL:
             return  # a container's or a task's own Python: not this host's installation
+        self._metrics.prewarm(self._warmed is not None and self._warmed.done())
         if self._warmed is None:
             self._warmed = asyncio.create_task(asyncio.to_thread(_warm_pytest, python))
         await asyncio.shield(self._warmed)
@@ -244,12 +265,18 @@ class EvaluatorService:
         ctx.deadline = started + timeout
         ctx.log.write("evaluate", f"agent_status={artifacts.agent_status.value} timeout={timeout:.0f}s "
                       f"patch_bytes={len(artifacts.patch or b'')}")  # fmt: skip
+        self._metrics.evaluation_started()
+        status = "error"  # the evaluation raised (a caller's cancellation, a teardown failure)
         try:
-            result = await self._score(entry, artifacts, timeout)
+            try:
+                result = await self._score(entry, artifacts, timeout)
+            finally:
+                if ctx.runtime is not None:
+                    await asyncio.shield(ctx.runtime.stop())
+            result = _apply_agent_status(_check_rewards(result, artifacts), artifacts.agent_status)
+            status = result.status.value
         finally:
-            if ctx.runtime is not None:
-                await asyncio.shield(ctx.runtime.stop())
-        result = _apply_agent_status(_check_rewards(result, artifacts), artifacts.agent_status)
+            self._metrics.evaluation_finished(ctx.params.spec.strategy, status, time.monotonic() - started)
         result = dataclasses.replace(
             result, log_ref=str(ctx.log.path.absolute()), duration_s=time.monotonic() - started
         )

@@ -27,7 +27,7 @@ from gateway.clients import (
 )
 from gateway.core import SessionPipeline
 from gateway.dependencies import PROXY, DependencyMonitor
-from gateway.metrics import GatewayMetrics, MetricsEndpoint
+from gateway.metrics import GatewayMetrics
 from gateway.models import PipelineConfig, ProxyEndpoints, SessionSpec
 from gateway.ports import (
     AgentRunner,
@@ -42,6 +42,7 @@ from gateway.registration import RegistrationLoop
 from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
 from polar_core.errors import FailedPrecondition
+from polar_core.metrics import MetricsEndpoint
 from polar_core.records import CompletionRecord
 from polar_core.roles import Role
 from runtimes import DefaultRuntimeFactory, Isolation
@@ -155,7 +156,7 @@ class GatewayApp:
         endpoint: MetricsEndpoint | None = None
         metrics: GatewayMetrics | None = None
         if settings.metrics_port >= 0:
-            endpoint = MetricsEndpoint()
+            endpoint = MetricsEndpoint(service_name="polar-gateway")
             metrics = GatewayMetrics(endpoint.meter_provider)
         tunnel = _tunnel(settings)
         clients.closers.append(tunnel.close)

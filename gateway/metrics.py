@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics of the session pipeline, and the Prometheus endpoint that serves them.
+"""OpenTelemetry metrics of the session pipeline (served by :class:`polar_core.metrics.MetricsEndpoint`).
 
 Per stage (label ``stage``): ``polar_gateway_stage_queue_length`` and ``polar_gateway_stage_occupancy``
 (gauges), ``polar_gateway_stage_entered_total`` and ``polar_gateway_stage_exited_total`` (counters),
@@ -11,22 +11,33 @@ occupancy = rate of ``exited_total`` × (residence ``_sum`` / ``_count``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from wsgiref.simple_server import WSGIServer
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import Histogram, MeterProvider
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from gateway.models import Stage
 from gateway.pools import StageSnapshot
+from polar_core.metrics import InstrumentKind, MetricSpec, make_instrument
 from polar_core.records import TerminalStatus
 
-__all__ = ["GatewayMetrics", "MetricsEndpoint"]
+__all__ = ["GATEWAY_METRICS", "GatewayMetrics"]
 
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_G, _C, _H = InstrumentKind.OBSERVABLE_GAUGE, InstrumentKind.COUNTER, InstrumentKind.HISTOGRAM
+_QUEUE = MetricSpec("polar_gateway_stage_queue_length", _G, "", "Sessions waiting to enter the stage.", ("stage",))
+_OCCUPANCY = MetricSpec(
+    "polar_gateway_stage_occupancy", _G, "", "Sessions the stage is serving (slots held).", ("stage",)
+)
+_WORKERS = MetricSpec("polar_gateway_stage_workers", _G, "", "Slots of the stage.", ("stage",))
+_ENTERED = MetricSpec("polar_gateway_stage_entered", _C, "", "Sessions that entered the stage.", ("stage",))
+_EXITED = MetricSpec("polar_gateway_stage_exited", _C, "", "Sessions that left the stage.", ("stage",))
+_RESIDENCE = MetricSpec(
+    "polar_gateway_stage_residence", _H, "s", "Seconds a session held the stage's slot.", ("stage",)
+)
+_WAIT = MetricSpec("polar_gateway_stage_wait", _H, "s", "Seconds a session waited for the stage's slot.", ("stage",))
+_FINISHED = MetricSpec(
+    "polar_gateway_sessions_finished", _C, "", "Sessions that reached a terminal status.", ("status",)
+)
+GATEWAY_METRICS = (_QUEUE, _OCCUPANCY, _WORKERS, _ENTERED, _EXITED, _RESIDENCE, _WAIT, _FINISHED)
+"""Every instrument of the gateway (names predate the ``polar.*`` dotted style and are kept: scrapes use them)."""
 
 
 class GatewayMetrics:
@@ -35,32 +46,14 @@ class GatewayMetrics:
     def __init__(self, meter_provider: MeterProvider) -> None:
         meter = meter_provider.get_meter("polar.gateway")
         self._snapshots: Callable[[], Sequence[StageSnapshot]] = list
-        meter.create_observable_gauge(
-            "polar_gateway_stage_queue_length",
-            callbacks=[self._observe_queue],
-            description="Sessions waiting to enter the stage.",
-        )
-        meter.create_observable_gauge(
-            "polar_gateway_stage_occupancy",
-            callbacks=[self._observe_occupancy],
-            description="Sessions the stage is serving (slots held).",
-        )
-        meter.create_observable_gauge(
-            "polar_gateway_stage_workers", callbacks=[self._observe_workers], description="Slots of the stage."
-        )
-        self._entered = meter.create_counter(
-            "polar_gateway_stage_entered", description="Sessions that entered the stage."
-        )
-        self._exited = meter.create_counter("polar_gateway_stage_exited", description="Sessions that left the stage.")
-        self._residence = meter.create_histogram(
-            "polar_gateway_stage_residence", unit="s", description="Seconds a session held the stage's slot."
-        )
-        self._wait = meter.create_histogram(
-            "polar_gateway_stage_wait", unit="s", description="Seconds a session waited for the stage's slot."
-        )
-        self._finished = meter.create_counter(
-            "polar_gateway_sessions_finished", description="Sessions that reached a terminal status."
-        )
+        make_instrument(meter, _QUEUE, self._observe_queue)
+        make_instrument(meter, _OCCUPANCY, self._observe_occupancy)
+        make_instrument(meter, _WORKERS, self._observe_workers)
+        self._entered = make_instrument(meter, _ENTERED)
+        self._exited = make_instrument(meter, _EXITED)
+        self._residence = make_instrument(meter, _RESIDENCE)
+        self._wait = make_instrument(meter, _WAIT)
+        self._finished = make_instrument(meter, _FINISHED)
 
     def bind(self, snapshots: Callable[[], Sequence[StageSnapshot]]) -> None:
         """Read gauges from ``snapshots`` (the pipeline's pools) at each collection."""
@@ -91,51 +84,3 @@ class GatewayMetrics:
 
     def _observe_workers(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(lambda s: s.workers)
-
-
-class MetricsEndpoint:
-    """A meter provider exported on a Prometheus ``/metrics`` HTTP endpoint with its own registry.
-
-    Attributes:
-        meter_provider: Provider whose instruments the endpoint serves.
-        port: The bound port (0 until started), or -1 when disabled.
-    """
-
-    def __init__(self, *, service_name: str = "polar-gateway") -> None:
-        self._registry = CollectorRegistry()
-        self._reader = PrometheusMetricReader(registry=self._registry)
-        views = [
-            View(
-                instrument_type=Histogram,
-                instrument_name="polar_gateway_stage_*",
-                aggregation=ExplicitBucketHistogramAggregation(_BUCKETS),
-            )
-        ]
-        self.meter_provider = MeterProvider(
-            metric_readers=[self._reader],
-            resource=Resource.create({"service.name": service_name}),
-            views=views,
-        )
-        self._server: WSGIServer | None = None
-        self._stopped = False
-        self.port = 0
-
-    def start(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a port; -1 serves nothing) and return the port."""
-        if port < 0:
-            self.port = -1
-            return -1
-        server, _thread = start_http_server(port, addr=host, registry=self._registry)
-        self._server = server
-        self.port = server.server_port
-        return self.port
-
-    def stop(self) -> None:
-        """Stop serving and shut the meter provider down. Idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if not self._stopped:
-            self._stopped = True
-            self.meter_provider.shutdown()

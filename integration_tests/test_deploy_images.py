@@ -231,7 +231,8 @@ def test_images_run_as_an_unprivileged_user_with_the_project_installed(images) -
 async def test_rollout_image_serves_with_a_token_and_keeps_tasks_across_a_restart(images) -> None:
     _, client, tags = images
     (port,) = free_ports(1)
-    env = {"POLAR_ROLLOUT_HOST": "127.0.0.1", "POLAR_ROLLOUT_PORT": str(port), "POLAR_ROLLOUT_AUTH_TOKEN": TOKEN}
+    env = {"POLAR_ROLLOUT_HOST": "127.0.0.1", "POLAR_ROLLOUT_PORT": str(port), "POLAR_ROLLOUT_AUTH_TOKEN": TOKEN,
+           "POLAR_ROLLOUT_METRICS_PORT": "-1"}  # fmt: skip
     container = _serve(client, tags["rollout"], env, port)
     target = f"127.0.0.1:{port}"
     task = load_task(REPO / "examples" / "tasks" / "paginate" / "task.yaml")
@@ -258,7 +259,7 @@ async def test_reconstructor_image_reconstructs(images) -> None:
     _, client, tags = images
     (port,) = free_ports(1)
     env = {"POLAR_RECONSTRUCTOR_HOST": "127.0.0.1", "POLAR_RECONSTRUCTOR_PORT": str(port),
-           "POLAR_RECONSTRUCTOR_AUTH_TOKEN": TOKEN}  # fmt: skip
+           "POLAR_RECONSTRUCTOR_AUTH_TOKEN": TOKEN, "POLAR_RECONSTRUCTOR_METRICS_PORT": "-1"}  # fmt: skip
     _serve(client, tags["reconstructor"], env, port)
     records = synthetic_session(random.Random(3), SyntheticSpec(turns=6), "s-image")
     request = rec_pb.ReconstructRequest(
@@ -284,12 +285,13 @@ async def test_reconstructor_image_reconstructs(images) -> None:
 
 async def test_proxy_image_answers_a_provider_call_and_records_it(images) -> None:
     _, client, tags = images
-    grpc_port, http_port = free_ports(2)
+    grpc_port, http_port, metrics_port = free_ports(3)
     env = {
         "POLAR_PROXY_HOST": "127.0.0.1", "POLAR_PROXY_PORT": str(grpc_port), "POLAR_PROXY_AUTH_TOKEN": TOKEN,
         "POLAR_PROXY_HTTP_HOST": "127.0.0.1", "POLAR_PROXY_HTTP_PORT": str(http_port),
         "POLAR_PROXY_MODEL": "tiny", "POLAR_PROXY_BACKEND": "scripted",
         "POLAR_PROXY_BACKEND_OPTIONS": json.dumps({"turns": [{"text": "Hello from the image."}]}),
+        "POLAR_PROXY_METRICS_HOST": "127.0.0.1", "POLAR_PROXY_METRICS_PORT": str(metrics_port),
     }  # fmt: skip
     _serve(client, tags["proxy"], env, grpc_port)
     async with open_channel(f"127.0.0.1:{grpc_port}", auth_token=TOKEN) as channel:
@@ -306,11 +308,14 @@ async def test_proxy_image_answers_a_provider_call_and_records_it(images) -> Non
                 headers={"authorization": "Bearer not-a-session"},
                 json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
             )
+            metrics = await http.get(f"http://127.0.0.1:{metrics_port}/metrics")
         listed = await stub.ListCompletions(proxy_pb.ListCompletionsRequest(session_id="s-image"))
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "Hello from the image."
     assert refused.status_code == 401
     assert refused.json()["error"]["type"]
+    assert metrics.status_code == 200
+    assert "polar_proxy_calls_total{" in metrics.text
     (record,) = listed.completions
     assert len(record.response_token_ids) == len(record.response_logprobs) > 0
     assert record.prompt_token_ids
@@ -319,7 +324,8 @@ async def test_proxy_image_answers_a_provider_call_and_records_it(images) -> Non
 async def test_evaluator_image_resolves_the_reference_fix(images) -> None:
     _, client, tags = images
     (port,) = free_ports(1)
-    env = {"POLAR_EVALUATOR_HOST": "127.0.0.1", "POLAR_EVALUATOR_PORT": str(port), "POLAR_EVALUATOR_AUTH_TOKEN": TOKEN}
+    env = {"POLAR_EVALUATOR_HOST": "127.0.0.1", "POLAR_EVALUATOR_PORT": str(port), "POLAR_EVALUATOR_AUTH_TOKEN": TOKEN,
+           "POLAR_EVALUATOR_METRICS_PORT": "-1"}  # fmt: skip
     container = _serve(client, tags["evaluator"], env, port, sandboxes=True)
     spec, fix = example_spec("paginate")
     options = struct_pb2.Struct()
@@ -374,14 +380,15 @@ async def test_the_five_images_run_a_task_together(images) -> None:
         "POLAR_PROXY_HTTP_HOST": "127.0.0.1", "POLAR_PROXY_HTTP_PORT": str(proxy_http),
         "POLAR_PROXY_MODEL": "tiny", "POLAR_PROXY_BACKEND": "scripted", "POLAR_PROXY_CONTEXT_LENGTH": "32768",
         "POLAR_PROXY_BACKEND_OPTIONS": json.dumps({"turns": [{"text": "I looked; nothing to change."}]}),
+        "POLAR_PROXY_METRICS_PORT": "-1",
     }, proxy)  # fmt: skip
     _serve(client, tags["reconstructor"], {
         "POLAR_RECONSTRUCTOR_HOST": "127.0.0.1", "POLAR_RECONSTRUCTOR_PORT": str(reconstructor),
-        "POLAR_RECONSTRUCTOR_AUTH_TOKEN": TOKEN,
+        "POLAR_RECONSTRUCTOR_AUTH_TOKEN": TOKEN, "POLAR_RECONSTRUCTOR_METRICS_PORT": "-1",
     }, reconstructor)  # fmt: skip
     _serve(client, tags["evaluator"], {
         "POLAR_EVALUATOR_HOST": "127.0.0.1", "POLAR_EVALUATOR_PORT": str(evaluator),
-        "POLAR_EVALUATOR_AUTH_TOKEN": TOKEN,
+        "POLAR_EVALUATOR_AUTH_TOKEN": TOKEN, "POLAR_EVALUATOR_METRICS_PORT": "-1",
     }, evaluator, sandboxes=True)  # fmt: skip
     _serve(client, tags["gateway"], {
         "POLAR_GATEWAY_HOST": "127.0.0.1", "POLAR_GATEWAY_PORT": str(gateway), "POLAR_GATEWAY_AUTH_TOKEN": TOKEN,
@@ -393,7 +400,7 @@ async def test_the_five_images_run_a_task_together(images) -> None:
     }, gateway, sandboxes=True)  # fmt: skip
     _serve(client, tags["rollout"], {
         "POLAR_ROLLOUT_HOST": "127.0.0.1", "POLAR_ROLLOUT_PORT": str(rollout), "POLAR_ROLLOUT_AUTH_TOKEN": TOKEN,
-        "POLAR_ROLLOUT_GATEWAY_ADDRESSES": json.dumps([f"127.0.0.1:{gateway}"]),
+        "POLAR_ROLLOUT_GATEWAY_ADDRESSES": json.dumps([f"127.0.0.1:{gateway}"]), "POLAR_ROLLOUT_METRICS_PORT": "-1",
     }, rollout)  # fmt: skip
     task = load_task(REPO / "examples" / "tasks" / "paginate" / "task.yaml")
     task.task_id, task.num_samples = "paginate-in-images", 2

@@ -15,17 +15,20 @@ import socket
 from typing import Any, Self
 
 import uvicorn
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.core import ChatRenderer, ProxyEngine, SessionRegistry, SessionStore, build_rules, create_parser
 from model_proxy.fleet import FleetMembership
 from model_proxy.http.app import ProxyHttp
+from model_proxy.metrics import GateView, ProxyMetrics
 from model_proxy.models import EngineConfig
 from model_proxy.policy import load_policy, make_backend
 from model_proxy.ports import Backend
 from model_proxy.settings import ProxySettings
 from model_proxy.weights import WeightManager
 from polar_core.errors import FailedPrecondition
+from polar_core.metrics import MetricsEndpoint, open_endpoint
 
 __all__ = ["ProxyApp", "engine_config", "resolve_context_length", "stop_token_ids"]
 
@@ -98,6 +101,8 @@ class ProxyApp:
         """
         self.settings = settings
         self.backend = backend
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self.metrics = ProxyMetrics(NoOpMeterProvider())
         store = SessionStore(settings.state_dir / "proxy", fsync=settings.fsync)
         self.registry = SessionRegistry(
             store,
@@ -114,6 +119,7 @@ class ProxyApp:
             config=engine_config(settings, backend, tokenizer),
             policy_version=settings.policy_version,
             tracer=tracer_provider.get_tracer("model_proxy") if tracer_provider is not None else None,
+            metrics=self.metrics,
         )
         self.weights = WeightManager(self.engine, backend)
         self.membership: FleetMembership | None = None  # set by model_proxy.server when rollout_address is set
@@ -129,6 +135,22 @@ class ProxyApp:
         self._main: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
         self.http_port = 0
+        self.metrics_port = -1
+
+    def _start_metrics(self) -> None:
+        """Serve ``/metrics`` per the settings and meter the engine on it (before the first call)."""
+        endpoint, provider = open_endpoint("polar-proxy", self.settings.metrics_host, self.settings.metrics_port)
+        if endpoint is None:
+            return
+        gate = self.engine.gate
+        view = GateView(
+            in_flight=lambda: gate.in_flight,
+            paused_calls=lambda: gate.held,
+            paused=lambda: gate.paused,
+            policy_version=lambda: self.engine.policy_version,
+        )
+        self._metrics_endpoint, self.metrics_port = endpoint, endpoint.port
+        self.metrics = self.engine.metrics = ProxyMetrics(provider, view)
 
     @classmethod
     async def open(
@@ -192,6 +214,7 @@ class ProxyApp:
                 recovery.torn_tails,
             )
         await self.backend.start()
+        self._start_metrics()
         sock = _listen(self.settings.http_host, self.settings.http_port)
         config = uvicorn.Config(
             self.http.app,
@@ -228,6 +251,9 @@ class ProxyApp:
                 await self._main
             await server.shutdown(sockets=[self._sock] if self._sock else None)
         await self.backend.close()
+        endpoint, self._metrics_endpoint = self._metrics_endpoint, None
+        if endpoint is not None:
+            endpoint.stop()
 
     async def stop(self) -> None:
         """The same as :meth:`close`, for callers that pair it with :meth:`start`."""

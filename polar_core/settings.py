@@ -86,6 +86,9 @@ class ServiceSettings(BaseSettings):
         max_message_bytes: Largest gRPC message this service's server and every channel it opens will
             receive or send (``POLAR_<SVC>_MAX_MESSAGE_BYTES``); generous by default (256 MiB) because a
             long session's completions and traces grow with its context.
+        metrics_port: Port of this service's Prometheus ``/metrics`` endpoint (``docs/observability.md``); 0
+            picks a free one, -1 (the default, except the gateway's 0) serves none.
+        metrics_host: Interface the metrics endpoint binds.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_", frozen=True, extra="forbid")
@@ -105,6 +108,8 @@ class ServiceSettings(BaseSettings):
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=4 * 1024 * 1024, le=2**31 - 1)
+    metrics_port: int = Field(default=-1, ge=-1, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     def tls(self) -> TlsFiles | None:
         """The mTLS files, or None when mTLS is off."""

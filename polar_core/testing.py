@@ -1,12 +1,17 @@
-"""Test helpers shared by the services' tests: a real git repository whose later commit holds the fix."""
+"""Test helpers shared by the services' tests: a real git repository whose later commit holds the fix, and a
+reader of the data points an in-memory OpenTelemetry metric reader collected."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BUGGY", "FIXED", "HistoryRepo", "git", "make_history_repo"]
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+__all__ = ["BUGGY", "FIXED", "HistoryRepo", "MetricPoints", "git", "make_history_repo"]
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    # FIX-FROM-THE-FUTURE\n    return a + b\n"
@@ -74,3 +79,33 @@ def make_history_repo(path: Path) -> HistoryRepo:
     head = git(path, "rev-parse", "HEAD").strip()
     fix_patch = git(path, "diff", "--binary", base, fix)
     return HistoryRepo(path, base, fix, head, fix_blob, fix_patch)
+
+
+class MetricPoints:
+    """An SDK meter provider over an in-memory reader, and look-ups of what it collected (unit tests)."""
+
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.provider = MeterProvider(metric_readers=[self.reader])
+
+    def points(self, name: str, **attributes: str) -> list[Any]:
+        """The data points of instrument ``name`` whose attributes include ``attributes`` (collected now)."""
+        data = self.reader.get_metrics_data()
+        found: list[Any] = []
+        for resource in data.resource_metrics if data is not None else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        for point in metric.data.data_points:
+                            labels = point.attributes or {}
+                            if all(labels.get(k) == v for k, v in attributes.items()):
+                                found.append(point)
+        return found
+
+    def value(self, name: str, **attributes: str) -> float:
+        """The summed value (counters, gauges) or summed ``sum`` (histograms) of the matching points."""
+        return float(sum(p.value if hasattr(p, "value") else p.sum for p in self.points(name, **attributes)))
+
+    def count(self, name: str, **attributes: str) -> int:
+        """The summed ``count`` of the matching histogram points."""
+        return sum(int(p.count) for p in self.points(name, **attributes))

@@ -101,6 +101,8 @@ class _Started:
     grpc_service: str
     shared_token: bool = False
     dashboard_url: str = ""
+    metrics: str = ""
+    """``host:port`` of the service's Prometheus endpoint; empty when off."""
 
 
 async def serve(options: ServeOptions) -> int:
@@ -128,6 +130,8 @@ async def serve(options: ServeOptions) -> int:
                 print(
                     f"{'dashboard':<14} {service.dashboard_url}  (log in with the trainer or admin token)", flush=True
                 )
+            if service.metrics:
+                print(f"{name:<14} metrics http://{service.metrics}/metrics", flush=True)
         if any(service.shared_token for service in started):
             print(f"control-plane token: {token}", flush=True)
         if options.check:
@@ -155,7 +159,14 @@ async def _start_one(
     settings.check_listen_security()  # before anything starts
     server, port = await spec.start(settings, create_tracer_provider(name))
     return _Started(
-        name, server, settings.host, port, spec.grpc_service, "auth_token" in wiring, _dashboard_url(server)
+        name,
+        server,
+        settings.host,
+        port,
+        spec.grpc_service,
+        "auth_token" in wiring,
+        _dashboard_url(server),
+        _metrics(server, settings),
     )
 
 
@@ -164,6 +175,16 @@ def _dashboard_url(server: grpc.aio.Server) -> str:
     app = getattr(getattr(server, "running", None), "app", None)
     board = getattr(app, "dashboard", None)
     return str(board.url) if board is not None else ""
+
+
+def _metrics(server: grpc.aio.Server, settings: ServiceSettings) -> str:
+    """``host:port`` of a started service's Prometheus endpoint (its ``metrics_*`` settings), or "" when off."""
+    app = getattr(getattr(server, "running", None), "app", None)
+    port = getattr(app, "metrics_port", -1)
+    if not isinstance(port, int) or port < 0:
+        return ""
+    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "::", "") else settings.metrics_host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], token: str) -> dict[str, object]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.metrics import MetricsEndpoint, open_endpoint
 from polar_core.roles import Role
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
+from reconstructor.metrics import ReconstructorMetrics
 from reconstructor.models import ServiceDefaults
 from reconstructor.ports import CompletionSource
 from reconstructor.proxy_source import ProxyCompletionSource
@@ -34,11 +36,22 @@ class ReconstructorApp:
     Attributes:
         defaults: What unspecified request fields become.
         completion_source: Reads the completions a ``ProxySource`` names.
+        metrics: Where reconstructions are counted.
+        metrics_port: Port of the Prometheus endpoint (-1 when off).
     """
 
-    def __init__(self, defaults: ServiceDefaults, completion_source: CompletionSource) -> None:
+    def __init__(
+        self,
+        defaults: ServiceDefaults,
+        completion_source: CompletionSource,
+        *,
+        metrics_endpoint: MetricsEndpoint | None = None,
+    ) -> None:
         self.defaults = defaults
         self.completion_source = completion_source
+        self._endpoint = metrics_endpoint
+        self.metrics = ReconstructorMetrics(metrics_endpoint.meter_provider if metrics_endpoint else None)
+        self.metrics_port = metrics_endpoint.port if metrics_endpoint is not None else -1
 
     @classmethod
     async def open(
@@ -63,7 +76,11 @@ class ReconstructorApp:
             tls=settings.tls(),
             max_message_bytes=settings.max_message_bytes,
         )
-        return cls(service_defaults(settings), source)
+        endpoint, _provider = open_endpoint("polar-reconstructor", settings.metrics_host, settings.metrics_port)
+        return cls(service_defaults(settings), source, metrics_endpoint=endpoint)
 
     async def close(self) -> None:
-        """Nothing to release: the proxy client opens a channel per request and closes it."""
+        """Stop the metrics endpoint (the proxy client opens a channel per request and closes it)."""
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.stop()

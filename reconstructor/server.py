@@ -28,7 +28,9 @@ async def start_server(
 ) -> RunningService[ReconstructorApp]:
     """Start the ReconstructorService on ``settings.host:settings.port`` (0 picks a port)."""
     app = await ReconstructorApp.open(settings, tracer_provider=tracer_provider, completion_source=completion_source)
-    servicer = ReconstructorServicer(app.defaults, app.completion_source, max_message_bytes=settings.max_message_bytes)
+    servicer = ReconstructorServicer(
+        app.defaults, app.completion_source, max_message_bytes=settings.max_message_bytes, metrics=app.metrics
+    )
     registration = ServiceRegistration(
         _SERVICE.full_name,
         lambda server: reconstructor_service_pb2_grpc.add_ReconstructorServiceServicer_to_server(servicer, server),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 
 import grpc
 from polar.reconstructor.v1 import reconstructor_service_pb2, reconstructor_service_pb2_grpc
@@ -13,7 +14,8 @@ from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, chunk_budget
 from polar_core.records import CompletionRecord
 from reconstructor.convert import options_from_proto, outcome_from_proto, response_chunks_to_proto, response_to_proto
 from reconstructor.core import reconstruct_session
-from reconstructor.models import ServiceDefaults
+from reconstructor.metrics import ReconstructorMetrics
+from reconstructor.models import ReconstructionResult, ServiceDefaults
 from reconstructor.ports import CompletionSource
 
 __all__ = ["ReconstructorServicer"]
@@ -26,6 +28,7 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
         defaults: What unspecified request fields become (``app.py`` builds them from the settings).
         completion_source: Reads completions named by a ``ProxySource``.
         max_message_bytes: The server's message limit; ``ReconstructStream`` answers in chunks well under it.
+        metrics: Where reconstructions are counted (a no-op by default).
     """
 
     def __init__(
@@ -34,7 +37,9 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
         completion_source: CompletionSource,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        metrics: ReconstructorMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or ReconstructorMetrics()
         self._defaults = defaults
         self._source = completion_source
         self._chunk_bytes = chunk_budget(max_message_bytes)
@@ -47,9 +52,7 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
         ],
     ) -> reconstructor_service_pb2.ReconstructResponse:
         """Reconstruct one session's traces; see the RPC's comment for status codes."""
-        records = await self._records(request)
-        options = options_from_proto(request, self._defaults)
-        return response_to_proto(reconstruct_session(records, options, outcome_from_proto(request)))
+        return response_to_proto(await self._reconstruct(request, lambda: self._records(request)))
 
     async def ReconstructStream(
         self,
@@ -78,9 +81,28 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
                 raise InvalidArgument("after the request, ReconstructStream takes only inline completion chunks")
         if request is None:
             raise InvalidArgument("ReconstructStream received no request")
-        result = reconstruct_session(records, options_from_proto(request, self._defaults), outcome_from_proto(request))
+        result = await self._reconstruct(request, _ready(records))
         for reply in response_chunks_to_proto(result, self._chunk_bytes):
             yield reply
+
+    async def _reconstruct(
+        self,
+        request: reconstructor_service_pb2.ReconstructRequest,
+        read: Callable[[], Awaitable[list[CompletionRecord]]],
+    ) -> ReconstructionResult:
+        """Read the completions, reconstruct them and count the outcome (timed from the read on)."""
+        started = time.perf_counter()
+        strategy = "unspecified"
+        try:
+            records = await read()
+            options = options_from_proto(request, self._defaults)
+            strategy = options.strategy.value
+            result = reconstruct_session(records, options, outcome_from_proto(request))
+        except Exception as exc:
+            self._metrics.failed(strategy, exc, time.perf_counter() - started)
+            raise
+        self._metrics.reconstructed(strategy, result.stats, time.perf_counter() - started)
+        return result
 
     async def _records(self, request: reconstructor_service_pb2.ReconstructRequest) -> list[CompletionRecord]:
         source = request.WhichOneof("source")
@@ -89,3 +111,12 @@ class ReconstructorServicer(reconstructor_service_pb2_grpc.ReconstructorServiceS
         if source == "proxy":
             return await self._source.list_completions(request.proxy.proxy_target, request.proxy.session_id)
         raise InvalidArgument("the request names no completions: set completions or proxy")
+
+
+def _ready(records: list[CompletionRecord]) -> Callable[[], Awaitable[list[CompletionRecord]]]:
+    """``records`` (already read from the stream) as the reader :meth:`ReconstructorServicer._reconstruct` takes."""
+
+    async def read() -> list[CompletionRecord]:
+        return records
+
+    return read

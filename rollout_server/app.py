@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from polar_core.metrics import MetricsEndpoint, open_endpoint
 from polar_core.roles import TOKEN_DIGEST_PREFIX, Role
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
+from rollout_server.metrics import RolloutMetrics
 from rollout_server.models import CoreConfig, DeliveryConfig, PolicyConfig, SchedulerConfig, StalePolicy
+from rollout_server.overview import OverviewLoop
 from rollout_server.policy import PolicyCoordinator
 from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.scheduler import Scheduler
@@ -56,6 +59,9 @@ class RolloutApp:
         closers: list[GatewayClient | CallbackSender | ProxyClient],
         policy: PolicyCoordinator | None = None,
         dashboard: Dashboard | None = None,
+        *,
+        metrics_endpoint: MetricsEndpoint | None = None,
+        overview_interval_s: float = 5.0,
     ) -> None:
         self.store = store
         self.core = core
@@ -65,6 +71,16 @@ class RolloutApp:
         self.dashboard = dashboard
         self._closers = closers
         self._loops: list[asyncio.Task[None]] = []
+        self.metrics_endpoint = metrics_endpoint
+        self.overview = OverviewLoop(store, core.current_policy, core.clock, interval_s=overview_interval_s)
+        """The latest counts by state, gateway load and policy version (the gauges' source); refreshed in the
+        background while the metrics endpoint is on, or on demand with ``overview.refresh()``."""
+        core.metrics.overview = lambda: self.overview.latest
+
+    @property
+    def metrics_port(self) -> int:
+        """Port of the Prometheus endpoint (-1 when off)."""
+        return self.metrics_endpoint.port if self.metrics_endpoint is not None else -1
 
     @classmethod
     async def open(
@@ -90,6 +106,8 @@ class RolloutApp:
 
             Dashboard.check_settings(settings)  # before anything opens
         store = store or await open_store(settings.store_url, settings.state_dir)
+        endpoint, meter_provider = open_endpoint("polar-rollout", settings.metrics_host, settings.metrics_port)
+        metrics = RolloutMetrics(meter_provider)
         token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(
             auth_token=token,
@@ -123,6 +141,7 @@ class RolloutApp:
             clock=clock,
             current_policy=current_policy,
             task_check=TaskCheck.from_settings(settings),
+            metrics=metrics,
         )
         scheduler = Scheduler(
             core,
@@ -144,6 +163,7 @@ class RolloutApp:
             ),
             clock=clock,
             wakeup=core.delivery_wakeup,
+            metrics=metrics,
         )
         proxies = proxy_client or GrpcProxyClient(
             auth_token=token,
@@ -156,9 +176,18 @@ class RolloutApp:
         policy = PolicyCoordinator(
             store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock
         )
-        if settings.dashboard_address:
-            dashboard = Dashboard.from_settings(settings, store)
-        return cls(store, core, scheduler, deliverer, [gateways, sender, proxies], policy, dashboard)
+        dashboard = Dashboard.from_settings(settings, store) if settings.dashboard_address else None
+        return cls(
+            store,
+            core,
+            scheduler,
+            deliverer,
+            [gateways, sender, proxies],
+            policy,
+            dashboard,
+            metrics_endpoint=endpoint,
+            overview_interval_s=settings.metrics_refresh_s,
+        )
 
     async def start(self) -> None:
         """Start the dashboard (if any), reconcile with gateways and the store, then start the loops."""
@@ -173,6 +202,8 @@ class RolloutApp:
             asyncio.create_task(self.scheduler.run_watchdog(), name="rollout-watchdog"),
             asyncio.create_task(self.deliverer.run(), name="rollout-delivery"),
         ]
+        if self.metrics_endpoint is not None:
+            self._loops.append(asyncio.create_task(self.overview.run(), name="rollout-overview"))
 
     async def close(self) -> None:
         """Stop the dashboard and the loops and release connections (idempotent)."""
@@ -190,3 +221,6 @@ class RolloutApp:
             await closer.close()
         if closers:
             await self.store.close()
+        endpoint, self.metrics_endpoint = self.metrics_endpoint, None
+        if endpoint is not None:
+            endpoint.stop()

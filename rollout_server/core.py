@@ -29,6 +29,7 @@ from polar_core.errors import (
 )
 from polar_core.records import TerminalStatus
 from rollout_server.errors import GatewaySessionUnknown, GatewayUnreachable, StaleAttempt
+from rollout_server.metrics import RolloutMetrics
 from rollout_server.models import (
     CoreConfig,
     DeliveryRecord,
@@ -100,8 +101,10 @@ class RolloutCore:
         clock: Callable[[], float] = time.time,
         current_policy: CurrentPolicyVersion | None = None,
         task_check: Callable[[bytes], None] | None = None,
+        metrics: RolloutMetrics | None = None,
     ) -> None:
         self._task_check = task_check
+        self.metrics = metrics or RolloutMetrics()
         self.store = store
         self.gateways = gateways
         self.config = config or CoreConfig()
@@ -377,6 +380,7 @@ class RolloutCore:
             if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
                 return False
             why = "a dependency was unreachable" if outage else "infra_error"
+            self.metrics.session_retried("dependency_unavailable" if outage else "infra_error")
             _log.info(
                 "session %s attempt %d: %s, retrying: %s",
                 session.session_id,
@@ -410,6 +414,7 @@ class RolloutCore:
             delivery.next_attempt_at = now
         if await self.store.record_result(result, (done, session.state, session.attempt), delivery) is None:
             return False
+        self.metrics.session_finished(result)
         self._notifier.notify(session.task_id)
         if delivery is not None:
             self.delivery_wakeup.set()
@@ -433,6 +438,7 @@ class RolloutCore:
         )
         if not await self.store.record_attempt(result, (again, session.state, session.attempt)):
             return False
+        self.metrics.session_retried("stale_policy")
         _log.info(
             "session %s attempt %d: policy lag %d is beyond the bound, sampling again",
             session.session_id,
@@ -520,6 +526,7 @@ class RolloutCore:
                 recorded = await self.store.record_result(result, (done, session.state, session.attempt), delivery)
                 if recorded is None:
                     continue
+                self.metrics.session_finished(result)
                 count += 1
                 if session.state.in_flight and session.gateway_id:
                     self._spawn(self._cancel_on_gateway(session, reason))

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from rollout_server.errors import DeliveryFailed
+from rollout_server.metrics import RolloutMetrics
 from rollout_server.models import DeliveryConfig, DeliveryRecord, DeliveryState
 from rollout_server.ports import CallbackSender
 from rollout_server.store import Store
@@ -36,7 +37,9 @@ class Deliverer:
         *,
         clock: Callable[[], float],
         wakeup: asyncio.Event,
+        metrics: RolloutMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or RolloutMetrics()
         self._store = store
         self._sender = sender
         self._config = config
@@ -66,6 +69,7 @@ class Deliverer:
             updated = dataclasses.replace(delivery, attempts=attempt)
             if result is None:
                 updated.state, updated.last_error = DeliveryState.DEAD, "result not found"
+                self._metrics.delivery_attempted("dead_lettered")
             else:
                 try:
                     await self._sender.deliver(delivery.target, result, attempt)
@@ -73,6 +77,7 @@ class Deliverer:
                     updated.last_error = exc.message
                     if not exc.retryable or attempt >= max_attempts:
                         updated.state = DeliveryState.DEAD
+                        self._metrics.delivery_attempted("dead_lettered")
                         _log.warning(
                             "dead-lettered result %s after %d attempts: %s",
                             delivery.idempotency_key,
@@ -81,8 +86,10 @@ class Deliverer:
                         )
                     else:
                         updated.next_attempt_at = self._now() + self.backoff(attempt)
+                        self._metrics.delivery_attempted("retry")
                 else:
                     updated.state, updated.last_error = DeliveryState.DELIVERED, ""
+                    self._metrics.delivery_attempted("delivered", self._now() - result.recorded_at)
             await self._store.update_delivery(updated, expected)
 
     async def run(self) -> None:

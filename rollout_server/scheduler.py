@@ -140,6 +140,7 @@ class Scheduler:
         except GatewayBusy as exc:
             delay = exc.retry_after_s if exc.retry_after_s is not None else self.config.busy_backoff_s
             self.busy_until[gateway.gateway_id] = self.core.clock() + delay
+            self.core.metrics.session_retried("gateway_busy")
             await self._unassign(session)
         except GatewayRejected as exc:
             if exc.draining:
@@ -147,6 +148,7 @@ class Scheduler:
                 # installed): the session waits for another gateway, or this one, without using an attempt.
                 _log.warning("gateway %s refused session %s: %s", gateway.gateway_id, session.session_id, exc.message)
                 self.busy_until[gateway.gateway_id] = self.core.clock() + self.core.config.heartbeat_interval_s
+                self.core.metrics.session_retried("gateway_refused")
                 await self._unassign(session)
             else:
                 await self._attempt_failed(session, f"gateway {gateway.gateway_id} rejected the session: {exc.message}")
@@ -156,6 +158,8 @@ class Scheduler:
             with contextlib.suppress(GatewayUnreachable, GatewaySessionUnknown):
                 await self.core.gateways.cancel_session(gateway.address, session.session_id, "start timed out")
         else:
+            # Dispatchable since submission, or since its retry backoff ended.
+            self.core.metrics.dispatched(self.core.clock() - max(task.submitted_at, session.not_before))
             return True
         finally:
             if token is not None:

@@ -62,6 +62,8 @@ class RolloutSettings(ServiceSettings):
             sessions to their trace there.
         dashboard_proxy_metrics_urls: Prometheus endpoints of the model proxies (``http://proxy:9464/metrics``)
             the dashboard reads call latency and tokens/s from, while someone watches it.
+        metrics_refresh_s: Seconds between the counts behind the metrics endpoint's gauges (tasks, sessions and
+            deliveries by state, gateways, policy version); each refresh is a few ``GROUP BY`` queries.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_ROLLOUT_", frozen=True, extra="forbid")
@@ -100,3 +102,4 @@ class RolloutSettings(ServiceSettings):
     dashboard_key: str = ""
     dashboard_jaeger_url: str = ""
     dashboard_proxy_metrics_urls: list[str] = Field(default_factory=list)
+    metrics_refresh_s: float = Field(default=5.0, gt=0)

@@ -19,6 +19,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import NoOpMeterProvider
 
 from model_proxy.core.events import CallResult, OutputEvent
 from model_proxy.core.gate import GenerationGate
@@ -27,6 +28,7 @@ from model_proxy.core.parsing import IncrementalDecoder, OutputParser, StopTrimm
 from model_proxy.core.render import ChatRenderer, RenderedPrompt
 from model_proxy.core.sessions import Session, SessionRegistry
 from model_proxy.errors import BackendTimeout, ContextLengthExceeded, GenerationAborted
+from model_proxy.metrics import CallMeasurement, ProxyMetrics
 from model_proxy.models import EngineConfig, GenerationChunk, GenerationRequest, InternalRequest, SamplingParams
 from model_proxy.ports import Backend
 from polar_core.errors import Internal, PolarError
@@ -52,6 +54,7 @@ class ProxyEngine:
         config: EngineConfig,
         policy_version: str,
         tracer: trace.Tracer | None = None,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -63,6 +66,7 @@ class ProxyEngine:
         self.gate = GenerationGate()
         self.policy_version = policy_version
         self.tracer = tracer or trace.get_tracer("model_proxy")
+        self.metrics = metrics or ProxyMetrics(NoOpMeterProvider())
         self._background: set[asyncio.Task[Any]] = set()
 
     def prepare(
@@ -145,15 +149,15 @@ class ProxyEngine:
             PolarError: Backend errors (unavailable, overloaded, timeout) before the first chunk.
         """
         started_at = time.time()
+        arrived = time.perf_counter()
         call_id = "call_" + secrets.token_hex(12)
-        rendered, fired = await self.prepare_async(session, request, call_id, offload=offload)
+        try:
+            rendered, fired = await self.prepare_async(session, request, call_id, offload=offload)
+            sampling = self._sampling(request, len(rendered.token_ids))
+        except Exception as exc:
+            self.metrics.call_failed(request.protocol, exc, duration_s=time.perf_counter() - arrived)
+            raise
         n_prompt = len(rendered.token_ids)
-        limit = self.config.context_length
-        if n_prompt >= limit:
-            raise ContextLengthExceeded(n_prompt, limit)
-        room = limit - n_prompt
-        wanted = request.sampling.max_tokens or self.config.default_max_tokens or room
-        sampling = dataclasses.replace(request.sampling, max_tokens=min(wanted, room))
         span = self.tracer.start_span(
             f"chat {request.model}",
             context=trace_context,
@@ -172,15 +176,31 @@ class ProxyEngine:
             },
         )
         call = Call(self, session, request, rendered, fired, sampling, call_id, started_at, span)
+        call.arrived = arrived
         SessionRegistry.call_started(session)
         try:
             await call.start()
         except BaseException as exc:
+            if isinstance(exc, Exception):
+                self.metrics.call_failed(request.protocol, exc, duration_s=time.perf_counter() - arrived)
             call.cleanup()
             span.record_exception(exc)
             span.end()
             raise
         return call
+
+    def _sampling(self, request: InternalRequest, n_prompt: int) -> SamplingParams:
+        """The request's sampling with ``max_tokens`` fitted to the room the prompt leaves in the context.
+
+        Raises:
+            ContextLengthExceeded: The prompt leaves no room.
+        """
+        limit = self.config.context_length
+        if n_prompt >= limit:
+            raise ContextLengthExceeded(n_prompt, limit)
+        room = limit - n_prompt
+        wanted = request.sampling.max_tokens or self.config.default_max_tokens or room
+        return dataclasses.replace(request.sampling, max_tokens=min(wanted, room))
 
     def keep(self, task: asyncio.Task[Any]) -> None:
         """Hold a reference to a background task until it ends."""
@@ -223,6 +243,10 @@ class Call:
         self._cleaned = False
         self._committed = False
         self._cut = False
+        self.arrived = time.perf_counter()
+        self._sent = self._first_at = self._ended = 0.0
+        self._write_s: float | None = None
+        self._outcome: tuple[str, BaseException | None] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -241,8 +265,10 @@ class Call:
             affinity_key=self.session.session_id,
             stream=self.request.stream,
         )
+        self._sent = time.perf_counter()
         self._pump = asyncio.create_task(self._run_backend(gen))
         first = await self._queue.get()
+        self._first_at = time.perf_counter()
         if isinstance(first, BaseException):
             raise first
         if first is None:
@@ -260,14 +286,17 @@ class Call:
         except asyncio.CancelledError:
             self._queue.put_nowait(_ABORT)
         except TimeoutError:
-            self._queue.put_nowait(
-                BackendTimeout(f"the backend did not finish within {self.engine.config.backend_timeout_s:g} s")
-            )
+            timeout = BackendTimeout(f"the backend did not finish within {self.engine.config.backend_timeout_s:g} s")
+            self.engine.metrics.backend_error(self.engine.backend.name, timeout)
+            self._queue.put_nowait(timeout)
         except PolarError as exc:
+            self.engine.metrics.backend_error(self.engine.backend.name, exc)
             self._queue.put_nowait(exc)
         except Exception as exc:
             _log.exception("backend %s failed", self.engine.backend.name)
-            self._queue.put_nowait(Internal(f"backend failure: {type(exc).__name__}"))
+            failure = Internal(f"backend failure: {type(exc).__name__}")
+            self.engine.metrics.backend_error(self.engine.backend.name, failure)
+            self._queue.put_nowait(failure)
 
     @property
     def was_cut(self) -> bool:
@@ -321,11 +350,17 @@ class Call:
             if parsed.tool_calls and finish == "stop":
                 finish = "tool_calls"
             result = await self._commit(ids, logprobs, finish, parsed, trimmer.matched)
+            self._outcome = ("aborted" if finish == "abort" else "ok", None)
             if self._cut and finish == "abort":
                 raise GenerationAborted("generation was cut by a policy update; retry the request")
             yield result
+        except Exception as exc:
+            if self._outcome is None:
+                self._outcome = ("error", exc)
+            raise
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away: what was sampled is still recorded, as an aborted call.
+            self._outcome = self._outcome or ("aborted", None)
             if not self._committed:
                 self.abort()
                 parsed = stream.result()
@@ -335,7 +370,40 @@ class Call:
         finally:
             if self._pump is not None and not self._pump.done():
                 self._pump.cancel()
+            self._measure(len(ids))
             self.cleanup()
+
+    def _measure(self, output_tokens: int) -> None:
+        """Record the call's outcome, latency and tokens once, however it ended.
+
+        The recording (a few microseconds per instrument in the OpenTelemetry SDK) is deferred to the event
+        loop's next turn, so the answer is on its way before it runs; with metrics off nothing is done.
+        """
+        metrics = self.engine.metrics
+        if not metrics.enabled:
+            return
+        status, error = self._outcome or ("aborted", None)
+        now = time.perf_counter()
+        if error is not None:
+            metrics.call_failed(self.request.protocol, error, duration_s=now - self.arrived)
+            return
+        end = self._ended or now
+        measured = CallMeasurement(
+            protocol=self.request.protocol,
+            status=status,
+            duration_s=now - self.arrived,
+            ttft_s=self._first_at - self.arrived,
+            prompt_tokens=len(self.rendered.token_ids),
+            output_tokens=output_tokens,
+            backend_s=end - self._sent,
+            decode_s=end - self._first_at,
+            record_write_s=self._write_s,
+            backend=self.engine.backend.name,
+        )
+        try:
+            asyncio.get_running_loop().call_soon(metrics.call_finished, measured)
+        except RuntimeError:  # finalised outside the event loop (interpreter shutdown): record it now
+            metrics.call_finished(measured)
 
     async def collect(self) -> CallResult:
         """Run the call to the end and return its result."""
@@ -353,6 +421,7 @@ class Call:
         stop_sequence: str | None,
     ) -> CallResult:
         self._committed = True
+        self._ended = time.perf_counter()  # the backend's last chunk is in: decoding ended, recording begins
         if len(logprobs) != len(ids):
             raise Internal(f"backend returned {len(ids)} token IDs but {len(logprobs)} logprobs")
         record = self._record(ids, logprobs, finish, parsed, stop_sequence)
@@ -362,6 +431,7 @@ class Call:
         )
         self.engine.keep(task)
         await asyncio.shield(task)
+        self._write_s = time.perf_counter() - self._ended
         self.span.set_attribute("gen_ai.usage.output_tokens", len(ids))
         self.span.set_attribute("gen_ai.response.finish_reasons", [finish])
         return CallResult(
@@ -423,6 +493,7 @@ class Call:
         """
         if not self._cleaned:
             self.abort()
+            self._measure(0)
             self.cleanup()
 
     def cleanup(self) -> None:

@@ -32,6 +32,11 @@ class GenerationGate:
         return not self._open.is_set()
 
     @property
+    def held(self) -> int:
+        """Number of calls waiting at the gate for a pause to end."""
+        return self._held
+
+    @property
     def in_flight(self) -> int:
         """Number of calls between :meth:`enter` and :meth:`leave`."""
         return len(self._in_flight)

@@ -256,11 +256,19 @@ class ProxyHttp:
     async def _call(
         self, request: Request, adapter: ProtocolAdapter, path_model: str | None, path_stream: bool
     ) -> Response:
-        session = self._session(request)
-        release = self._admit(session)
+        try:
+            session = self._session(request)
+            release = self._admit(session)
+        except Exception as exc:
+            self.engine.metrics.call_failed(adapter.protocol, exc)  # refused: nothing reached the engine
+            raise
         streaming = False
         try:
-            parsed, large = await self._parse(request, adapter, path_model, path_stream)
+            try:
+                parsed, large = await self._parse(request, adapter, path_model, path_stream)
+            except Exception as exc:
+                self.engine.metrics.call_failed(adapter.protocol, exc)
+                raise
             parent = _trace_context(session, request)
             call = await self.engine.start_call(session, parsed.internal, trace_context=parent, offload=large)
             if adapter is self.google and path_stream and request.query_params.get("alt") != "sse":

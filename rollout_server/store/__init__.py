@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from polar_core.errors import InvalidArgument
-from rollout_server.store.base import SessionChange, Store
+from rollout_server.store.base import SessionChange, StateCounts, Store
 from rollout_server.store.sql import SqlStore
 
-__all__ = ["SessionChange", "SqlStore", "Store", "open_store"]
+__all__ = ["SessionChange", "SqlStore", "StateCounts", "Store", "open_store"]
 
 
 async def open_store(url: str, state_dir: Path) -> SqlStore:

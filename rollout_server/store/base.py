@@ -7,6 +7,7 @@ never both act on one session, and a caller that loses the race simply re-reads.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -25,10 +26,20 @@ from rollout_server.models import (
     UpdateOutcome,
 )
 
-__all__ = ["SessionChange", "Store"]
+__all__ = ["SessionChange", "StateCounts", "Store"]
 
 # (new session row, expected current state, expected current attempt)
 SessionChange = tuple[SessionRecord, SessionState, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StateCounts:
+    """How many rows of each kind are in each state (states with none are absent)."""
+
+    tasks: dict[TaskState, int]
+    sessions: dict[SessionState, int]
+    deliveries: dict[DeliveryState, int]
+    in_flight_by_gateway: dict[str, int]
 
 
 class Store(Protocol):
@@ -52,6 +63,9 @@ class Store(Protocol):
 
     async def active_tasks(self) -> list[TaskRecord]:
         """Return the tasks that are pending or running."""
+
+    async def state_counts(self) -> StateCounts:
+        """Count tasks, sessions and deliveries by state, and in-flight sessions by gateway (metrics, overview)."""
 
     async def set_task_state(
         self, task_id: str, expected: TaskState, new: TaskState, *, finished_at: float | None, error_message: str

@@ -19,13 +19,14 @@ from rollout_server.models import (
     ProxyRecord,
     ResultRecord,
     SessionRecord,
+    SessionState,
     TaskRecord,
     TaskState,
     UpdateOutcome,
     check_session_transition,
     check_task_transition,
 )
-from rollout_server.store.base import SessionChange
+from rollout_server.store.base import SessionChange, StateCounts
 from rollout_server.store.rows import (
     DELIVERY_COLS,
     GATEWAY_COLS,
@@ -324,6 +325,22 @@ class SqlStore:
         async with self._db.connection() as conn:
             rows = await conn.fetch(f"{TASK_SELECT} WHERE state IN ('pending', 'running') ORDER BY seq")
         return [task_from(r) for r in rows]
+
+    async def state_counts(self) -> StateCounts:
+        """Count rows by state with one ``GROUP BY`` per table (no row is read)."""
+        async with self._db.connection() as conn:
+            tasks = await conn.fetch("SELECT state, COUNT(*) FROM tasks GROUP BY state")
+            sessions = await conn.fetch("SELECT state, COUNT(*) FROM sessions GROUP BY state")
+            deliveries = await conn.fetch("SELECT state, COUNT(*) FROM deliveries GROUP BY state")
+            gateways = await conn.fetch(
+                "SELECT gateway_id, COUNT(*) FROM sessions WHERE state IN ('starting', 'running') GROUP BY gateway_id"
+            )
+        return StateCounts(
+            tasks={TaskState(r[0]): int(r[1]) for r in tasks},
+            sessions={SessionState(r[0]): int(r[1]) for r in sessions},
+            deliveries={DeliveryState(r[0]): int(r[1]) for r in deliveries},
+            in_flight_by_gateway={str(r[0]): int(r[1]) for r in gateways},
+        )
 
     async def set_task_state(
         self, task_id: str, expected: TaskState, new: TaskState, *, finished_at: float | None, error_message: str
