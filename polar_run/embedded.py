@@ -172,6 +172,9 @@ def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
         default_max_tokens=options.default_max_tokens,
         context_length=options.context_length,
         fsync=options.fsync,
+        # The dashboard reads call latency and tokens/s from here; without one, nothing is measured.
+        metrics_host=_HOST,
+        metrics_port=0 if options.dashboard else -1,
     )
 
 
@@ -199,16 +202,21 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
     )
 
 
-def _rollout_settings(options: StackOptions, state: Path, token: str, gateway_port: int, dashboard_key: str) -> Any:
+def _rollout_settings(
+    options: StackOptions, state: Path, token: str, ports: Mapping[str, int], dashboard_key: str
+) -> Any:
     from rollout_server.settings import RolloutSettings
 
     return RolloutSettings(
         dashboard_address=f"{_HOST}:0" if options.dashboard else "",
         dashboard_key=dashboard_key,
+        dashboard_proxy_metrics_urls=(
+            [f"http://{_HOST}:{ports['proxy_metrics']}/metrics"] if ports.get("proxy_metrics", -1) >= 0 else []
+        ),
         host=_HOST,
         state_dir=state / "rollout",
         auth_token=token,
-        gateway_addresses=[f"{_HOST}:{gateway_port}"],
+        gateway_addresses=[f"{_HOST}:{ports['gateway']}"],
         max_attempts=options.max_attempts,
         session_grace_s=options.session_grace_s,
         dispatch_interval_s=0.2,
@@ -262,6 +270,7 @@ class EmbeddedStack:
                 _proxy_settings(options, state, token), tracer_provider=create_tracer_provider("proxy")
             )
             ports["proxy"] = stopping(proxy)
+            ports["proxy_metrics"] = proxy.app.metrics_port
             recon = await start_reconstructor(
                 ReconstructorSettings(
                     host=_HOST,
@@ -288,7 +297,7 @@ class EmbeddedStack:
             ports["gateway"] = stopping(gateway)
             dashboard_key = secrets.token_urlsafe(18) if options.dashboard else ""
             rollout = await start_rollout(
-                _rollout_settings(options, state, token, ports["gateway"], dashboard_key),
+                _rollout_settings(options, state, token, ports, dashboard_key),
                 tracer_provider=create_tracer_provider("rollout"),
             )
             stopping(rollout)

@@ -47,6 +47,8 @@ async function seen(page) {
       connection: document.getElementById("connection").textContent,
       warning: document.getElementById("warning").hidden ? "" : document.getElementById("warning").textContent,
       proxy_note: document.getElementById("proxy-note").textContent,
+      latency: document.getElementById("latency").textContent,
+      tokens: document.getElementById("tokens").textContent,
     };
   });
 }
