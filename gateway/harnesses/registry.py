@@ -7,9 +7,11 @@ from typing import Any
 
 from gateway.harnesses.base import COMMON_OPTIONS, HarnessAdapter, check_options
 from gateway.harnesses.claude_code import ClaudeCodeAdapter
+from gateway.harnesses.cline import ClineAdapter
 from gateway.harnesses.codex import CodexAdapter
 from gateway.harnesses.command import CommandAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
+from gateway.harnesses.opencode import OpencodeAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
@@ -24,6 +26,8 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "qwen-code": QwenCodeAdapter,
         "pi": PiAdapter,
         "gemini-cli": GeminiCliAdapter,
+        "opencode": OpencodeAdapter,
+        "cline": ClineAdapter,
         "command": CommandAdapter,
     }
 
