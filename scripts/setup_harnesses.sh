@@ -45,7 +45,7 @@ fi
 
 mkdir -p "$dest"
 cp "$src/package.json" "$src/package-lock.json" "$dest/"
-log "installing pinned harness CLIs into $dest (about 1.3 GB, ~40 s)"
+log "installing pinned harness CLIs into $dest (about 2 GB, 1-5 min)"
 start=$(date +%s)
 # Claude Code and Qwen Code declare node>=22 but run on node 20; --engine-strict stays off on purpose.
 # `npm ci` rejects this lock file (optional per-platform packages it never recorded), so use `npm install`,
