@@ -344,7 +344,7 @@ async def test_cli_submit_and_status(stack: Stack, tmp_path: Path) -> None:
     task_file = tmp_path / "TASK.yaml"
     task_file.write_text(
         "task_id: cli-task\ninstruction: say hi\nnum_samples: 2\ntimeout_seconds: 30\n"
-        "harness: {name: claude_code}\nruntime: {kind: local}\nbuilder: {strategy: prefix-merge}\n"
+        "harness: {name: claude-code}\nruntime: {kind: local}\nbuilder: {strategy: prefix-merge}\n"
         "evaluator: {strategy: none}\nmetadata: {dataset: demo}\n"
     )
     cmd = [sys.executable, "-c", "import sys; from polar_run.cli import main; main(sys.argv[1:])"]

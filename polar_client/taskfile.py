@@ -10,6 +10,7 @@ import yaml
 from google.protobuf import json_format, struct_pb2
 from polar.common.v1 import reconstruction_pb2, task_pb2
 
+from gateway.harnesses.registry import check_harness
 from polar_client.formats import select_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.git_trees import TreeCache, check_revision, is_git_repository
@@ -82,8 +83,11 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
     ``stale_policy`` (``keep`` or ``resample``) bound staleness (unset: the rollout server's defaults).
     ``evaluator.base_commit`` (or ``metadata.base_commit``) must be a hex sha or a plain ref name.
 
+    ``harness`` options are checked against the adapter's option names
+    (:func:`gateway.harnesses.registry.check_harness`).
+
     Raises:
-        InvalidArgument: Unknown keys or malformed values.
+        InvalidArgument: Unknown keys (a harness option's field is named ``harness.<key>``) or malformed values.
     """
     known = {*_SCALARS, "harness", "runtime", "backend", "builder", "evaluator", "metadata", "callback"}
     known |= {"max_policy_lag", "stale_policy"}
@@ -98,6 +102,7 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
                 setattr(task, key, type(getattr(task, key))(data[key]))
         if "harness" in data:
             name, options = _named(data["harness"], "name")
+            check_harness(name, options)  # an option the adapter does not know fails here, with the field named
             task.harness.CopyFrom(task_pb2.HarnessSpec(name=name, options=_struct(options)))
         if "runtime" in data:
             kind, options = _named(data["runtime"], "kind")

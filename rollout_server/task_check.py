@@ -5,6 +5,8 @@
 runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance
 the ``swebench`` strategy could not grade (:func:`polar_client.formats.swebench.check_grading`: a missing field,
 an unknown log parser).
+So is an unknown harness name or an option key its adapter does not know
+(:func:`gateway.harnesses.registry.check_harness`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from polar.common.v1 import task_pb2
 
+from gateway.harnesses.registry import check_harness
 from polar_client.formats.swebench import check_grading
 from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
@@ -30,16 +33,20 @@ _KINDS = {
 }
 
 
+def _decode(spec: bytes) -> task_pb2.Task:
+    try:
+        return task_pb2.Task.FromString(spec)
+    except DecodeError:
+        raise InvalidArgument("the task is not a polar.common.v1.Task") from None
+
+
 def task_mapping(spec: bytes) -> dict[str, Any]:
     """The parts of a serialised ``Task`` the policy reads, in the task file's shape.
 
     Raises:
         InvalidArgument: The bytes are not a ``Task``.
     """
-    try:
-        task = task_pb2.Task.FromString(spec)
-    except DecodeError:
-        raise InvalidArgument("the task is not a polar.common.v1.Task") from None
+    task = _decode(spec)
     runtime: dict[str, Any] = struct_to_dict(task.runtime.options)
     if task.runtime.kind in _KINDS:
         runtime["kind"] = _KINDS[task.runtime.kind]
@@ -80,9 +87,13 @@ class TaskCheck:
         """Check one serialised task.
 
         Raises:
-            InvalidArgument: The task breaks the policy (the message names the field).
+            InvalidArgument: The task breaks the policy, or names a harness or harness option no adapter knows
+                (the message and ``details["field"]`` name the field).
         """
         mapping = task_mapping(spec)
         self._admission.check(mapping)
         if mapping["evaluator"]["strategy"] == "swebench":  # an instance the evaluator could not grade
             check_grading(mapping["evaluator"].get("instance"))
+        harness = _decode(spec).harness
+        if harness.name or harness.options:
+            check_harness(harness.name, struct_to_dict(harness.options))

@@ -17,6 +17,26 @@ fi
 src=gateway/harnesses/npm
 dest=.harnesses
 stamp="$dest/.polar-stamp-$(sha256sum "$src/package.json" "$src/package-lock.json" | sha256sum | cut -c1-16)"
+# opencode and cline ship their executable in per-platform optional packages (installed from the lock like any
+# package) and pick it in a postinstall script that npm does not run. Do what those scripts do, locally only:
+# opencode's bin/opencode.exe is a stub until the binary is linked there (the AVX2-less "baseline" build when the
+# CPU lacks AVX2); cline's wrapper finds bin/.cline first (it would otherwise search node_modules at every start).
+link_platform_binaries() {
+  local arch variant oc
+  arch=$(node -p 'process.arch')
+  variant=""
+  [ "$arch" = x64 ] && ! grep -qw avx2 /proc/cpuinfo && variant="-baseline"
+  oc="$dest/node_modules/opencode-linux-$arch$variant/bin/opencode"
+  if [ -x "$oc" ]; then
+    ln -f "$oc" "$dest/node_modules/opencode-ai/bin/opencode.exe"
+  else
+    log "warning: $oc missing; opencode will not run"
+  fi
+  if [ -x "$dest/node_modules/@cline/cli-linux-$arch/bin/cline" ]; then
+    ln -f "$dest/node_modules/@cline/cli-linux-$arch/bin/cline" "$dest/node_modules/cline/bin/.cline"
+  fi
+}
+
 install_npm() {
 if [ -f "$stamp" ] && [ -x "$dest/node_modules/.bin/claude" ]; then
   log "harness CLIs up to date ($dest/node_modules)"
@@ -25,7 +45,7 @@ fi
 
 mkdir -p "$dest"
 cp "$src/package.json" "$src/package-lock.json" "$dest/"
-log "installing pinned harness CLIs into $dest (about 1.3 GB, ~40 s)"
+log "installing pinned harness CLIs into $dest (about 2 GB, 1-5 min)"
 start=$(date +%s)
 # Claude Code and Qwen Code declare node>=22 but run on node 20; --engine-strict stays off on purpose.
 # `npm ci` rejects this lock file (optional per-platform packages it never recorded), so use `npm install`,
@@ -34,9 +54,10 @@ npm install --prefix "$dest" --no-save --no-audit --no-fund --loglevel=error >/d
 # Qwen Code ships ripgrep without the executable bit (its postinstall would set it); without it, it falls back
 # to a slower built-in grep and prints a warning on every run.
 find "$dest/node_modules/@qwen-code" -path '*/vendor/ripgrep/*' -name rg -type f -exec chmod +x {} + 2>/dev/null || true
+link_platform_binaries
 rm -f "$dest"/.polar-stamp-*
 touch "$stamp"
-for bin in claude codex qwen pi gemini; do
+for bin in claude codex qwen pi gemini opencode cline; do
   log "$bin $("$dest/node_modules/.bin/$bin" --version 2>&1 | head -1)"
 done
 log "done in $(( $(date +%s) - start )) s"

@@ -67,6 +67,7 @@ class AiderAdapter:
     """
 
     name = "aider"
+    option_names = frozenset(_OPTIONS)
     artifacts = "the chat, input and raw LLM histories under $HOME/.aider."
 
     def _options(self, ctx: HarnessContext) -> tuple[str, int, int]:
@@ -89,7 +90,7 @@ class AiderAdapter:
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         edit_format, map_tokens, context_window = self._options(ctx)
         model = f"openai/{ctx.model}"
         metadata = {

@@ -102,6 +102,14 @@ class HarnessAdapter(Protocol):
         ...
 
     @property
+    def option_names(self) -> frozenset[str]:
+        """The adapter's own option keys (besides :data:`COMMON_OPTIONS`), known without a session.
+
+        :func:`gateway.harnesses.registry.check_harness` refuses any other key at submission.
+        """
+        ...
+
+    @property
     def artifacts(self) -> str:
         """A sentence describing what the harness leaves behind besides the workspace patch."""
         ...
@@ -125,8 +133,9 @@ def check_options(harness: str, options: Mapping[str, Any], allowed: Iterable[st
     unknown = sorted(set(options) - known)
     if unknown:
         raise InvalidArgument(
-            f"unknown option(s) for harness {harness!r}: {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-            details={"harness": harness},
+            f"harness.{unknown[0]}: unknown option(s) for harness {harness!r}: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}",
+            details={"harness": harness, "field": f"harness.{unknown[0]}"},
         )
 
 

@@ -32,11 +32,12 @@ class ClaudeCodeAdapter:
     """
 
     name = "claude-code"
+    option_names = frozenset(_OPTIONS)
     artifacts = "session transcripts under $HOME/.claude/projects (JSONL)."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         tools = string_list(self.name, "allowed_tools", ctx.option("allowed_tools", list(_DEFAULT_TOOLS)))
         output_format = str(ctx.option("output_format", "text"))
         config_dir = ctx.home / ".claude"

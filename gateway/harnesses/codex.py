@@ -39,11 +39,12 @@ class CodexAdapter:
     """
 
     name = "codex"
+    option_names = frozenset(_OPTIONS)
     artifacts = "rollout transcripts under $CODEX_HOME/sessions (JSONL) and $CODEX_HOME/log."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         sandbox = str(ctx.option("sandbox", "bypass"))
         if sandbox not in _SANDBOXES:
             raise InvalidArgument(f"codex option sandbox must be one of {', '.join(_SANDBOXES)}")

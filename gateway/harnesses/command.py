@@ -35,11 +35,12 @@ class CommandAdapter:
     """
 
     name = "command"
+    option_names = frozenset(_OPTIONS)
     artifacts = "whatever options.log_paths names."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         template = string_list(self.name, "argv", ctx.option("argv"))
         if not template:
             raise InvalidArgument("the command harness needs a non-empty option 'argv'", details={"harness": self.name})

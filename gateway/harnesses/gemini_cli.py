@@ -28,11 +28,12 @@ class GeminiCliAdapter:
     """
 
     name = "gemini-cli"
+    option_names = frozenset(_OPTIONS)
     artifacts = "chat checkpoints and logs under $HOME/.gemini/tmp."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         settings = {
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},

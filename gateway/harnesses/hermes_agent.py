@@ -40,6 +40,7 @@ class HermesAgentAdapter:
     """
 
     name = "hermes-agent"
+    option_names = frozenset(_OPTIONS)
     artifacts = "the session database, logs and trajectories under $HOME/.hermes."
 
     def _config(self, ctx: HarnessContext) -> dict[str, object]:
@@ -66,7 +67,7 @@ class HermesAgentAdapter:
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         toolsets = string_list(self.name, "toolsets", ctx.option("toolsets"))
         hermes_home = ctx.home / ".hermes"
         env = base_environment(ctx, self.name)

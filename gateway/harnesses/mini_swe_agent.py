@@ -67,6 +67,7 @@ class MiniSweAgentAdapter:
     """
 
     name = "mini-swe-agent"
+    option_names = frozenset(_OPTIONS)
     artifacts = "the trajectory (every message, JSON) at $HOME/.config/mini-swe-agent/trajectory.traj.json."
 
     def _config(self, ctx: HarnessContext) -> dict[str, Any]:
@@ -94,7 +95,7 @@ class MiniSweAgentAdapter:
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         base_config = ctx.option("config", "mini.yaml")
         if not isinstance(base_config, str) or not base_config:
             raise InvalidArgument(

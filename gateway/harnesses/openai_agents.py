@@ -60,11 +60,12 @@ class OpenAIAgentsAdapter:
     """
 
     name = "openai-agents"
+    option_names = frozenset(_OPTIONS)
     artifacts = "the run's items (the SDK's input list, JSON) at $HOME/.polar-openai-agents/transcript.json."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         api = ctx.option("api", "responses")
         if api not in OPENAI_AGENTS_APIS:
             raise InvalidArgument(

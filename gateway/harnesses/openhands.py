@@ -51,6 +51,7 @@ class OpenHandsAdapter:
     """
 
     name = "openhands"
+    option_names = frozenset(_OPTIONS)
     artifacts = "the conversation's events (JSON) under $HOME/.openhands/conversations."
 
     def _config(self, ctx: HarnessContext) -> dict[str, object]:
@@ -76,7 +77,7 @@ class OpenHandsAdapter:
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         config = self._config(ctx)
         env = base_environment(ctx, self.name)
         env.update(

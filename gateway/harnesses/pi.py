@@ -35,6 +35,7 @@ class PiAdapter:
     """
 
     name = "pi"
+    option_names = frozenset(_OPTIONS)
     artifacts = "session transcripts under $HOME/.pi/agent/sessions (JSONL)."
 
     def _base_url(self, ctx: HarnessContext, mode: str) -> str:
@@ -48,7 +49,7 @@ class PiAdapter:
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         mode = str(ctx.option("provider_mode", "openai-completions"))
         if mode not in PROVIDER_MODES:
             raise InvalidArgument(

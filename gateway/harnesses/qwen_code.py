@@ -30,11 +30,12 @@ class QwenCodeAdapter:
     """
 
     name = "qwen-code"
+    option_names = frozenset(_OPTIONS)
     artifacts = "chat logs and debug output under $HOME/.qwen."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         """Build the launch; see :meth:`gateway.harnesses.base.HarnessAdapter.prepare`."""
-        check_options(self.name, ctx.options, _OPTIONS)
+        check_options(self.name, ctx.options, self.option_names)
         settings: dict[str, object] = {
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gateway.harnesses.aider import AiderAdapter
-from gateway.harnesses.base import HarnessAdapter
+from gateway.harnesses.base import COMMON_OPTIONS, HarnessAdapter, check_options
 from gateway.harnesses.claude_code import ClaudeCodeAdapter
+from gateway.harnesses.cline import ClineAdapter
 from gateway.harnesses.codex import CodexAdapter
 from gateway.harnesses.command import CommandAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
+from gateway.harnesses.hermes_agent import HermesAgentAdapter
 from gateway.harnesses.mini_swe_agent import MiniSweAgentAdapter
 from gateway.harnesses.openai_agents import OpenAIAgentsAdapter
-from gateway.harnesses.hermes_agent import HermesAgentAdapter
+from gateway.harnesses.opencode import OpencodeAdapter
 from gateway.harnesses.openhands import OpenHandsAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
 
-__all__ = ["adapter_names", "get_adapter"]
+__all__ = ["adapter_names", "check_harness", "get_adapter"]
 
 
 def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
@@ -33,6 +36,8 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "openai-agents": OpenAIAgentsAdapter,
         "hermes-agent": HermesAgentAdapter,
         "openhands": OpenHandsAdapter,
+        "opencode": OpencodeAdapter,
+        "cline": ClineAdapter,
         "command": CommandAdapter,
     }
 
@@ -54,3 +59,24 @@ def get_adapter(name: str) -> HarnessAdapter:
             f"unknown harness {name!r}; known: {', '.join(adapter_names())}", details={"harness": name}
         )
     return factory()
+
+
+def check_harness(name: str, options: Mapping[str, Any]) -> None:
+    """Refuse, at submission, a harness name or option key that no adapter knows; pure, needs no session.
+
+    The client's task-file loader and the rollout server's SubmitTask check call this, so a typo fails before
+    anything is recorded instead of at every session's admission. Option *values* are still checked by the
+    adapter's :meth:`~gateway.harnesses.base.HarnessAdapter.prepare` at the gateway.
+
+    Raises:
+        InvalidArgument: The name is unknown (field ``harness.name``) or an option key is not one of the
+            adapter's :attr:`~gateway.harnesses.base.HarnessAdapter.option_names` or
+            :data:`~gateway.harnesses.base.COMMON_OPTIONS` (field ``harness.<key>``).
+    """
+    factory = _factories().get(name)
+    if factory is None:
+        raise InvalidArgument(
+            f"harness.name: unknown harness {name!r}; known: {', '.join(adapter_names())}",
+            details={"field": "harness.name", "harness": name},
+        )
+    check_options(name, options, factory().option_names | COMMON_OPTIONS)

@@ -79,7 +79,13 @@ SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
     "openai-agents": ("shell", "command"),
     "openhands": ("terminal", "command"),
     "hermes-agent": ("terminal", "command"),
+    "opencode": ("bash", "command"),
+    "cline": ("run_commands", "commands"),
 }
+
+
+# Harnesses whose shell tool takes a list of command lines rather than one.
+_LIST_ARGUMENT = frozenset({"cline"})
 
 
 def clis_installed() -> bool:
@@ -90,7 +96,8 @@ def clis_installed() -> bool:
 def tool_call_turn(harness: str, command: str) -> dict[str, Any]:
     """A scripted turn in which the model calls ``harness``'s shell tool with ``command``."""
     tool, arg = SHELL_TOOLS[harness]
-    call = json.dumps({"name": tool, "arguments": {arg: command}})
+    value: str | list[str] = [command] if harness in _LIST_ARGUMENT else command
+    call = json.dumps({"name": tool, "arguments": {arg: value}})
     return {"text": f"<tool_call>\n{call}\n</tool_call>"}
 
 

@@ -1,0 +1,47 @@
+"""``check_harness``: the submission-time check of a harness name and its option keys, without a session."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import pytest
+
+from gateway.harnesses import HarnessContext, ProxyEndpoints, adapter_names, check_harness, get_adapter
+from gateway.harnesses.base import COMMON_OPTIONS
+from polar_core.errors import InvalidArgument
+
+_ENDPOINTS = ProxyEndpoints(
+    token="t", anthropic_base_url="http://p", openai_base_url="http://p/v1", google_base_url="http://p"
+)
+
+
+def _context(options: dict[str, object]) -> HarnessContext:
+    root = PurePosixPath("/s")
+    return HarnessContext(
+        home=root / "home", workspace=root / "ws", tmp=root / "tmp", instruction="i", endpoints=_ENDPOINTS,
+        model="m", options=options,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", adapter_names())
+def test_every_adapter_declares_its_options_and_the_common_ones_pass(name: str) -> None:
+    names = get_adapter(name).option_names
+    assert isinstance(names, frozenset)
+    assert not names & COMMON_OPTIONS
+    check_harness(name, dict.fromkeys(names | COMMON_OPTIONS))
+
+
+@pytest.mark.parametrize("name", adapter_names())
+def test_an_unknown_option_is_refused_here_and_by_prepare_with_the_field(name: str) -> None:
+    with pytest.raises(InvalidArgument) as at_submission:
+        check_harness(name, {"no_such_option": 1})
+    assert at_submission.value.details == {"harness": name, "field": "harness.no_such_option"}
+    with pytest.raises(InvalidArgument) as at_prepare:
+        get_adapter(name).prepare(_context({"no_such_option": 1}))
+    assert at_prepare.value.details == at_submission.value.details
+
+
+def test_an_unknown_harness_is_refused_with_the_field() -> None:
+    with pytest.raises(InvalidArgument, match="claude_code") as info:
+        check_harness("claude_code", {})
+    assert info.value.details == {"field": "harness.name", "harness": "claude_code"}
