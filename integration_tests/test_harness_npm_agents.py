@@ -1,4 +1,4 @@
-"""opencode and the Cline CLI, real and pinned, against the real model proxy (scripted backend), network-less.
+"""opencode, Cline and the Continue CLI, real and pinned, against the real model proxy (scripted backend), offline.
 
 Each runs in a local runtime (bubblewrap, loopback only) that reaches the proxy only through the Unix-socket
 tunnel: (a) a plain prompt prints the scripted answer with one completion recorded; (b) a tool loop: the
@@ -27,13 +27,13 @@ from polar_core.records import ReconstructionStrategy
 from reconstructor import ReconstructionOptions, reconstruct_session
 
 ANSWER = "The answer is 42."
-HARNESSES = {"opencode": "opencode", "cline": "cline"}  # harness name -> bin
+HARNESSES = {"opencode": "opencode", "cline": "cline", "continue": "cn"}  # harness name -> bin
 # opencode needs ~20-40 s on two busy cores before its first request (a 185 MB Bun binary, a git snapshot).
-CASES = [pytest.param("opencode", marks=pytest.mark.slow), "cline"]
+CASES = [pytest.param("opencode", marks=pytest.mark.slow), "cline", "continue"]
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or not all((BIN_DIR / b).exists() for b in HARNESSES.values()),
-    reason="opencode/cline (setup_harnesses.sh) or bubblewrap not installed",
+    reason="opencode/cline/cn (setup_harnesses.sh) or bubblewrap not installed",
 )
 
 

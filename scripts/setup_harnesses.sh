@@ -57,7 +57,7 @@ find "$dest/node_modules/@qwen-code" -path '*/vendor/ripgrep/*' -name rg -type f
 link_platform_binaries
 rm -f "$dest"/.polar-stamp-*
 touch "$stamp"
-for bin in claude codex qwen pi gemini opencode cline; do
+for bin in claude codex qwen pi gemini opencode cline cn; do
   log "$bin $("$dest/node_modules/.bin/$bin" --version 2>&1 | head -1)"
 done
 log "done in $(( $(date +%s) - start )) s"

@@ -11,6 +11,7 @@ from gateway.harnesses.claude_code import ClaudeCodeAdapter
 from gateway.harnesses.cline import ClineAdapter
 from gateway.harnesses.codex import CodexAdapter
 from gateway.harnesses.command import CommandAdapter
+from gateway.harnesses.continue_cli import ContinueCliAdapter
 from gateway.harnesses.gemini_cli import GeminiCliAdapter
 from gateway.harnesses.hermes_agent import HermesAgentAdapter
 from gateway.harnesses.mini_swe_agent import MiniSweAgentAdapter
@@ -38,6 +39,7 @@ def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
         "openhands": OpenHandsAdapter,
         "opencode": OpencodeAdapter,
         "cline": ClineAdapter,
+        "continue": ContinueCliAdapter,
         "command": CommandAdapter,
     }
 

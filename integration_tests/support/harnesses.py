@@ -81,6 +81,7 @@ SHELL_TOOLS: Mapping[str, tuple[str, str]] = {
     "hermes-agent": ("terminal", "command"),
     "opencode": ("bash", "command"),
     "cline": ("run_commands", "commands"),
+    "continue": ("Bash", "command"),
 }
 
 

@@ -48,6 +48,7 @@ def test_registry_knows_every_harness() -> None:
         "gemini-cli",
         "opencode",
         "cline",
+        "continue",
         "command",
     }
     for name in adapter_names():
@@ -59,7 +60,7 @@ def test_registry_knows_every_harness() -> None:
         get_adapter("nope")
 
 
-@pytest.mark.parametrize("name", ["claude-code", "codex", "qwen-code", "pi", "gemini-cli"])
+@pytest.mark.parametrize("name", ["claude-code", "codex", "qwen-code", "pi", "gemini-cli", "continue"])
 def test_common_environment(name: str) -> None:
     launch = get_adapter(name).prepare(make_ctx(env={"EXTRA": "1"}, extra_args=["--x"]))
     env = launch.env

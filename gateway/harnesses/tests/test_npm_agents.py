@@ -1,11 +1,14 @@
-"""The opencode and Cline adapters: what they write below HOME, their environment and argv."""
+"""The opencode, Cline and Continue CLI adapters: what they write below HOME, their environment and argv."""
 
 from __future__ import annotations
 
 import json
 from pathlib import PurePosixPath
 
+import pytest
+
 from gateway.harnesses import HarnessContext, ProxyEndpoints, get_adapter
+from polar_core.errors import InvalidArgument
 
 _ENDPOINTS = ProxyEndpoints(
     token="tok", anthropic_base_url="http://p:1", openai_base_url="http://p:1", google_base_url="http://p:1"
@@ -55,3 +58,36 @@ def test_cline_writes_a_provider_entry_it_accepts_and_opts_out_of_telemetry() ->
     assert argv[argv.index("--retries") + 1] == "2"
     assert argv[argv.index("--compaction") + 1] == "off"
     assert argv[-2:] == ["--", "Fix it."]
+
+
+def test_continue_names_the_proxy_in_a_local_config_and_switches_off_telemetry_and_updates() -> None:
+    launch = get_adapter("continue").prepare(_context(max_tokens=64, format="json", env={"X": "1"}))
+    config = json.loads(str(launch.files[".continue/config.yaml"]))  # JSON is YAML; Continue parses it as such
+    (model,) = config["models"]
+    assert (model["provider"], model["model"], model["apiBase"], model["apiKey"]) == (
+        "openai", "m1", "http://p:1/v1", "tok",
+    )  # fmt: skip
+    assert "chat" in model["roles"]
+    assert "tool_use" in model["capabilities"]
+    assert model["defaultCompletionOptions"] == {"contextLength": 128_000, "maxTokens": 64}
+    shared = json.loads(str(launch.files[".continue/index/globalContext.json"]))
+    assert shared == {"autoUpdateCli": False, "sharedConfig": {"allowAnonymousTelemetry": False}}
+    assert launch.env["CONTINUE_GLOBAL_DIR"] == "/s/home/.continue"
+    assert launch.env["CONTINUE_METRICS_ENABLED"] == launch.env["CONTINUE_CLI_ENABLE_TELEMETRY"] == "0"
+    assert launch.env["X"] == "1"
+    argv = list(launch.argv)
+    assert argv[:2] == ["cn", "-p"]
+    assert argv[argv.index("--config") + 1] == "/s/home/.continue/config.yaml"  # a file: no hub, no sign-in
+    assert argv[argv.index("--format") + 1] == "json"
+    assert "--auto" in argv
+    assert argv[-2:] == ["--", "Fix it."]
+
+
+def test_continue_without_auto_asks_and_refuses_unknown_options_and_formats() -> None:
+    adapter = get_adapter("continue")
+    assert "--auto" not in adapter.prepare(_context(auto=False)).argv
+    with pytest.raises(InvalidArgument, match="model_name"):
+        adapter.prepare(_context(model_name="x"))
+    with pytest.raises(InvalidArgument, match=r"harness\.format") as caught:
+        adapter.prepare(_context(format="yaml"))
+    assert caught.value.details["field"] == "harness.format"
