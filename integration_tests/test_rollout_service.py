@@ -202,8 +202,7 @@ async def test_gateway_cannot_report_for_a_session_it_was_not_given(stack: Stack
 async def test_restart_reattaches_running_sessions_and_retries_lost_ones(
     stack: Stack, tmp_path: Path, store_url: str
 ) -> None:
-    # The fake gateway registers once and never heartbeats: a lease that cannot lapse on a slow machine.
-    s = settings(tmp_path, store_url, lease_ttl_s=3600.0)
+    s = settings(tmp_path, store_url)
     await stack.start_rollout(s)
     release = asyncio.Event()
     gateway = await stack.add_gateway("g", capacity=4, release=release)
