@@ -188,14 +188,7 @@ def check_tool_loop(outcome: Outcome, tokenizer: Any) -> None:
         assert TOOL_OUTPUT not in tokenizer.decode(list(sampled))
 
 
-# Qwen Code's shell tool intermittently returns its result without the command's output (seen once in three
-# fresh-clone runs on 1 Dec 2026, after the sandbox hardening); non-strict until that is understood.
-_QWEN_FLAKE = pytest.mark.xfail(strict=False, reason="qwen-code's tool result sometimes lacks the command output")
-
-
-@pytest.mark.parametrize(
-    "harness", ["claude-code", "codex", pytest.param("qwen-code", marks=_QWEN_FLAKE), "gemini-cli", "pi"]
-)
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "qwen-code", "gemini-cli", "pi"])
 async def test_cli_tool_loop_through_the_gateway(tmp_path: Path, tokenizer: Any, harness: str) -> None:
     options = {"provider_mode": "openai-completions"} if harness == "pi" else None
     outcome = await run_session(tmp_path, tokenizer, harness, options=options)

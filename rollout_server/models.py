@@ -209,8 +209,9 @@ class SessionRecord:
         task_seq: Copied from the task, for dispatch order.
         stale_resamples: Attempts discarded because they were beyond the task's ``max_policy_lag``
             (``resample``); they count in ``attempt`` but not against ``max_attempts``.
-        outages: Attempts lost to an unreachable dependency of the gateway (proxy, evaluator, reconstructor);
-            they do not use up the session's attempts (the task's deadline bounds them instead).
+        outages: Attempts lost to an unreachable dependency of the gateway (proxy, evaluator, reconstructor), or
+            whose start a restart of this server interrupted; they do not use up the session's attempts (the
+            task's deadline bounds them instead).
     """
 
     session_id: str

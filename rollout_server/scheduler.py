@@ -179,8 +179,10 @@ class Scheduler:
         await self.core.store.update_sessions([(back, session.state, session.attempt)])
         self.core.dispatch_wakeup.set()
 
-    async def _attempt_failed(self, session: SessionRecord, message: str, *, suffix: str = "lost") -> None:
-        """End the current attempt as ``infra_error`` (retried per policy)."""
+    async def _attempt_failed(
+        self, session: SessionRecord, message: str, *, suffix: str = "lost", outage: bool = False
+    ) -> None:
+        """End the current attempt as ``infra_error`` (retried per policy; with ``outage``, not using an attempt)."""
         result = ResultRecord(
             session_id=session.session_id,
             task_id=session.task_id,
@@ -191,6 +193,7 @@ class Scheduler:
             gateway_id=session.gateway_id,
             idempotency_key=f"{session.session_id}#{session.attempt}:{suffix}",
             error_message=message,
+            dependency_unavailable=outage,
         )
         _log.warning("session %s attempt %d: %s", session.session_id, session.attempt, message)
         await self.core.apply_outcome(session, result)
@@ -225,7 +228,16 @@ class Scheduler:
             view = await self.core.gateways.get_session(gateway.address, session.session_id)
         except GatewaySessionUnknown:
             if session.state is SessionState.STARTING:
-                await self._unassign(session)  # StartSession never arrived
+                # The server stopped between persisting the assignment and learning the gateway's answer, so the
+                # gateway may have accepted this attempt and lost it since: its number is never handed out again
+                # (the gateway records each attempt into its own model-proxy session, and a result's idempotency
+                # key names the attempt). A fresh attempt follows, not counted against ``max_attempts``.
+                await self._attempt_failed(
+                    session,
+                    f"gateway {gateway.gateway_id} does not know the session, whose start a restart interrupted",
+                    suffix="interrupted",
+                    outage=True,
+                )
             else:
                 await self._attempt_failed(session, f"gateway {gateway.gateway_id} lost the session")
             return
@@ -325,7 +337,7 @@ class Scheduler:
             await asyncio.sleep(self.config.watchdog_interval_s)
 
     async def close(self) -> None:
-        """Wait briefly for StartSession calls in flight, then cancel them."""
+        """Cancel the StartSession calls in flight; :meth:`reconcile` on the next start settles their sessions."""
         for t in list(self._starts):
             t.cancel()
         await asyncio.gather(*self._starts, return_exceptions=True)

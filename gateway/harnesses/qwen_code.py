@@ -43,6 +43,11 @@ class QwenCodeAdapter:
             # Otherwise it makes an extra "memory extraction" completion after the answer.
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
             "security": {"auth": {"selectedType": "openai"}},
+            # Headless Qwen Code otherwise runs shell commands through child_process and takes their output at
+            # the child's "exit" event, before Node has necessarily read the pipes (it waits for "close" only
+            # when streaming): on a loaded machine the tool result then says "Output: (empty)". Its node-pty
+            # path collects every byte until the pty closes (and falls back to child_process without a pty).
+            "tools": {"shell": {"enableInteractiveShell": True}},
         }
         if ctx.option("max_session_turns") is not None:
             settings["model"] = {"maxSessionTurns": int(ctx.option("max_session_turns"))}

@@ -5,6 +5,7 @@ No ports: SQLite in a temporary file, an in-memory fake gateway client, and a ha
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator
@@ -305,6 +306,50 @@ async def test_restart_reconciles_in_flight_sessions(tmp_path: Path) -> None:
     summary, results = await second.core.get_task("t")
     assert summary.task.state is TaskState.COMPLETED
     assert len(results) == 3
+    await second.core.close()
+    await second.store.close()
+
+
+async def test_restart_never_reuses_the_attempt_of_an_interrupted_start(tmp_path: Path) -> None:
+    # The server stops right after the gateway accepted two starts, before it recorded them as running; then
+    # the gateway loses one. A session still ``starting`` that the gateway does not know may have run there.
+    path = tmp_path / "r.sqlite3"
+    first = await make_env(path, max_attempts=1)
+    await first.add_gateway("a", 2)
+    await first.core.submit_task(new_task("t", 2))
+
+    def stop_now(address: str, dispatch: SessionDispatch) -> None:
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()  # as Scheduler.close does when the server stops with the reply in flight
+
+    first.gateways.on_start = stop_now
+    assert await first.scheduler.dispatch_once() == 2
+    await first.scheduler.wait_for_starts()
+    await first.scheduler.close()
+    assert {s.state for s in await first.store.task_sessions("t")} == {SessionState.STARTING}
+    await first.core.close()
+    await first.store.close()
+    del first.gateways.sessions["addr-a"]["t-0001"]
+
+    second = await make_env(path, first.gateways, max_attempts=1)
+    second.clock.now = first.clock.now
+    assert await second.scheduler.reconcile() == 2
+    states = {s.session_id: s for s in await second.store.task_sessions("t")}
+    assert (states["t-0000"].state, states["t-0000"].attempt) == (SessionState.RUNNING, 1)  # re-attached
+    lost = states["t-0001"]
+    assert (lost.state, lost.attempt, lost.infra_failures, lost.outages) == (SessionState.PENDING, 1, 0, 1)
+    second.clock.now += 5
+    assert await second.dispatch() == 1
+    # A fresh attempt number (its own model-proxy session and result key), not one of max_attempts=1 used up.
+    assert [(d.session_id, d.attempt) for _, d in second.gateways.started[2:]] == [("t-0001", 2)]
+    await second.finish_all()
+    summary, results = await second.core.get_task("t")
+    assert summary.task.state is TaskState.COMPLETED
+    assert sorted((r.session_id, r.status, r.attempt) for r in results) == [
+        ("t-0000", TerminalStatus.RESOLVED, 1),
+        ("t-0001", TerminalStatus.RESOLVED, 2),
+    ]
     await second.core.close()
     await second.store.close()
 
