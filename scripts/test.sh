@@ -20,4 +20,6 @@ step "mypy --strict"
 .venv/bin/mypy
 
 step "pytest"
-.venv/bin/python -m pytest "$@"
+# Two workers, each taking whole files (module fixtures stay shared): most tests wait on real servers and CLIs,
+# so two workers on two cores roughly halve the wall time. POLAR_TEST_WORKERS=0 runs in one process.
+.venv/bin/python -m pytest -n "${POLAR_TEST_WORKERS:-2}" --dist loadfile "$@"
