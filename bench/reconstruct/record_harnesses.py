@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from integration_tests.support.harnesses import SHELL_TOOLS, HarnessRun, run_harness, tool_call_turn
+from integration_tests.support.harnesses import SHELL_TOOLS, HarnessRun, final_turn, run_harness, tool_call_turn
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import write_jsonl
 
@@ -32,7 +32,7 @@ TOOL_CALLS = 4
 def script(harness: str) -> list[dict[str, Any]]:
     """Four shell-tool calls, each writing a different file, then a final text answer."""
     turns = [tool_call_turn(harness, f"echo polar-step-{i} > out{i}.txt") for i in range(1, TOOL_CALLS + 1)]
-    turns.append({"text": f"Done: wrote out1.txt to out{TOOL_CALLS}.txt."})
+    turns.append(final_turn(harness, f"Done: wrote out1.txt to out{TOOL_CALLS}.txt."))  # mini-swe-agent: its submit
     return turns
 
 

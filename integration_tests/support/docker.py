@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import signal
@@ -132,6 +133,15 @@ def _build_rootfs(cache_dir: Path) -> Path | None:
     if shutil.which("debootstrap") is None:
         return None
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (pytest-xdist workers, parallel test runs); the others wait and reuse its tarball.
+    with (cache_dir / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():
+            return tarball
+        return _debootstrap(tarball)
+
+
+def _debootstrap(tarball: Path) -> Path | None:
     with tempfile.TemporaryDirectory(prefix="polar-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         built = subprocess.run(
