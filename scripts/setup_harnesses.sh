@@ -70,7 +70,7 @@ log "done in $(( $(date +%s) - start )) s"
 # site-packages) with its library path made relative ($ORIGIN), and the environment is built from the copy.
 agent_python() {
   local dir=$1 ver py prefix copy
-  ver=$(tr -d '[:space:]' < "$dir/python-version" 2>/dev/null || true)
+  ver=$( { tr -d '[:space:]' < "$dir/python-version"; } 2>/dev/null || true)
   if [ -z "$ver" ]; then  # the system Python: /usr is visible in every sandbox, a pyenv build under /root is not
     if [ -n "${HARNESS_PYTHON:-}" ]; then echo "$HARNESS_PYTHON"; elif [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else echo python3; fi
     return 0
