@@ -136,13 +136,11 @@ async def test_dashboard_in_chromium(tmp_path: Path) -> None:
     assert final["tasks"][0][:2] == ["dashboard-demo", "completed"]
     assert final["connection"] == "live"
     assert final["warning"] == ""  # loopback with a key: nothing to warn about
-    # The model-call tiles read the embedded proxy's Prometheus endpoint: reachable, and showing figures once
-    # calls were made (p50 / p90 / p99 in seconds).
-    assert final["proxy_note"].startswith("Model-call figures from http://127.0.0.1:"), final["proxy_note"]
-    assert "unreachable" not in final["proxy_note"]
-    assert any(re.match(r"[0-9.]+ / [0-9.]+ / [0-9.]+ s$", r["latency"]) for r in (report["mid"], final)), (
-        report["mid"]["latency"],
-        final["latency"],
-    )
+    # The model-call tiles read the embedded proxy's Prometheus endpoint: reachable, and mid-run (a session has
+    # finished, so its calls are inside the last minute's window) showing p50 / p90 / p99 (in ms under a second).
+    note = final["proxy_note"]
+    assert re.match(r"Model-call figures from http://127\.0\.0\.1:\d+/metrics, over the last 60 s$", note), note
+    assert re.match(r"[0-9.]+ / [0-9.]+ / [0-9.]+ m?s$", report["mid"]["latency"]), report["mid"]["latency"]
+    assert float(report["mid"]["tokens"]) > 0, report["mid"]["tokens"]  # sampled tokens per second over the window
     assert (shots / "dashboard-mid-run.png").stat().st_size > 10_000
     assert (shots / "dashboard-end.png").stat().st_size > 10_000

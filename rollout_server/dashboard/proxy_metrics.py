@@ -3,8 +3,11 @@
 Why this source: the rollout server's store holds session outcomes, not calls; the calls' timings live with the
 proxies. Every proxy exports its call histograms on a Prometheus endpoint (the same one a fleet's Prometheus
 scrapes), so the dashboard reads those, in the embedded stack and in a fleet alike, and only while someone
-watches. Percentiles come from the buckets' increase between two reads (all proxies and label sets summed),
-interpolated within a bucket as PromQL's ``histogram_quantile`` does; the first read uses the totals.
+watches. Percentiles come from the buckets' increase over a sliding window (``window_s``, a minute by default,
+as PromQL's ``rate(...[1m])``; all proxies and label sets summed), interpolated within a bucket as PromQL's
+``histogram_quantile`` does; until a read is that old, the window starts at the first read, whose totals count.
+A window, not the last interval between two reads: calls come in bursts (an agent's turn, then a tool), so the
+last second is often empty and the tiles would flicker to "–" mid-run.
 
 The metric names follow the OpenTelemetry ``gen_ai`` server conventions; the first name of each list found is
 used, so an endpoint exporting the ``polar_proxy_*`` names works too.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -29,6 +33,8 @@ TTFT_METRICS = ("gen_ai_server_time_to_first_token_seconds", "polar_proxy_time_t
 OUTPUT_TOKEN_METRICS = ("gen_ai_server_output_tokens", "polar_proxy_response_tokens", "gen_ai_client_token_usage")
 _QUANTILES = (0.5, 0.9, 0.99)
 _TIMEOUT_S = 2.0
+DEFAULT_WINDOW_S = 60.0
+_MAX_READINGS = 4096
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,7 +62,12 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
 
 
 def _parse(text: str, reading: _Reading) -> None:
-    """Add one endpoint's histograms and output-token total into ``reading``."""
+    """Add one endpoint's histograms and output-token total into ``reading``.
+
+    An endpoint read counts as zero output tokens until it exports the series (it does from its first call on), so
+    a window that starts before the first call still gives a rate.
+    """
+    reading.tokens = reading.tokens or 0.0
     for family in text_string_to_metric_families(text):
         if family.name in (*DURATION_METRICS, *TTFT_METRICS):
             target = reading.buckets.setdefault(family.name, {})
@@ -88,17 +99,28 @@ def _first(names: Sequence[str], buckets: dict[str, dict[float, float]]) -> str 
 
 
 class ProxyMetricsSource:
-    """Reads the proxies' endpoints and turns two consecutive reads into latency percentiles and tokens/s.
+    """Reads the proxies' endpoints and turns the increase over a sliding window into percentiles and tokens/s.
 
     Args:
         urls: The proxies' Prometheus endpoints.
+        window_s: How far back the figures reach: the window starts at the newest earlier read at least this old
+            (or the oldest read kept, while none is).
         clock: Monotonic time source.
     """
 
-    def __init__(self, urls: Iterable[str], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        urls: Iterable[str],
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
         self.urls = tuple(urls)
+        self.window_s = window_s
         self._clock = clock
-        self._last: _Reading | None = None
+        self._readings: deque[_Reading] = deque(maxlen=_MAX_READINGS)  # bounds memory at tiny intervals
         self._http: aiohttp.ClientSession | None = None
 
     async def _fetch(self, url: str) -> str:
@@ -111,7 +133,14 @@ class ProxyMetricsSource:
     async def read(self) -> dict[str, Any]:
         """The latest figures: ``{"source", "errors", "latency_s", "ttft_s", "tokens_per_s"}``."""
         if not self.urls:
-            return {"source": "", "errors": [], "latency_s": None, "ttft_s": None, "tokens_per_s": None}
+            return {
+                "source": "",
+                "errors": [],
+                "window_s": self.window_s,
+                "latency_s": None,
+                "ttft_s": None,
+                "tokens_per_s": None,
+            }
         reading = _Reading(self._clock(), {}, None)
         errors = []
         for url in self.urls:
@@ -122,9 +151,18 @@ class ProxyMetricsSource:
         return self.figures(reading, errors)
 
     def figures(self, reading: _Reading, errors: list[str]) -> dict[str, Any]:
-        """Turn ``reading`` (and the previous one) into the dashboard's figures; ``reading`` becomes the previous."""
-        last, self._last = self._last, reading
-        out: dict[str, Any] = {"source": ", ".join(self.urls), "errors": errors, "tokens_per_s": None}
+        """Turn ``reading`` (against the window's first read) into the dashboard's figures, and keep it."""
+        kept = self._readings
+        while len(kept) >= 2 and kept[1].at <= reading.at - self.window_s:
+            kept.popleft()  # the next one is old enough to start the window
+        last = kept[0] if kept else None
+        kept.append(reading)
+        out: dict[str, Any] = {
+            "source": ", ".join(self.urls),
+            "errors": errors,
+            "window_s": self.window_s,
+            "tokens_per_s": None,
+        }
         for key, names in (("latency_s", DURATION_METRICS), ("ttft_s", TTFT_METRICS)):
             name = _first(names, reading.buckets)
             if name is None:

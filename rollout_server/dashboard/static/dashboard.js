@@ -14,6 +14,13 @@
   const color = (name, i) => COLORS[name] || ["#0ea5e9", "#8b5cf6", "#f43f5e", "#84cc16"][i % 4];
   const $ = (id) => document.getElementById(id);
   const fmt = (v, digits = 2) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
+  // Durations in one unit chosen by the largest: milliseconds under a second (the scripted backend answers in a
+  // few), seconds otherwise.
+  const seconds = (values) => {
+    const top = Math.max(...values.map((v) => Number(v) || 0));
+    if (top >= 1) return values.map((v) => fmt(v)).join(" / ") + " s";
+    return values.map((v) => fmt(v === null ? v : v * 1000, 1)).join(" / ") + " ms";
+  };
   const clock = (t) => new Date(t * 1000).toLocaleTimeString();
   let rewardLabels = []; // task ids, by x position of the reward chart
 
@@ -102,12 +109,13 @@
     $("policy-lag").textContent = s.policy.lag.count ? `${fmt(s.policy.lag.p50, 0)} / ${fmt(s.policy.lag.max, 0)}` : "–";
     const p = s.proxy || {};
     const lat = p.latency_s;
-    $("latency").textContent = lat ? `${fmt(lat.p50)} / ${fmt(lat.p90)} / ${fmt(lat.p99)} s` : "–";
-    $("ttft").textContent = p.ttft_s ? `${fmt(p.ttft_s.p50, 3)} s` : "–";
+    $("latency").textContent = lat ? seconds([lat.p50, lat.p90, lat.p99]) : "–";
+    $("ttft").textContent = p.ttft_s ? seconds([p.ttft_s.p50]) : "–";
     $("tokens").textContent = fmt(p.tokens_per_s, 1);
     $("proxy-note").textContent = !p.source
       ? "Model-call figures: no proxy metrics endpoint configured (dashboard_proxy_metrics_urls)."
-      : `Model-call figures from ${p.source}` + (p.errors.length ? ` — unreachable: ${p.errors.join(", ")}` : "");
+      : `Model-call figures from ${p.source}, over the last ${fmt(p.window_s, 0)} s` +
+        (p.errors.length ? ` — unreachable: ${p.errors.join(", ")}` : "");
   }
 
   function drawCharts(charts, s) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,6 +187,40 @@ def test_proxy_figures_from_two_reads_of_prometheus_text() -> None:
     figures = source.figures(second, [])
     assert figures["latency_s"]["p99"] <= 0.5
     assert figures["tokens_per_s"] == pytest.approx(100.0)
+    assert figures["window_s"] == 60.0
+
+
+def test_proxy_figures_cover_a_sliding_window_not_the_last_interval() -> None:
+    source = ProxyMetricsSource(["http://proxy/metrics"], window_s=10.0)
+    name = "gen_ai_server_request_duration_seconds"
+
+    def read(at: float, fast: int, slow: int, tokens: int) -> dict[str, Any]:
+        text = _histogram(name, {"0.5": fast, "1.0": fast + slow, "+Inf": fast + slow}, tokens)
+        return source.figures(source.parse_for_test([text], at=at), [])
+
+    read(0.0, 0, 0, 0)  # before any call
+    assert read(1.0, 4, 0, 40)["latency_s"]["p99"] <= 0.5  # a burst of fast calls
+    # No call since: the last interval is empty, but the window still holds the burst.
+    quiet = read(2.0, 4, 0, 40)
+    assert quiet["latency_s"]["p50"] is not None
+    assert quiet["latency_s"]["p99"] <= 0.5
+    assert quiet["tokens_per_s"] == pytest.approx(20.0)  # 40 tokens over the 2 s since the window's start
+    # Slow calls later: both bursts in the window.
+    mixed = read(9.0, 4, 4, 80)
+    assert mixed["latency_s"]["p50"] == pytest.approx(0.5)
+    assert mixed["latency_s"]["p99"] > 0.5
+    # Past the window, the window starts at the read at t=1 (the newest at least 10 s old): the fast burst drops.
+    later = read(11.5, 4, 4, 80)
+    assert later["latency_s"]["p50"] > 0.5
+    assert later["tokens_per_s"] == pytest.approx(40 / 10.5)
+    # Long after the last call: nothing in the window, so the tiles go blank.
+    assert read(30.0, 4, 4, 80)["latency_s"]["p50"] is None
+    # An endpoint read before its first call exports no token series yet: that counts as zero, so a rate follows.
+    fresh = ProxyMetricsSource(["http://proxy/metrics"])
+    assert fresh.figures(fresh.parse_for_test([""], at=0.0), [])["tokens_per_s"] is None
+    assert fresh.figures(fresh.parse_for_test([_histogram(name, {"+Inf": 1}, 30)], at=3.0), [])["tokens_per_s"] == 10.0
+    with pytest.raises(ValueError, match="window_s"):
+        ProxyMetricsSource([], window_s=0)
     assert quantile(0.5, {}) is None
     assert quantile(0.99, {1.0: 1, float("inf"): 5}) == 1.0  # beyond the last finite bound
 
