@@ -127,6 +127,13 @@ async def test_dashboard_in_chromium(tmp_path: Path) -> None:
     final = report["final"]
     assert (final["done"], final["pending"], final["running"]) == (SESSIONS, 0, 0)
     assert report["mid"]["reward_points_chart"] < SESSIONS
+    # The sessions-over-time chart, built from the stream's first full history and the new points after it: one
+    # point per snapshot, none lost or doubled, the "done" line rising to all six.
+    line = final["done_line"]
+    assert len(line) == final["history_points"] >= final["snapshots"]
+    assert line == sorted(line)
+    assert line[-1] == SESSIONS
+    assert report["mid"]["done_line"] == line[: len(report["mid"]["done_line"])]
 
     # What a person reads at the end: every finished session with its status, one reward point each.
     assert sorted(row[1] for row in final["recent"]) == statuses

@@ -87,20 +87,41 @@ async def test_token_becomes_a_cookie_and_the_stream_shows_the_task(
             assert "HttpOnly" in cookie
             assert "SameSite=Strict" in cookie
             assert ADMIN not in cookie
+        received = []
         async with http.get(base + "/api/events") as events:
             assert events.status == 200
             assert events.headers["Content-Type"].startswith("text/event-stream")
             async for line in events.content:
                 if line.startswith(b"data: "):
-                    snapshot = json.loads(line[len(b"data: ") :])
-                    break
+                    received.append(json.loads(line[len(b"data: ") :]))
+                    if len(received) == 3:
+                        break
         async with http.get(base + "/api/snapshot", headers={"Authorization": f"Bearer {TRAINER}"}) as plain:
             assert plain.status == 200
             assert (await plain.json())["sessions_by_state"]["pending"] == 3
+    # The first event carries the over-time points; the next ones only the points after those already sent (one
+    # per snapshot, more if the reader was slow and skipped one).
+    snapshot = received[0]
+    assert [p["seq"] for p in snapshot["history"]] == [1]
+    assert snapshot["history"][0]["sessions"]["pending"] == 3
+    sent = 1
+    for later in received[1:]:
+        assert "history" not in later
+        seqs = [p["seq"] for p in later["history_append"]]
+        assert seqs == list(range(sent + 1, sent + 1 + len(seqs)))
+        assert seqs
+        sent = seqs[-1]
+        assert later["tasks"][0]["task_id"] == "watched"
     row = snapshot["tasks"][0]
     assert row["task_id"] == "watched"
     assert row["sessions"]["pending"] == 3
-    assert snapshot["server"] == {"insecure": False, "open_access": False, "jaeger": True, "interval_s": 1.0}
+    assert snapshot["server"] == {
+        "insecure": False,
+        "open_access": False,
+        "jaeger": True,
+        "interval_s": 1.0,
+        "history_points": 720,
+    }
     assert row["trace_url"] == ""  # an untraced submission has no trace to link to
     for _ in range(200):  # the stream notices the browser left at its next write (a snapshot per second)
         if board.hub.watchers == 0:

@@ -37,6 +37,8 @@ async function seen(page) {
     const canvas = document.getElementById("reward-chart");
     const chart = window.Chart.getChart(canvas);
     const statuses = window.Chart.getChart(document.getElementById("status-chart"));
+    const done = window.Chart.getChart(document.getElementById("stage-chart")).data.datasets
+      .find((d) => d.label === "done").data;
     return {
       recent: rows("recent"),
       failing: rows("failing"),
@@ -49,6 +51,8 @@ async function seen(page) {
       proxy_note: document.getElementById("proxy-note").textContent,
       latency: document.getElementById("latency").textContent,
       tokens: document.getElementById("tokens").textContent,
+      history_points: Number(document.body.dataset.historyPoints || 0),
+      done_line: done.map((point) => point.y),
     };
   });
 }

@@ -2,7 +2,9 @@
 
 With no watcher nothing runs (the dashboard costs a run that never opens it one idle listening socket). Every
 watcher gets the latest snapshot; a slow one skips snapshots instead of queueing them. The samples taken while
-watched form the "over time" series (sessions by state, gateway stage occupancy), kept in a bounded ring.
+watched form the "over time" series (sessions by state, gateway stage occupancy), kept in a bounded ring; each
+point carries a sequence number so a stream sends a watcher the whole ring once and only the new points after
+(:func:`event_body`), not the ring every second.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Any
 from rollout_server.dashboard.data import DashboardData
 from rollout_server.dashboard.proxy_metrics import ProxyMetricsSource
 
-__all__ = ["SnapshotHub"]
+__all__ = ["HISTORY_POINTS", "SnapshotHub", "event_body"]
 
 _log = logging.getLogger(__name__)
-_HISTORY = 720
+HISTORY_POINTS = 720
 
 
 class SnapshotHub:
@@ -36,8 +38,9 @@ class SnapshotHub:
         self.data = data
         self.proxies = proxies
         self.interval_s = interval_s
-        self.history: deque[dict[str, Any]] = deque(maxlen=_HISTORY)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.snapshots_built = 0
+        self._seq = 0
         self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._latest: dict[str, Any] | None = None
@@ -56,7 +59,9 @@ class SnapshotHub:
         for gateway in snapshot["gateways"]:
             for stage, values in gateway["stages"].items():
                 stages[stage] = stages.get(stage, 0) + int(values.get("occupancy", 0))
-        self.history.append({"t": snapshot["now"], "sessions": snapshot["sessions_by_state"], "stages": stages})
+        self._seq += 1
+        point = {"seq": self._seq, "t": snapshot["now"], "sessions": snapshot["sessions_by_state"], "stages": stages}
+        self.history.append(point)
         snapshot["history"] = list(self.history)
         self._latest = snapshot
         return snapshot
@@ -100,3 +105,18 @@ class SnapshotHub:
             await asyncio.gather(self._loop, return_exceptions=True)
             self._loop = None
         await self.proxies.close()
+
+
+def event_body(snapshot: dict[str, Any], sent: int) -> tuple[dict[str, Any], int]:
+    """What a stream sends for ``snapshot`` to a watcher that has the points up to ``sent``, and the new ``sent``.
+
+    The first event (``sent`` 0), or one after a gap the ring no longer covers, carries the whole ``history``;
+    the others carry ``history_append``: the points after ``sent`` only. ``snapshot`` is shared, never changed.
+    """
+    history: list[dict[str, Any]] = snapshot["history"]
+    latest = history[-1]["seq"] if history else sent
+    if sent == 0 or not history or history[0]["seq"] > sent + 1:
+        return snapshot, latest
+    body = {k: v for k, v in snapshot.items() if k != "history"}
+    body["history_append"] = [point for point in history if point["seq"] > sent]
+    return body, latest

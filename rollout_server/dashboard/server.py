@@ -6,7 +6,8 @@ Routes:
   cookie and redirected away, so the secret leaves the address bar and any history at once);
 * ``GET /login``, ``POST /login`` (form field ``token``), ``POST /logout``;
 * ``GET /api/snapshot`` — one snapshot as JSON; ``GET /api/events`` — a snapshot per interval as SSE
-  (``event: snapshot``), both ``401`` without a session cookie or ``authorization: Bearer``;
+  (``event: snapshot``; the first carries the over-time ``history``, the next ones ``history_append``, the new
+  points only), both ``401`` without a session cookie or ``authorization: Bearer``;
 * ``GET /static/...`` — the page's script, style and the vendored Chart.js (no data, open).
 
 The access log is off (a ``?token=`` would otherwise land in it), every response carries a strict
@@ -29,7 +30,7 @@ from polar_core.errors import InvalidArgument
 from polar_core.settings import is_loopback
 from rollout_server.dashboard.auth import COOKIE_NAME, DashboardAuth
 from rollout_server.dashboard.data import DashboardData, DataConfig
-from rollout_server.dashboard.hub import SnapshotHub
+from rollout_server.dashboard.hub import HISTORY_POINTS, SnapshotHub, event_body
 from rollout_server.dashboard.proxy_metrics import ProxyMetricsSource
 from rollout_server.settings import RolloutSettings
 from rollout_server.store import Store
@@ -218,6 +219,7 @@ class Dashboard:
             "open_access": self.auth.open_access,
             "jaeger": bool(self.hub.data.config.jaeger_url),
             "interval_s": self.hub.interval_s,
+            "history_points": HISTORY_POINTS,
         }
 
     def _refused(self) -> web.Response:
@@ -240,6 +242,7 @@ class Dashboard:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
+        sent = 0  # the over-time points this browser has: the whole ring once, then only new points
         async with self.hub.watch() as queue:
             while not self._closing.is_set():
                 try:
@@ -247,7 +250,8 @@ class Dashboard:
                 except TimeoutError:
                     payload = b": ping\n\n"
                 else:
-                    body = json.dumps({**snapshot, "server": self._server_info()}, separators=(",", ":"))
+                    event, sent = event_body(snapshot, sent)
+                    body = json.dumps({**event, "server": self._server_info()}, separators=(",", ":"))
                     payload = f"event: snapshot\ndata: {body}\n\n".encode()
                 try:
                     await response.write(payload)

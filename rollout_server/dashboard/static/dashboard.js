@@ -118,8 +118,7 @@
         (p.errors.length ? ` — unreachable: ${p.errors.join(", ")}` : "");
   }
 
-  function drawCharts(charts, s) {
-    const history = s.history || [];
+  function drawCharts(charts, s, history) {
     STATES.forEach((state, i) => {
       charts.stage.data.datasets[i].data = history.map((h) => ({ x: h.t, y: h.sessions[state] ?? 0 }));
     });
@@ -203,11 +202,17 @@
   function start() {
     const charts = makeCharts();
     const events = new EventSource("/api/events");
+    // The over-time points: the stream's first event (on every reconnect too) sends them all, the next ones only
+    // the new points.
+    let history = [];
     events.addEventListener("snapshot", (event) => {
       const s = JSON.parse(event.data);
+      if (s.history) history = s.history;
+      else history = history.concat(s.history_append || []).slice(-s.server.history_points);
+      document.body.dataset.historyPoints = String(history.length);
       drawWarning(s.server);
       drawTiles(s);
-      drawCharts(charts, s);
+      drawCharts(charts, s, history);
       drawTables(s);
       $("connection").textContent = "live";
       $("connection").className = "badge live";

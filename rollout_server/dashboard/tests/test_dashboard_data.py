@@ -22,6 +22,7 @@ from rollout_server.dashboard import (
     jaeger_trace_url,
     parse_address,
 )
+from rollout_server.dashboard.hub import HISTORY_POINTS, event_body
 from rollout_server.dashboard.proxy_metrics import quantile
 from rollout_server.models import GatewayRecord, NewTask, SchedulerConfig
 from rollout_server.scheduler import Scheduler
@@ -238,3 +239,30 @@ async def test_hub_builds_nothing_until_watched(env: Env) -> None:
     assert hub.watchers == 0
     await hub.close()
     assert hub.snapshots_built == built  # the loop stopped with its last watcher
+
+
+async def test_a_stream_sends_the_history_once_then_only_new_points(env: Env) -> None:
+    hub = SnapshotHub(env.data, ProxyMetricsSource([]))
+    first, second, third = [await hub.build() for _ in range(3)]
+    body, sent = event_body(first, 0)  # a new watcher: the whole ring
+    assert body is first
+    assert [p["seq"] for p in body["history"]] == [1]
+    assert sent == 1
+    body, sent = event_body(third, sent)  # it skipped the second snapshot (slow): both new points come
+    assert "history" not in body
+    assert [p["seq"] for p in body["history_append"]] == [2, 3]
+    assert body["tasks"] == third["tasks"]
+    assert sent == 3
+    assert "history" in third  # the shared snapshot is left whole for the other watchers
+    body, sent = event_body(third, sent)  # nothing new
+    assert body["history_append"] == []
+    assert sent == 3
+    del second
+    # A watcher so far behind that the ring dropped points it never got: the whole ring again.
+    for _ in range(HISTORY_POINTS + 2):
+        latest = await hub.build()
+    assert latest["history"][0]["seq"] > 4
+    body, sent = event_body(latest, 3)
+    assert len(body["history"]) == HISTORY_POINTS
+    assert sent == HISTORY_POINTS + 5
+    await hub.close()
