@@ -87,7 +87,9 @@ class EvaluatorApp:
                 config = dataclasses.replace(config, local_isolation=probe.best.value)
         if settings.min_isolation != "bwrap":
             _log.warning("evaluator allows weak local isolation (min_isolation=%s)", settings.min_isolation)
-        endpoint, provider = open_endpoint("polar-evaluator", settings.metrics_host, settings.metrics_port)
+        endpoint, provider = open_endpoint(
+            "polar-evaluator", settings.metrics_host, settings.metrics_port, token=settings.metrics_token
+        )
         metrics = EvaluatorMetrics(provider)
         return cls(
             EvaluatorService(config, runtime_factory=runtime_factory, metrics=metrics), metrics_endpoint=endpoint

@@ -191,7 +191,9 @@ class GatewayApp:
         clients.closers.insert(0, monitor.stop)
         app = cls(settings, pipeline, clients, endpoint)
         if endpoint is not None:
-            app.metrics_port = endpoint.start(settings.metrics_host, settings.metrics_port)
+            app.metrics_port = endpoint.start(
+                settings.metrics_host, settings.metrics_port, token=settings.metrics_token
+            )
         return app
 
     def serving(self, port: int) -> None:

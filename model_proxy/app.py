@@ -139,7 +139,12 @@ class ProxyApp:
 
     def _start_metrics(self) -> None:
         """Serve ``/metrics`` per the settings and meter the engine on it (before the first call)."""
-        endpoint, provider = open_endpoint("polar-proxy", self.settings.metrics_host, self.settings.metrics_port)
+        endpoint, provider = open_endpoint(
+            "polar-proxy",
+            self.settings.metrics_host,
+            self.settings.metrics_port,
+            token=self.settings.metrics_token,
+        )
         if endpoint is None:
             return
         gate = self.engine.gate

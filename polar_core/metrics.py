@@ -4,7 +4,9 @@ A service's ``metrics.py`` declares its instruments as :class:`MetricSpec` value
 OpenTelemetry semantic conventions: ``gen_ai.*`` where one applies, ``polar.<service>.*`` otherwise) and makes
 them with :func:`make_instrument` on a meter of :attr:`MetricsEndpoint.meter_provider`. The endpoint serves
 ``/metrics`` from its own Prometheus registry on ``metrics_host:metrics_port`` (0 picks a port, -1 serves
-nothing: instruments then come from a no-op meter and cost next to nothing).
+nothing: instruments then come from a no-op meter and cost next to nothing). With ``metrics_token`` set (the
+token, or ``sha256:<hex digest>``) the endpoint answers ``401`` to a scrape without ``Authorization: Bearer
+<token>`` (Prometheus: ``authorization: {credentials_file: ...}`` in the scrape config).
 
 The Prometheus exporter renames: dots become ``_``, a unit ``s`` appends ``_seconds`` and ``By`` ``_bytes``
 (``{token}``-style units append nothing), counters end in ``_total`` and histograms expose ``_bucket``,
@@ -16,16 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
+import socket
+import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, NoOpMeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from polar_core.secret_check import SecretCheck, bearer_token
+from polar_core.settings import is_loopback
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
     "DURATION_BUCKETS_S",
@@ -37,6 +49,8 @@ __all__ = [
     "open_endpoint",
     "prometheus_series",
 ]
+
+_log = logging.getLogger(__name__)
 
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 """Seconds, from a fast RPC to a long agent run."""
@@ -154,12 +168,31 @@ class MetricsEndpoint:
         self._stopped = False
         self.port = 0
 
-    def start(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a port; -1 serves nothing) and return the port."""
+    def start(self, host: str, port: int, *, token: str = "") -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a port; -1 serves nothing) and return the port.
+
+        Args:
+            host: Interface to bind.
+            port: Port; 0 picks one, -1 serves nothing.
+            token: The bearer token a scrape must present (or its ``sha256:`` digest); empty: none needed.
+
+        Raises:
+            InvalidArgument: ``token`` is a malformed ``sha256:`` digest.
+        """
         if port < 0:
             self.port = -1
             return -1
-        server, _thread = start_http_server(port, addr=host, registry=self._registry)
+        check = SecretCheck([token], setting="metrics_token")
+        if check.open_access and not is_loopback(host):
+            _log.warning(
+                "metrics on %s:%s need no token: anyone who reaches the port reads them (set metrics_token)", host, port
+            )
+        app: WSGIApplication = make_wsgi_app(self._registry)
+        if not check.open_access:
+            app = _bearer_guard(app, check)
+        server_class = _server_class(host)
+        server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         self._server = server
         self.port = server.server_port
         return self.port
@@ -175,8 +208,10 @@ class MetricsEndpoint:
             self.meter_provider.shutdown()
 
 
-def open_endpoint(service_name: str, host: str, port: int) -> tuple[MetricsEndpoint | None, MeterProvider]:
-    """The started endpoint of a service's ``metrics_host``/``metrics_port`` and the provider to meter with.
+def open_endpoint(
+    service_name: str, host: str, port: int, *, token: str = ""
+) -> tuple[MetricsEndpoint | None, MeterProvider]:
+    """The started endpoint of a service's ``metrics_host``/``metrics_port`` (``metrics_token``) and its provider.
 
     Returns:
         ``(endpoint, its provider)``, or ``(None, a no-op provider)`` when ``port`` is -1 (metrics off).
@@ -184,5 +219,46 @@ def open_endpoint(service_name: str, host: str, port: int) -> tuple[MetricsEndpo
     if port < 0:
         return None, NoOpMeterProvider()
     endpoint = MetricsEndpoint(service_name=service_name)
-    endpoint.start(host, port)
+    try:
+        endpoint.start(host, port, token=token)
+    except BaseException:
+        endpoint.stop()
+        raise
     return endpoint, endpoint.meter_provider
+
+
+_REFUSED = b"metrics need Authorization: Bearer <metrics_token>\n"
+
+
+def _bearer_guard(app: WSGIApplication, check: SecretCheck) -> WSGIApplication:
+    """``app`` behind a bearer-token check: ``401`` (and nothing read) without the token."""
+
+    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+        if check(bearer_token(str(environ.get("HTTP_AUTHORIZATION", "")))):
+            return app(environ, start_response)
+        headers = [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(_REFUSED))),
+            ("WWW-Authenticate", 'Bearer realm="polar-metrics"'),
+        ]
+        start_response("401 Unauthorized", headers)
+        return [_REFUSED]
+
+    return guarded
+
+
+def _server_class(host: str) -> type[WSGIServer]:
+    """prometheus_client's threading WSGI server, in the address family of ``host`` (IPv6 literals included)."""
+    family = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    return Server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (prometheus_client's own handler is private)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return

@@ -89,6 +89,8 @@ class ServiceSettings(BaseSettings):
         metrics_port: Port of this service's Prometheus ``/metrics`` endpoint (``docs/observability.md``); 0
             picks a free one, -1 (the default, except the gateway's 0) serves none.
         metrics_host: Interface the metrics endpoint binds.
+        metrics_token: Bearer token a scrape of the metrics endpoint must present (the token, or
+            ``sha256:<hex digest>``); empty: none (keep the port on a monitoring network then).
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_", frozen=True, extra="forbid")
@@ -110,6 +112,7 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=4 * 1024 * 1024, le=2**31 - 1)
     metrics_port: int = Field(default=-1, ge=-1, le=65535)
     metrics_host: str = "127.0.0.1"
+    metrics_token: str = ""
 
     def tls(self) -> TlsFiles | None:
         """The mTLS files, or None when mTLS is off."""

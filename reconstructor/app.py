@@ -76,7 +76,9 @@ class ReconstructorApp:
             tls=settings.tls(),
             max_message_bytes=settings.max_message_bytes,
         )
-        endpoint, _provider = open_endpoint("polar-reconstructor", settings.metrics_host, settings.metrics_port)
+        endpoint, _provider = open_endpoint(
+            "polar-reconstructor", settings.metrics_host, settings.metrics_port, token=settings.metrics_token
+        )
         return cls(service_defaults(settings), source, metrics_endpoint=endpoint)
 
     async def close(self) -> None:

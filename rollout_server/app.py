@@ -106,7 +106,9 @@ class RolloutApp:
 
             Dashboard.check_settings(settings)  # before anything opens
         store = store or await open_store(settings.store_url, settings.state_dir)
-        endpoint, meter_provider = open_endpoint("polar-rollout", settings.metrics_host, settings.metrics_port)
+        endpoint, meter_provider = open_endpoint(
+            "polar-rollout", settings.metrics_host, settings.metrics_port, token=settings.metrics_token
+        )
         metrics = RolloutMetrics(meter_provider)
         token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(

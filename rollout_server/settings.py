@@ -62,6 +62,8 @@ class RolloutSettings(ServiceSettings):
             sessions to their trace there.
         dashboard_proxy_metrics_urls: Prometheus endpoints of the model proxies (``http://proxy:9464/metrics``)
             the dashboard reads call latency and tokens/s from, while someone watches it.
+        dashboard_proxy_metrics_token: The bearer token those endpoints require (their ``metrics_token``); empty:
+            none.
         metrics_refresh_s: Seconds between the counts behind the metrics endpoint's gauges (tasks, sessions and
             deliveries by state, gateways, policy version); each refresh is a few ``GROUP BY`` queries.
     """
@@ -102,4 +104,5 @@ class RolloutSettings(ServiceSettings):
     dashboard_key: str = ""
     dashboard_jaeger_url: str = ""
     dashboard_proxy_metrics_urls: list[str] = Field(default_factory=list)
+    dashboard_proxy_metrics_token: str = ""
     metrics_refresh_s: float = Field(default=5.0, gt=0)

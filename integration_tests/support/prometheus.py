@@ -48,9 +48,12 @@ class Scrape:
                     assert not extra, f"{name} carries undeclared labels {extra}"
 
 
-def scrape(port: int, host: str = "127.0.0.1") -> Scrape:
-    """GET ``http://host:port/metrics`` and parse it."""
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+def scrape(port: int, host: str = "127.0.0.1", *, token: str = "") -> Scrape:
+    """GET ``http://host:port/metrics`` (with ``Authorization: Bearer token`` when given) and parse it."""
+    request = urllib.request.Request(f"http://{host}:{port}/metrics")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
     samples: list[tuple[str, dict[str, str], float]] = []
     types: dict[str, str] = {}
     for family in text_string_to_metric_families(text):

@@ -11,14 +11,12 @@ Secrets are compared in constant time, never logged, and never stored in a cooki
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from polar_core.roles import TOKEN_DIGEST_PREFIX
+from polar_core.secret_check import SecretCheck, bearer_token
 
 __all__ = ["COOKIE_NAME", "DashboardAuth"]
 
@@ -36,31 +34,18 @@ class DashboardAuth:
     """
 
     def __init__(self, secrets_: Iterable[str], *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._accepted = [
-            (True, s.removeprefix(TOKEN_DIGEST_PREFIX).lower().encode())
-            if s.startswith(TOKEN_DIGEST_PREFIX)
-            else (False, s.encode())
-            for s in secrets_
-            if s
-        ]
+        self._check = SecretCheck(secrets_, setting="dashboard secret")
         self._clock = clock
         self._sessions: OrderedDict[str, float] = OrderedDict()
 
     @property
     def open_access(self) -> bool:
         """Whether no secret is configured, so anyone who reaches the port sees the dashboard."""
-        return not self._accepted
+        return self._check.open_access
 
     def check_secret(self, presented: str) -> bool:
         """Whether ``presented`` is an accepted secret (every comparison runs, whatever matches)."""
-        if not presented:
-            return False
-        raw = presented.encode()
-        digest = hashlib.sha256(raw).hexdigest().encode()
-        ok = False
-        for is_digest, expected in self._accepted:
-            ok |= hmac.compare_digest(digest if is_digest else raw, expected)
-        return ok
+        return self._check(presented)
 
     def open_session(self) -> str:
         """A new cookie session id (the oldest session is dropped beyond a fixed number)."""
@@ -88,6 +73,6 @@ class DashboardAuth:
         """Whether a request with this cookie value and ``authorization`` header may see the dashboard."""
         if self.open_access:
             return True
-        if authorization.startswith("Bearer ") and self.check_secret(authorization[len("Bearer ") :]):
+        if self.check_secret(bearer_token(authorization)):
             return True
         return self.check_session(cookie)

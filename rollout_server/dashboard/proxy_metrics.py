@@ -105,6 +105,7 @@ class ProxyMetricsSource:
         urls: The proxies' Prometheus endpoints.
         window_s: How far back the figures reach: the window starts at the newest earlier read at least this old
             (or the oldest read kept, while none is).
+        token: Bearer token the endpoints require (their ``metrics_token``); empty: none sent.
         clock: Monotonic time source.
     """
 
@@ -113,12 +114,14 @@ class ProxyMetricsSource:
         urls: Iterable[str],
         *,
         window_s: float = DEFAULT_WINDOW_S,
+        token: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be positive, got {window_s}")
         self.urls = tuple(urls)
         self.window_s = window_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._clock = clock
         self._readings: deque[_Reading] = deque(maxlen=_MAX_READINGS)  # bounds memory at tiny intervals
         self._http: aiohttp.ClientSession | None = None
@@ -126,7 +129,7 @@ class ProxyMetricsSource:
     async def _fetch(self, url: str) -> str:
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S))
-        async with self._http.get(url) as response:
+        async with self._http.get(url, headers=self._headers) as response:
             response.raise_for_status()
             return await response.text()
 
@@ -146,6 +149,10 @@ class ProxyMetricsSource:
         for url in self.urls:
             try:
                 _parse(await self._fetch(url), reading)
+            except aiohttp.ClientResponseError as exc:
+                errors.append(
+                    f"{url}: HTTP {exc.status}" + (" (set dashboard_proxy_metrics_token)" if exc.status == 401 else "")
+                )
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 errors.append(f"{url}: {type(exc).__name__}")
         return self.figures(reading, errors)

@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from polar_core.errors import InvalidArgument
+from polar_core.roles import TOKEN_DIGEST_PREFIX
 from polar_core.settings import is_loopback
 from rollout_server.dashboard.auth import COOKIE_NAME, DashboardAuth
 from rollout_server.dashboard.data import DashboardData, DataConfig
@@ -107,6 +108,11 @@ class Dashboard:
                 (no token configured) while the server is not ``insecure``.
         """
         host, _ = parse_address(settings.dashboard_address)
+        if settings.dashboard_proxy_metrics_token.startswith(TOKEN_DIGEST_PREFIX):
+            raise InvalidArgument(
+                "dashboard_proxy_metrics_token is presented to the proxies: give the token itself, not its digest",
+                details={"dashboard_proxy_metrics_token": "sha256:..."},
+            )
         secrets_ = (settings.auth_token, settings.trainer_token, settings.admin_token, settings.dashboard_key)
         auth = DashboardAuth(secrets_)
         if auth.open_access and not is_loopback(host) and not settings.insecure:
@@ -123,7 +129,10 @@ class Dashboard:
         auth = cls.check_settings(settings)
         host, port = parse_address(settings.dashboard_address)
         data = DashboardData(store, DataConfig(jaeger_url=settings.dashboard_jaeger_url))
-        hub = SnapshotHub(data, ProxyMetricsSource(settings.dashboard_proxy_metrics_urls))
+        hub = SnapshotHub(
+            data,
+            ProxyMetricsSource(settings.dashboard_proxy_metrics_urls, token=settings.dashboard_proxy_metrics_token),
+        )
         return cls(hub, auth, host, port, insecure=settings.insecure)
 
     @property
