@@ -7,13 +7,16 @@ import asyncio
 import hashlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from integration_tests.test_core_mtls import _issue
 from polar_client import RolloutClient, task_from_mapping
+from polar_core.errors import InvalidArgument
 from polar_core.server import RunningService
 from rollout_server.app import RolloutApp
 from rollout_server.server import start_server
@@ -119,6 +122,7 @@ async def test_token_becomes_a_cookie_and_the_stream_shows_the_task(
         "insecure": False,
         "open_access": False,
         "jaeger": True,
+        "plain_http_off_loopback": False,
         "interval_s": 1.0,
         "history_points": 720,
     }
@@ -164,3 +168,79 @@ def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path
     assert "\x1b[" not in proc.stdout  # plain lines: no cursor movement, no colour
     assert "done=1" in proc.stdout
     assert key not in (out / "polar.log").read_text()  # the link is for the person at the terminal only
+
+
+async def test_https_with_a_secure_cookie_and_half_a_tls_pair_refused(tmp_path: Path) -> None:
+    """With ``dashboard_tls_cert_file`` / ``_key_file`` the dashboard speaks HTTPS only, its cookie is ``Secure``;
+    one file without the other, or files that do not load, stop the server before it opens anything."""
+    ca_cert, _ca_key, ca_name, ca_key = _issue(tmp_path, "ca", "polar-test-ca", None, ca=True)
+    cert, key, _, _ = _issue(tmp_path, "dashboard", "dashboard", (ca_name, ca_key), ca=False)
+    settings = RolloutSettings(
+        port=0,
+        state_dir=tmp_path / "state",
+        trainer_token=TRAINER,
+        dashboard_address="127.0.0.1:0",
+        dashboard_tls_cert_file=cert,
+        dashboard_tls_key_file=key,
+    )
+    running = await start_server(settings)
+    try:
+        base = _base(running)
+        assert base.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(ca_cert))
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.get(base + "/api/snapshot", ssl=trusted) as refused:
+                assert refused.status == 401
+            async with http.get(base + "/?token=" + TRAINER, ssl=trusted, allow_redirects=False) as exchange:
+                assert exchange.status == 303
+                cookie = exchange.headers["Set-Cookie"]
+                assert "Secure" in cookie
+                assert "HttpOnly" in cookie
+            async with http.get(base + "/api/snapshot", ssl=trusted) as reply:
+                assert reply.status == 200
+                assert (await reply.json())["server"]["plain_http_off_loopback"] is False
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await http.get(base + "/api/snapshot")  # a client that does not trust the CA
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(base.replace("https://", "http://") + "/api/snapshot")  # no plain HTTP on the port
+    finally:
+        await running.stop(1.0)
+    for half_cert, half_key in ((cert, None), (None, key)):
+        with pytest.raises(InvalidArgument, match="both dashboard_tls_cert_file and dashboard_tls_key_file"):
+            await start_server(
+                RolloutSettings(
+                    port=0,
+                    state_dir=tmp_path / "s2",
+                    dashboard_address="127.0.0.1:0",
+                    dashboard_tls_cert_file=half_cert,
+                    dashboard_tls_key_file=half_key,
+                )
+            )
+    with pytest.raises(InvalidArgument, match="cannot load the dashboard's certificate"):
+        await start_server(
+            RolloutSettings(
+                port=0,
+                state_dir=tmp_path / "s3",
+                dashboard_address="127.0.0.1:0",
+                dashboard_tls_cert_file=key,
+                dashboard_tls_key_file=cert,
+            )
+        )
+
+
+async def test_plain_http_beyond_loopback_is_flagged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = RolloutSettings(
+        port=0, state_dir=tmp_path, trainer_token=TRAINER, dashboard_address="0.0.0.0:0", task_roots=[str(tmp_path)]
+    )
+    running = await start_server(settings)
+    try:
+        headers = {"Authorization": f"Bearer {TRAINER}"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(_base(running) + "/api/snapshot", headers=headers) as reply,
+        ):
+            assert reply.status == 200
+            assert (await reply.json())["server"]["plain_http_off_loopback"] is True
+    finally:
+        await running.stop(1.0)
+    assert "cross the network in clear" in caplog.text

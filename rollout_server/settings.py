@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -64,6 +65,9 @@ class RolloutSettings(ServiceSettings):
             the dashboard reads call latency and tokens/s from, while someone watches it.
         dashboard_proxy_metrics_token: The bearer token those endpoints require (their ``metrics_token``); empty:
             none.
+        dashboard_tls_cert_file: PEM certificate (chain) the dashboard serves HTTPS with; with the key below. Unset:
+            plain HTTP (and a warning on the page and in the log when it listens beyond loopback).
+        dashboard_tls_key_file: PEM private key of ``dashboard_tls_cert_file``.
         metrics_refresh_s: Seconds between the counts behind the metrics endpoint's gauges (tasks, sessions and
             deliveries by state, gateways, policy version); each refresh is a few ``GROUP BY`` queries.
     """
@@ -105,4 +109,6 @@ class RolloutSettings(ServiceSettings):
     dashboard_jaeger_url: str = ""
     dashboard_proxy_metrics_urls: list[str] = Field(default_factory=list)
     dashboard_proxy_metrics_token: str = ""
+    dashboard_tls_cert_file: Path | None = None
+    dashboard_tls_key_file: Path | None = None
     metrics_refresh_s: float = Field(default=5.0, gt=0)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,32 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _tls_context(settings: RolloutSettings) -> ssl.SSLContext | None:
+    """The HTTPS context of ``dashboard_tls_cert_file`` / ``_key_file``, or ``None`` when both are unset.
+
+    Raises:
+        InvalidArgument: Only one of the two is set, or they cannot be loaded.
+    """
+    cert, key = settings.dashboard_tls_cert_file, settings.dashboard_tls_key_file
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InvalidArgument(
+            "the dashboard's TLS needs both dashboard_tls_cert_file and dashboard_tls_key_file",
+            details={"dashboard_tls_cert_file": str(cert or ""), "dashboard_tls_key_file": str(key or "")},
+        )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgument(
+            f"cannot load the dashboard's certificate {cert} and key {key}: {exc}",
+            details={"dashboard_tls_cert_file": str(cert)},
+        ) from exc
+    return context
+
+
 def _redirect(location: str) -> web.Response:
     """A ``303 See Other`` to ``location`` (returned, not raised, so a cookie can ride on it)."""
     return web.Response(status=303, headers={"Location": location})
@@ -88,14 +115,25 @@ class Dashboard:
         host: Interface to bind.
         port: Port (0 picks one).
         insecure: Whether the rollout server runs ``insecure`` (the page says so).
+        tls: The HTTPS context, or ``None`` for plain HTTP.
     """
 
-    def __init__(self, hub: SnapshotHub, auth: DashboardAuth, host: str, port: int, *, insecure: bool) -> None:
+    def __init__(
+        self,
+        hub: SnapshotHub,
+        auth: DashboardAuth,
+        host: str,
+        port: int,
+        *,
+        insecure: bool,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.hub = hub
         self.auth = auth
         self.host = host
         self.port = port
         self.insecure = insecure
+        self.tls = tls
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
 
@@ -105,9 +143,11 @@ class Dashboard:
 
         Raises:
             InvalidArgument: A malformed ``dashboard_address``, or one off loopback that nobody has to log in to
-                (no token configured) while the server is not ``insecure``.
+                (no token configured) while the server is not ``insecure``; half a TLS pair or one that does not
+                load; a digest as ``dashboard_proxy_metrics_token``.
         """
         host, _ = parse_address(settings.dashboard_address)
+        _tls_context(settings)  # both files or neither, and loadable
         if settings.dashboard_proxy_metrics_token.startswith(TOKEN_DIGEST_PREFIX):
             raise InvalidArgument(
                 "dashboard_proxy_metrics_token is presented to the proxies: give the token itself, not its digest",
@@ -133,13 +173,19 @@ class Dashboard:
             data,
             ProxyMetricsSource(settings.dashboard_proxy_metrics_urls, token=settings.dashboard_proxy_metrics_token),
         )
-        return cls(hub, auth, host, port, insecure=settings.insecure)
+        return cls(hub, auth, host, port, insecure=settings.insecure, tls=_tls_context(settings))
 
     @property
     def url(self) -> str:
-        """The dashboard's address (``http://host:port/``)."""
+        """The dashboard's address (``http://host:port/``, ``https://`` with TLS)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{self.port}/"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{self.port}/"
+
+    @property
+    def plain_off_loopback(self) -> bool:
+        """Whether secrets and cookies would cross a network in clear: plain HTTP beyond loopback."""
+        return self.tls is None and not is_loopback(self.host)
 
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[_headers])
@@ -161,7 +207,7 @@ class Dashboard:
         runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await web.TCPSite(runner, self.host, self.port, ssl_context=self.tls).start()
         except BaseException:
             await runner.cleanup()
             raise
@@ -169,6 +215,12 @@ class Dashboard:
         if runner.addresses:
             self.port = int(runner.addresses[0][1])
         _log.info("dashboard serving on %s", self.url)
+        if self.plain_off_loopback:
+            _log.warning(
+                "the dashboard on %s is plain HTTP: its token and cookie cross the network in clear "
+                "(set dashboard_tls_cert_file and dashboard_tls_key_file, or keep it on loopback)",
+                self.url,
+            )
 
     async def stop(self) -> None:
         """Stop serving (open event streams end) and the sampler; idempotent."""
@@ -186,7 +238,13 @@ class Dashboard:
 
     def _with_session(self, response: web.StreamResponse) -> web.StreamResponse:
         response.set_cookie(
-            COOKIE_NAME, self.auth.open_session(), httponly=True, samesite="Strict", path="/", max_age=12 * 3600
+            COOKIE_NAME,
+            self.auth.open_session(),
+            httponly=True,
+            samesite="Strict",
+            secure=self.tls is not None,  # over HTTPS the browser never sends it in clear
+            path="/",
+            max_age=12 * 3600,
         )
         return response
 
@@ -227,6 +285,7 @@ class Dashboard:
             "insecure": self.insecure,
             "open_access": self.auth.open_access,
             "jaeger": bool(self.hub.data.config.jaeger_url),
+            "plain_http_off_loopback": self.plain_off_loopback,
             "interval_s": self.hub.interval_s,
             "history_points": HISTORY_POINTS,
         }

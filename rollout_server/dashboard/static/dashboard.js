@@ -195,6 +195,7 @@
     const notes = [];
     if (server.insecure) notes.push("This rollout server runs insecure: its control plane is open to anyone who can reach it.");
     if (server.open_access) notes.push("No token is configured: anyone who can reach this port sees the dashboard.");
+    if (server.plain_http_off_loopback) notes.push("This page is plain HTTP beyond loopback: its token and cookie cross the network in clear.");
     $("warning").hidden = !notes.length;
     $("warning").textContent = notes.join(" ");
   }
