@@ -205,27 +205,18 @@ async def test_https_with_a_secure_cookie_and_half_a_tls_pair_refused(tmp_path: 
                 await http.get(base.replace("https://", "http://") + "/api/snapshot")  # no plain HTTP on the port
     finally:
         await running.stop(1.0)
-    for half_cert, half_key in ((cert, None), (None, key)):
-        with pytest.raises(InvalidArgument, match="both dashboard_tls_cert_file and dashboard_tls_key_file"):
+    both = "both dashboard_tls_cert_file and dashboard_tls_key_file"
+    for pair, refusal in (((cert, None), both), ((None, key), both), ((key, cert), "cannot load the dashboard's")):
+        with pytest.raises(InvalidArgument, match=refusal):
             await start_server(
                 RolloutSettings(
                     port=0,
-                    state_dir=tmp_path / "s2",
+                    state_dir=tmp_path / "refused",
                     dashboard_address="127.0.0.1:0",
-                    dashboard_tls_cert_file=half_cert,
-                    dashboard_tls_key_file=half_key,
+                    dashboard_tls_cert_file=pair[0],
+                    dashboard_tls_key_file=pair[1],
                 )
             )
-    with pytest.raises(InvalidArgument, match="cannot load the dashboard's certificate"):
-        await start_server(
-            RolloutSettings(
-                port=0,
-                state_dir=tmp_path / "s3",
-                dashboard_address="127.0.0.1:0",
-                dashboard_tls_cert_file=key,
-                dashboard_tls_key_file=cert,
-            )
-        )
 
 
 async def test_plain_http_beyond_loopback_is_flagged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
