@@ -53,6 +53,7 @@ from polar_core.git_trees import TreeCache
 from polar_core.records import AgentStatus
 from polar_core.task_paths import check_task_paths
 from runtimes import ExecResult, NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
+from runtimes.editable import redirect_editables
 from runtimes.policy import OperatorPolicy, apply_task_runtime
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
@@ -227,6 +228,9 @@ class HarnessAgentRunner:
             what = f"copying {image_path} of the image into the workspace"
             await _check(runtime, seed_argv(image_path, workspace), what, timeout_s=_SEED_TIMEOUT_S)
             await _check(runtime, init_workspace_argv(workspace), "committing the initial workspace")
+            # The image's editable installs of the directory import from the workspace, so the agent's own test
+            # runs see its edits (and not the image's unchanged copy).
+            await redirect_editables(runtime, image_path, workspace)
             return await image_base(runtime, workspace, self._trees)
         base = await asyncio.to_thread(workspace_base, spec, self._trees)
         if base.directory is not None:

@@ -7,6 +7,7 @@ in the local (bubblewrap) runtime from a host repository, and in the Docker runt
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -171,19 +172,36 @@ def test_unknown_parser_and_missing_fields_are_invalid_options(instance: Any) ->
         build_strategy(EvaluatorSpec("swebench", {}))
 
 
+@dataclasses.dataclass(frozen=True)
+class DockerEnv:
+    """A private daemon's client and two instance images: plain, and with the repository installed editable."""
+
+    client: Any
+    image: str
+    record: dict[str, Any]
+    editable_image: str
+    editable_record: dict[str, Any]
+
+
 @pytest.fixture(scope="module")
-def docker_env(instance: tuple[Path, dict[str, Any]]) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+def docker_env(instance: tuple[Path, dict[str, Any]]) -> Iterator[DockerEnv]:
     repo, record = make_instance(instance[0].parent / "image")  # the image's own python3 runs the tests
+    editable_repo, editable_record = make_instance(instance[0].parent / "editable", editable=True)
     with private_docker() as (_, client, base):
-        yield client, build_image(client, base, repo), record
+        image = build_image(client, base, repo)
+        yield DockerEnv(client, image, record, build_image(client, base, editable_repo, editable=True), editable_record)
+
+
+def _docker_service(tmp_path: Path, env: DockerEnv, image: str) -> EvaluatorService:
+    factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=env.client)
+    settings = EvaluatorSettings(state_dir=tmp_path / "state", allowed_images=[image])
+    return EvaluatorService(evaluator_config(settings), runtime_factory=factory)
 
 
 @pytest.mark.slow
-async def test_in_the_instance_image(tmp_path: Path, docker_env: Any) -> None:
-    client, image, record = docker_env
-    factory = DefaultRuntimeFactory(base_dir=tmp_path / "rt", docker_client=client)
-    settings = EvaluatorSettings(state_dir=tmp_path / "state", allowed_images=[image])
-    svc = EvaluatorService(evaluator_config(settings), runtime_factory=factory)
+async def test_in_the_instance_image(tmp_path: Path, docker_env: DockerEnv) -> None:
+    image, record = docker_env.image, docker_env.record
+    svc = _docker_service(tmp_path, docker_env, image)
     try:
         options = _options(record)
         result = await _grade(svc, options, record["patch"].encode(), image)
@@ -193,5 +211,24 @@ async def test_in_the_instance_image(tmp_path: Path, docker_env: Any) -> None:
         assert _statuses(result)[F2P] is TestStatus.FAILED
         result = await _grade(svc, options, b"not a patch\n", image)
         assert result.status is TerminalStatus.INVALID_PATCH
+    finally:
+        await svc.close()
+
+
+@pytest.mark.slow
+async def test_an_editable_install_is_graded_from_the_patched_copy(tmp_path: Path, docker_env: DockerEnv) -> None:
+    """As in the official images: the repository is ``pip install -e``-ed at ``/testbed`` (``src/`` layout) and
+    the eval script runs the venv's ``pytest``. The grading copy must be what the tests import: the gold patch
+    resolves, no patch does not (without the redirect both would be graded on the image's unpatched code)."""
+    image, record = docker_env.editable_image, docker_env.editable_record
+    svc = _docker_service(tmp_path, docker_env, image)
+    try:
+        options = _options(record)
+        result = await _grade(svc, options, record["patch"].encode(), image)
+        assert result.status is TerminalStatus.RESOLVED, result.error_message
+        assert _statuses(result)[F2P] is TestStatus.PASSED
+        result = await _grade(svc, options, b"", image)
+        assert result.status is TerminalStatus.UNRESOLVED
+        assert _statuses(result)[F2P] is TestStatus.FAILED
     finally:
         await svc.close()

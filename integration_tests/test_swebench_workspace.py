@@ -25,7 +25,7 @@ from polar.gateway.v1 import gateway_service_pb2 as pb
 
 from integration_tests.support.docker import private_docker
 from integration_tests.support.gateway_stack import Stack, gateway_stack, until_stage
-from integration_tests.support.swebench import IMAGE_TAG, build_image, make_instance
+from integration_tests.support.swebench import EDITABLE_IMAGE_TAG, IMAGE_TAG, build_image, make_instance
 from integration_tests.test_git_workspaces import AGENT
 from polar_client.formats.swebench import record_to_mapping
 
@@ -42,7 +42,7 @@ _REWRITE_GIT = "rm -rf .git; git init -q; git add -A; git commit -qm 'polar: ini
 
 
 @pytest.fixture(scope="module")
-def docker_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, Any]]]:
+def docker_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, Any], dict[str, Any]]]:
     repo, record = make_instance(tmp_path_factory.mktemp("swebench-ws"))  # the image's python3 runs the tests
     # A later commit on another branch of the image's repository (HEAD stays at base_commit): history the
     # agent must not see.
@@ -50,19 +50,22 @@ def docker_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     subprocess.run([*git, "checkout", "-q", "-b", "future"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the future"], check=True)
     subprocess.run([*git, "checkout", "-q", "main"], check=True)
+    editable_repo, editable_record = make_instance(tmp_path_factory.mktemp("swebench-ws-e"), editable=True)
     with private_docker() as (daemon, client, base):
         build_image(client, base, repo)
-        yield daemon, record
+        build_image(client, base, editable_repo, editable=True)
+        yield daemon, record, editable_record
 
 
 @pytest.fixture
 async def stack(
-    tmp_path: Path, docker_env: tuple[Any, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, docker_env: tuple[Any, dict[str, Any], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Stack]:
-    daemon, _ = docker_env
+    daemon = docker_env[0]
     monkeypatch.setenv("DOCKER_HOST", daemon.url)  # the gateway's and the evaluator's runtimes
-    monkeypatch.setenv("POLAR_EVALUATOR_ALLOWED_IMAGES", f'["{IMAGE_TAG}"]')
-    async with gateway_stack(tmp_path, default_runtime="docker", allowed_images=[IMAGE_TAG]) as running:
+    monkeypatch.setenv("POLAR_EVALUATOR_ALLOWED_IMAGES", f'["{IMAGE_TAG}", "{EDITABLE_IMAGE_TAG}"]')
+    images = [IMAGE_TAG, EDITABLE_IMAGE_TAG]
+    async with gateway_stack(tmp_path, default_runtime="docker", allowed_images=images) as running:
         yield running
 
 
@@ -99,9 +102,9 @@ async def _finish(stack: Stack, spec: session_pb2.SessionSpec) -> Any:
 
 @pytest.mark.slow
 async def test_the_agent_works_in_the_images_testbed(
-    stack: Stack, docker_env: tuple[Any, dict[str, Any]], tmp_path: Path
+    stack: Stack, docker_env: tuple[Any, dict[str, Any], dict[str, Any]], tmp_path: Path
 ) -> None:
-    _, record = docker_env
+    record = docker_env[1]
     fix = f"printf %s {shlex.quote(record['patch'])} | git apply; {_REWRITE_GIT}"
     reply = await _finish(stack, _session("fixed", record, fix))
     assert reply.result.status == "resolved", reply.result.error_message
@@ -117,9 +120,9 @@ async def test_the_agent_works_in_the_images_testbed(
 
 
 async def test_a_malformed_workspace_image_path_is_refused_at_admission(
-    stack: Stack, docker_env: tuple[Any, dict[str, Any]], tmp_path: Path
+    stack: Stack, docker_env: tuple[Any, dict[str, Any], dict[str, Any]], tmp_path: Path
 ) -> None:
-    _, record = docker_env
+    record = docker_env[1]
     for bad in ("testbed", "/testbed/../etc", "/"):
         spec = _session("bad", record, "true")
         spec.task.metadata["workspace_image_path"] = bad
@@ -136,3 +139,23 @@ async def test_a_malformed_workspace_image_path_is_refused_at_admission(
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await stack.stub.GetSession(pb.GetSessionRequest(session_id="bad"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.slow
+async def test_the_images_editable_install_imports_the_agents_workspace(
+    stack: Stack, docker_env: tuple[Any, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """The image's Python has ``/testbed`` installed editable (``src/`` layout): in the agent's workspace that
+    Python (and so the agent's own test runs) imports the workspace's copy, which the agent edits, not the
+    image's ``/testbed``; the fixed session is graded resolved (in the venv of the same image)."""
+    record = docker_env[2]
+    where = "python3 -c 'import toml; print(toml.__file__)' > imported.txt"
+    fix = f"printf %s {shlex.quote(record['patch'])} | git apply; {where}"
+    reply = await _finish(stack, _session("editable", record, fix))
+    assert reply.result.status == "resolved", reply.result.error_message
+    patch = _kept_patch(tmp_path, "editable")
+    assert patch is not None
+    imported = [line[1:] for line in patch.decode().splitlines() if line.startswith("+/")]
+    assert len(imported) == 1, patch.decode()
+    assert imported[0].endswith("/src/toml/__init__.py")
+    assert not imported[0].startswith("/testbed/")  # the workspace under the session directory

@@ -47,6 +47,7 @@ from evaluator.strategies.patching import DEFAULT_PROTECTED, apply_patch, restor
 from polar_core.errors import FailedPrecondition, NotFound
 from polar_core.records import TerminalStatus
 from runtimes import RuntimeDied
+from runtimes.editable import editable_paths
 
 __all__ = ["SwebenchStrategy", "conflicting_results"]
 
@@ -143,13 +144,16 @@ class SwebenchStrategy:
         self.junit_check = junit_check and _is_pytest_parser(self.instance["log_parser"])
         touched = {p for pair in _DIFF_PATHS.findall(self.instance["test_patch"]) for p in pair}
         self.protected = [*DEFAULT_PROTECTED, *sorted(touched), *opt_str_list(options, "protected_files")]
+        self.pythonpath: list[str] = []  # the copy's directories standing for the image's editable installs
 
     async def prepare(self, ctx: EvalContext) -> None:
         """Copy the image's repository (at ``base_commit``) into the session and snapshot it.
 
         Polar's container runtime runs commands as an unprivileged user on a read-only root file system, so
         the repository is graded in a copy under the session directory; the eval script's ``/testbed`` paths
-        are pointed at the copy (see :meth:`evaluate`).
+        are pointed at the copy (see :meth:`evaluate`), and so are the image's editable installs of it
+        (:func:`runtimes.editable.editable_paths`, on ``PYTHONPATH``), or the tests would import the unpatched
+        ``/testbed``.
         """
         runtime = ctx.need_runtime()
         repo = runtime.root / "repo"
@@ -160,6 +164,12 @@ class SwebenchStrategy:
             await ctx.run(["cp", "-R", "--preserve=mode,timestamps,links", f"{self.repo_path}/.", str(repo)],
                           check=True, timeout=600.0)  # fmt: skip
         ctx.repo_dir = repo
+        if not self.host_repo:
+            # Before any patch code runs: the image's editable installs of the repository, pointed at the copy
+            # (on PYTHONPATH for the eval script, ahead of every site directory, venvs' included).
+            self.pythonpath = await editable_paths(runtime, self.repo_path, repo)
+            if self.pythonpath:
+                ctx.log.write(f"editable installs of {self.repo_path} import from the copy", "\n".join(self.pythonpath))
         probe = await ctx.git("rev-parse", "--verify", "-q", f"{self.instance['base_commit']}^{{commit}}", check=False)
         if probe.exit_code != 0:
             raise RuntimeDied(f"{self.repo_path} in the image has no commit {self.instance['base_commit']}")
@@ -179,7 +189,7 @@ class SwebenchStrategy:
         await restore_protected(ctx, self.protected)
         script = runtime.root / "eval" / "eval.sh"
         await runtime.upload(self.spec.eval_script.replace(self.repo_path, str(ctx.repo_dir)).encode("utf-8"), script)
-        env: dict[str, str] = {}
+        env: dict[str, str] = {"PYTHONPATH": ":".join(self.pythonpath)} if self.pythonpath else {}
         junit: PurePosixPath | None = None
         if self.junit_check:
             # A fresh, randomly named directory (mkdir without -p: never one planted in advance).

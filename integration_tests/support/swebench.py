@@ -5,6 +5,12 @@ with a bug planted at ``base_commit`` (booleans dumped as ``True`` instead of ``
 the one-line fix, the ``test_patch`` adds the test that shows it. The eval script has the official shape
 (reset the test files, apply the test patch, run the tests between the output markers, reset again). The image
 is the offline Python test image with the repository at ``/testbed``.
+
+``editable=True`` makes the instance as the official images have theirs: the repository carries a ``setup.py``
+and the image installs it with ``pip install -e`` into a venv (``/opt/venv``, ``src/`` layout, so the package
+is found only through the install's ``.pth``/``.egg-link`` naming ``/testbed/src``; the same markers are copied
+into the system Python's site directory, a plain interpreter as a conda environment is), and the eval script
+activates the venv and runs its ``python -m pytest`` without putting ``src`` on ``sys.path`` itself.
 """
 
 from __future__ import annotations
@@ -16,10 +22,23 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMAGE_TAG", "INSTANCE_ID", "build_image", "make_instance"]
+__all__ = ["EDITABLE_IMAGE_TAG", "IMAGE_TAG", "INSTANCE_ID", "build_image", "make_instance"]
 
 INSTANCE_ID = "uiri__toml-1"
 IMAGE_TAG = "sweb.eval.x86_64.uiri_1776_toml-1:polar-test"
+EDITABLE_IMAGE_TAG = "sweb.eval.x86_64.uiri_1776_toml-1:polar-test-editable"
+_SETUP_PY = """from setuptools import setup
+
+setup(name="toml", version="0.10.2", package_dir={"": "src"}, packages=["toml"])
+"""
+# The editable install's markers are also copied into the system Python's site directory: a plain (not venv)
+# interpreter with the install, as a conda environment of the official images is.
+_INSTALL = (
+    "RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install -q --no-index "
+    "--no-build-isolation --no-use-pep517 -e /testbed && mkdir -p /usr/local/lib/python3.11/dist-packages && "
+    "cp /opt/venv/lib/python3.11/site-packages/easy-install.pth /opt/venv/lib/python3.11/site-packages/toml.egg-link "
+    "/usr/local/lib/python3.11/dist-packages/\n"
+)
 _BASIC_TESTS = """import toml
 
 
@@ -38,13 +57,13 @@ def test_dumps_bool():
 """
 _EVAL = """#!/bin/bash
 set -uxo pipefail
-cd /testbed
+{activate}cd /testbed
 git checkout {base} -- tests/test_basic.py
 git apply -v - <<'EOF_114329324912'
 {test_patch}
 EOF_114329324912
 : '>>>>> Start Test Output'
-PYTHONPATH=src {python} -m pytest -p no:cacheprovider -rA tests/test_basic.py tests/test_bool.py
+{run_tests} -p no:cacheprovider -rA tests/test_basic.py tests/test_bool.py
 : '>>>>> End Test Output'
 git checkout {base} -- tests/test_basic.py
 rm -f tests/test_bool.py
@@ -56,10 +75,11 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(argv, cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
-def make_instance(root: Path, python: str = "python3") -> tuple[Path, dict[str, Any]]:
+def make_instance(root: Path, python: str = "python3", *, editable: bool = False) -> tuple[Path, dict[str, Any]]:
     """``(repository, record)``: the repository at its base commit and the instance record (swebench 5 schema).
 
-    ``python`` is the interpreter the eval script runs pytest with (the image's ``python3`` by default).
+    ``python`` is the interpreter the eval script runs pytest with (the image's ``python3`` by default), with
+    ``PYTHONPATH=src``; ``editable`` instead runs the venv's Python of an editable install (module docstring).
     """
     spec = importlib.util.find_spec("toml")
     if spec is None or spec.origin is None:
@@ -76,6 +96,8 @@ def make_instance(root: Path, python: str = "python3") -> tuple[Path, dict[str, 
         raise RuntimeError("unexpected toml source")
     encoder.write_text(fixed.replace("bool: lambda v: unicode(v).lower(),", "bool: lambda v: unicode(v),"))
     (repo / "tests" / "test_basic.py").write_text(_BASIC_TESTS, encoding="utf-8")
+    if editable:
+        (repo / "setup.py").write_text(_SETUP_PY, encoding="utf-8")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "toml 0.10.2 (booleans dumped as True)")
@@ -101,23 +123,31 @@ def make_instance(root: Path, python: str = "python3") -> tuple[Path, dict[str, 
         "environment_setup_commit": base,
         "FAIL_TO_PASS": '["tests/test_bool.py::test_dumps_bool"]',
         "PASS_TO_PASS": '["tests/test_basic.py::test_loads_table", "tests/test_basic.py::test_dumps_int"]',
-        "eval_script": _EVAL.format(base=base, test_patch=test_patch.rstrip("\n"), python=python),
+        "eval_script": _EVAL.format(
+            base=base,
+            test_patch=test_patch.rstrip("\n"),
+            activate="source /opt/venv/bin/activate\n" if editable else "",
+            run_tests="python -m pytest" if editable else f"PYTHONPATH=src {python} -m pytest",
+        ),
         "log_parser": "parse_log_pytest",
         "eval_type": "pass_and_fail",
-        "image": IMAGE_TAG,
+        "image": EDITABLE_IMAGE_TAG if editable else IMAGE_TAG,
     }
     return repo, record
 
 
-def build_image(client: Any, base_image: str, repo: Path) -> str:
-    """Build :data:`IMAGE_TAG`: ``base_image`` with ``repo`` (its history included) at ``/testbed``."""
+def build_image(client: Any, base_image: str, repo: Path, *, editable: bool = False) -> str:
+    """Build :data:`IMAGE_TAG`: ``base_image`` with ``repo`` (its history included) at ``/testbed``; with
+    ``editable``, :data:`EDITABLE_IMAGE_TAG`, the repository also installed editable into ``/opt/venv``."""
+    tag = EDITABLE_IMAGE_TAG if editable else IMAGE_TAG
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        dockerfile = f"FROM {base_image}\nCOPY testbed /testbed\nRUN chmod -R a+rX /testbed\n".encode()
+        install = _INSTALL if editable else ""
+        dockerfile = f"FROM {base_image}\nCOPY testbed /testbed\n{install}RUN chmod -R a+rX /testbed\n".encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(dockerfile)
         tar.addfile(info, io.BytesIO(dockerfile))
         tar.add(repo, arcname="testbed")
     buf.seek(0)
-    client.images.build(fileobj=buf, custom_context=True, tag=IMAGE_TAG, rm=True, network_mode="none")
-    return IMAGE_TAG
+    client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, network_mode="none")
+    return tag
