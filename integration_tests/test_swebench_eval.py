@@ -199,28 +199,14 @@ def _docker_service(tmp_path: Path, env: DockerEnv, image: str) -> EvaluatorServ
 
 
 @pytest.mark.slow
-async def test_in_the_instance_image(tmp_path: Path, docker_env: DockerEnv) -> None:
-    image, record = docker_env.image, docker_env.record
-    svc = _docker_service(tmp_path, docker_env, image)
-    try:
-        options = _options(record)
-        result = await _grade(svc, options, record["patch"].encode(), image)
-        assert result.status is TerminalStatus.RESOLVED, result.error_message
-        result = await _grade(svc, options, b"", image)
-        assert result.status is TerminalStatus.UNRESOLVED
-        assert _statuses(result)[F2P] is TestStatus.FAILED
-        result = await _grade(svc, options, b"not a patch\n", image)
-        assert result.status is TerminalStatus.INVALID_PATCH
-    finally:
-        await svc.close()
-
-
-@pytest.mark.slow
-async def test_an_editable_install_is_graded_from_the_patched_copy(tmp_path: Path, docker_env: DockerEnv) -> None:
-    """As in the official images: the repository is ``pip install -e``-ed at ``/testbed`` (``src/`` layout) and
-    the eval script runs the venv's ``pytest``. The grading copy must be what the tests import: the gold patch
-    resolves, no patch does not (without the redirect both would be graded on the image's unpatched code)."""
-    image, record = docker_env.editable_image, docker_env.editable_record
+@pytest.mark.parametrize("editable", [False, True], ids=["plain", "editable-install"])
+async def test_in_the_instance_image(tmp_path: Path, docker_env: DockerEnv, editable: bool) -> None:
+    """Graded in a clean container of the instance's image. ``editable-install``, as in the official images: the
+    repository is ``pip install -e``-ed at ``/testbed`` (``src/`` layout) and the eval script runs a venv's
+    ``python -m pytest``, so the grading copy is what the tests import only through the mapped editable paths
+    (without them the gold patch is graded on the image's unpatched code: ``unresolved``)."""
+    image = docker_env.editable_image if editable else docker_env.image
+    record = docker_env.editable_record if editable else docker_env.record
     svc = _docker_service(tmp_path, docker_env, image)
     try:
         options = _options(record)
@@ -230,5 +216,7 @@ async def test_an_editable_install_is_graded_from_the_patched_copy(tmp_path: Pat
         result = await _grade(svc, options, b"", image)
         assert result.status is TerminalStatus.UNRESOLVED
         assert _statuses(result)[F2P] is TestStatus.FAILED
+        result = await _grade(svc, options, b"not a patch\n", image)
+        assert result.status is TerminalStatus.INVALID_PATCH
     finally:
         await svc.close()

@@ -1,5 +1,5 @@
 """Which directories an image's editable installs put on ``sys.path`` (parsing only; the image test is
-``integration_tests/test_swebench_eval.py::test_an_editable_install_is_graded_from_the_patched_copy``)."""
+``integration_tests/test_swebench_eval.py::test_in_the_instance_image[editable-install]``)."""
 
 from __future__ import annotations
 
