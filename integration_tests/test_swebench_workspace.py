@@ -39,6 +39,8 @@ _CHECKS = (
 )
 # After the fix: a fresh .git whose only commit holds the fixed tree, so "the first commit" would show no change.
 _REWRITE_GIT = "rm -rf .git; git init -q; git add -A; git commit -qm 'polar: initial workspace'"
+# The interpreters of the editable image with the repository installed: the system Python, a venv of it.
+_PYTHONS = ("python3", "/opt/venv/bin/python")
 
 
 @pytest.fixture(scope="module")
@@ -145,17 +147,17 @@ async def test_a_malformed_workspace_image_path_is_refused_at_admission(
 async def test_the_images_editable_install_imports_the_agents_workspace(
     stack: Stack, docker_env: tuple[Any, dict[str, Any], dict[str, Any]], tmp_path: Path
 ) -> None:
-    """The image's Python has ``/testbed`` installed editable (``src/`` layout): in the agent's workspace that
-    Python (and so the agent's own test runs) imports the workspace's copy, which the agent edits, not the
-    image's ``/testbed``; the fixed session is graded resolved (in the venv of the same image)."""
+    """The image has ``/testbed`` installed editable (``src/`` layout) into a venv with system site packages
+    (``/opt/venv``) and into its system Python: in the agent's workspace both (and so the agent's own test runs)
+    import the workspace's copy, which the agent edits, not the image's ``/testbed``; graded resolved."""
     record = docker_env[2]
-    where = "python3 -c 'import toml; print(toml.__file__)' > imported.txt"
+    where = "; ".join(f"{py} -c 'import toml; print(toml.__file__)' >> imported.txt" for py in _PYTHONS)
     fix = f"printf %s {shlex.quote(record['patch'])} | git apply; {where}"
     reply = await _finish(stack, _session("editable", record, fix))
     assert reply.result.status == "resolved", reply.result.error_message
     patch = _kept_patch(tmp_path, "editable")
     assert patch is not None
     imported = [line[1:] for line in patch.decode().splitlines() if line.startswith("+/")]
-    assert len(imported) == 1, patch.decode()
-    assert imported[0].endswith("/src/toml/__init__.py")
-    assert not imported[0].startswith("/testbed/")  # the workspace under the session directory
+    assert len(imported) == len(_PYTHONS), patch.decode()
+    for path in imported:
+        assert path.endswith("/workspace/src/toml/__init__.py"), path  # not /testbed/src/...

@@ -16,21 +16,23 @@ scanned come from the image, never from the agent. The two sides use the paths d
 * the evaluator puts them on ``PYTHONPATH`` for the eval script: first on ``sys.path`` in every interpreter,
   venvs included;
 * the agent's runtime gets them as a ``.pth`` file in the session user's site directory
-  (:func:`redirect_editables`: ``$HOME/.local/lib/python3.X/site-packages``, for every ``X``), read before the
-  environment's own site directory by the system Python and conda environments (the official SWE-bench images),
-  while a venv reads its own site directory first and an isolated venv (a Python agent harness's own) never
-  reads the user site: ``PYTHONPATH`` there would also reach into the harness's own imports.
+  (:func:`redirect_editables`: ``$HOME/.local/lib/python3.X/site-packages``, for every ``X``) whose one
+  ``import`` line (:func:`pth_line`) puts them before the first site directory: read by the system Python,
+  conda environments (the official SWE-bench images) and venvs with system site packages, and never by an
+  isolated venv (a Python agent harness's own, and so also not by an image's isolated venv): ``PYTHONPATH``
+  there would also reach into the harness's own imports.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import PurePosixPath
 
 from runtimes.base import Runtime
 from runtimes.errors import RuntimeDied
 
-__all__ = ["USER_SITE_VERSIONS", "editable_paths", "editable_roots", "redirect_editables", "scan_argv"]
+__all__ = ["USER_SITE_VERSIONS", "editable_paths", "editable_roots", "pth_line", "redirect_editables", "scan_argv"]
 
 USER_SITE_VERSIONS = tuple(f"3.{minor}" for minor in range(6, 15))
 """The Python versions whose user site directories get the ``.pth`` (an image's interpreter is not known)."""
@@ -90,6 +92,21 @@ def editable_roots(scan_output: str, image_path: str) -> list[str]:
     return roots
 
 
+def pth_line(paths: list[str]) -> str:
+    """The user-site ``.pth`` line putting ``paths`` just before the first site directory on ``sys.path``.
+
+    An ``import`` line, not plain path lines (which would be appended): a venv with system site packages reads
+    its own site directory, and the editable ``.pth`` there, before the user site, so plain lines would come
+    after the image's ``/testbed``. Inserted before the first ``*-packages`` entry (or appended while there is
+    none, as when the system Python or a conda environment reads the user site first), the copy's directories
+    come after the standard library and before every site directory.
+    """
+    return (
+        "import sys; sys.path[next((n for n, d in enumerate(sys.path) if d.rstrip('/').endswith('-packages')), "
+        f"len(sys.path)):0] = [d for d in {json.dumps(paths)} if d not in sys.path]"
+    )
+
+
 def _in_copy(path: str, image_path: str, copy: PurePosixPath) -> str:
     rel = path[len(image_path.rstrip("/")) :].lstrip("/")
     return str(copy / rel) if rel else str(copy)
@@ -115,7 +132,7 @@ async def redirect_editables(runtime: Runtime, image_path: str, copy: PurePosixP
     paths = await editable_paths(runtime, image_path, copy)
     if not paths:
         return []
-    argv = ["sh", "-c", _WRITE, "polar-user-site", _PTH_NAME, *paths]
+    argv = ["sh", "-c", _WRITE, "polar-user-site", _PTH_NAME, pth_line(paths)]
     wrote = await runtime.exec(argv, timeout=60.0)
     if not wrote.ok:
         raise RuntimeDied(f"cannot write the user-site .pth: {(wrote.stderr or wrote.stdout).strip()[-300:]}")

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import PurePosixPath
 
-from runtimes.editable import _in_copy, editable_roots, scan_argv
+from runtimes.editable import _in_copy, editable_roots, pth_line, scan_argv
 
 SITE = "/opt/miniconda3/envs/testbed/lib/python3.9/site-packages"
 
@@ -59,3 +60,29 @@ def test_the_scan_prunes_the_session_directory() -> None:
     assert argv[:2] == ["sh", "-c"]
     assert argv[-2:] == ["/testbed", "/polar/s-1"]
     assert '-path "$2" \\) -prune' in argv[2]
+
+
+def _read_pth(line: str, path: list[str], times: int = 1) -> list[str]:
+    """``sys.path`` after site.py executed ``line`` ``times`` times with ``sys.path`` at ``path`` (then restored)."""
+    saved = sys.path[:]
+    try:
+        sys.path[:] = path
+        for _ in range(times):
+            exec(line, {})
+        return sys.path[:]
+    finally:
+        sys.path[:] = saved
+
+
+def test_the_pth_line_puts_the_copy_before_the_first_site_directory() -> None:
+    line = pth_line(["/polar/s/workspace/src", "/polar/s/workspace"])
+    assert line.startswith("import sys; ")  # site.py executes a .pth line only when it starts with "import"
+    assert "\n" not in line
+    # A venv with system site packages: its own site directory (and the image's editable /testbed) came first.
+    venv = ["", "/usr/lib/python3.11", "/opt/venv/lib/python3.11/site-packages", "/testbed/src"]
+    assert _read_pth(line, venv) == ["", "/usr/lib/python3.11", "/polar/s/workspace/src", "/polar/s/workspace",
+                                     "/opt/venv/lib/python3.11/site-packages", "/testbed/src"]  # fmt: skip
+    # The system Python or a conda environment reads the user site first: appended, site directories follow;
+    # read twice, nothing is doubled.
+    early = ["", "/opt/conda/envs/testbed/lib/python3.9"]
+    assert _read_pth(line, early, times=2)[2:] == ["/polar/s/workspace/src", "/polar/s/workspace"]
