@@ -97,9 +97,10 @@ def pth_line(paths: list[str]) -> str:
 
     An ``import`` line, not plain path lines (which would be appended): a venv with system site packages reads
     its own site directory, and the editable ``.pth`` there, before the user site, so plain lines would come
-    after the image's ``/testbed``. Inserted before the first ``*-packages`` entry (or appended while there is
-    none, as when the system Python or a conda environment reads the user site first), the copy's directories
-    come after the standard library and before every site directory.
+    after the image's ``/testbed``. Inserted before the first ``*-packages`` entry when the line runs (a venv's
+    own site directory; the user site directory itself, which site.py appends before reading its ``.pth``
+    files, for the system Python or a conda environment), the copy's directories come after the standard
+    library and before every site directory.
     """
     return (
         "import sys; sys.path[next((n for n, d in enumerate(sys.path) if d.rstrip('/').endswith('-packages')), "

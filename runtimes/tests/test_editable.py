@@ -82,7 +82,9 @@ def test_the_pth_line_puts_the_copy_before_the_first_site_directory() -> None:
     venv = ["", "/usr/lib/python3.11", "/opt/venv/lib/python3.11/site-packages", "/testbed/src"]
     assert _read_pth(line, venv) == ["", "/usr/lib/python3.11", "/polar/s/workspace/src", "/polar/s/workspace",
                                      "/opt/venv/lib/python3.11/site-packages", "/testbed/src"]  # fmt: skip
-    # The system Python or a conda environment reads the user site first: appended, site directories follow;
-    # read twice, nothing is doubled.
-    early = ["", "/opt/conda/envs/testbed/lib/python3.9"]
-    assert _read_pth(line, early, times=2)[2:] == ["/polar/s/workspace/src", "/polar/s/workspace"]
+    # The system Python or a conda environment reads the user site first (site.py has appended the user site
+    # directory itself when it reads the .pth): before it, and so before the environment's site directory that
+    # follows; read twice, nothing is doubled.
+    user = "/polar/s/home/.local/lib/python3.9/site-packages"
+    early = ["", "/opt/conda/envs/testbed/lib/python3.9", user]
+    assert _read_pth(line, early, times=2)[2:] == ["/polar/s/workspace/src", "/polar/s/workspace", user]
