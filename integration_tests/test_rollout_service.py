@@ -202,7 +202,9 @@ async def test_gateway_cannot_report_for_a_session_it_was_not_given(stack: Stack
 async def test_restart_reattaches_running_sessions_and_retries_lost_ones(
     stack: Stack, tmp_path: Path, store_url: str
 ) -> None:
-    s = settings(tmp_path, store_url)
+    # A lease that outlives the test: nothing may depend on the gateway's lease lapsing (a report refused as stale,
+    # when it raced the dispatcher's running update, used to be recovered only by the lapsed lease's reconcile).
+    s = settings(tmp_path, store_url, lease_ttl_s=3600.0)
     await stack.start_rollout(s)
     release = asyncio.Event()
     gateway = await stack.add_gateway("g", capacity=4, release=release)

@@ -54,6 +54,9 @@ _MAX_PAGE = 1000
 _DEFAULT_PAGE = 50
 # Results a watcher reads from the store at a time: a stream holds a batch in memory, not a whole task.
 _WATCH_BATCH = 8
+# Reads of a session a report may take: the one concurrent change to an in-flight attempt (starting -> running)
+# happens once, so a third read only guards against a writer this module does not know of.
+_REPORT_READS = 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -309,40 +312,46 @@ class RolloutCore:
     async def report_result(self, result: ResultRecord) -> bool:
         """Apply a result a gateway reported; return whether it was a duplicate.
 
+        The session is read, checked and written conditionally on the state read. The one change another writer
+        makes to the same in-flight attempt is the dispatcher's ``starting`` -> ``running`` after StartSession,
+        which a fast gateway's report can race: then the session is read again and the report applied to it.
+
         Raises:
             NotFound: Unknown session.
             StaleAttempt: The result is for an attempt that is no longer current, or the session has finished.
             PermissionDenied: The session's current attempt was not given to the reporting gateway.
         """
-        session = await self.store.get_session(result.session_id)
-        if session is None:
-            raise NotFound(f"unknown session {result.session_id!r}", details={"session_id": result.session_id})
         if not result.idempotency_key:
             result.idempotency_key = default_result_key(result.session_id, result.attempt)
+        for _ in range(_REPORT_READS):
+            session = await self.store.get_session(result.session_id)
+            if session is None:
+                raise NotFound(f"unknown session {result.session_id!r}", details={"session_id": result.session_id})
+            if await self.store.find_report(result.idempotency_key):
+                return True
+            if result.attempt < session.attempt:
+                raise StaleAttempt(
+                    f"session {session.session_id} is on attempt {session.attempt}, not {result.attempt}",
+                    details={"session_id": session.session_id},
+                )
+            if result.gateway_id != session.gateway_id or result.attempt != session.attempt:
+                raise PermissionDenied(
+                    f"session {session.session_id} attempt {result.attempt} was not given to gateway "
+                    f"{result.gateway_id!r}",
+                    details={"session_id": session.session_id},
+                )
+            if not session.state.in_flight:
+                raise StaleAttempt(
+                    f"session {session.session_id} already finished", details={"session_id": session.session_id}
+                )
+            result.task_id = session.task_id
+            result.sample_index = session.sample_index
+            if await self.apply_outcome(session, result):
+                return False
+            # Lost a race with another writer: read again (a cancellation or a second report ends the loop above).
         if await self.store.find_report(result.idempotency_key):
             return True
-        if result.attempt < session.attempt:
-            raise StaleAttempt(
-                f"session {session.session_id} is on attempt {session.attempt}, not {result.attempt}",
-                details={"session_id": session.session_id},
-            )
-        if result.gateway_id != session.gateway_id or result.attempt != session.attempt:
-            raise PermissionDenied(
-                f"session {session.session_id} attempt {result.attempt} was not given to gateway {result.gateway_id!r}",
-                details={"session_id": session.session_id},
-            )
-        if not session.state.in_flight:
-            raise StaleAttempt(
-                f"session {session.session_id} already finished", details={"session_id": session.session_id}
-            )
-        result.task_id = session.task_id
-        result.sample_index = session.sample_index
-        if await self.apply_outcome(session, result):
-            return False
-        # Lost a race with another writer (a cancellation, a second report): it is a duplicate if recorded.
-        if await self.store.find_report(result.idempotency_key):
-            return True
-        raise StaleAttempt(f"session {session.session_id} moved on while its result was recorded")
+        raise StaleAttempt(f"session {result.session_id} moved on while its result was recorded")
 
     async def apply_outcome(self, session: SessionRecord, result: ResultRecord) -> bool:
         """Apply an attempt's result to a session read in ``session``'s state: retry, resample or finish.

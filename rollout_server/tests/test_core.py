@@ -223,6 +223,39 @@ async def test_reports_are_checked_and_idempotent(env: Env) -> None:
     assert results[0].result_index == 0
 
 
+async def test_a_report_racing_the_dispatchers_running_update_is_applied(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast gateway's report read the session while it was still ``starting``; the dispatcher's ``running``
+    update landed before the report was written. The report is applied (not refused as stale, which left the
+    result behind until the session's deadline or its gateway's lease ran out)."""
+    await env.add_gateway("a", 4)
+    await env.core.submit_task(new_task("t", 1))
+    await env.dispatch()
+    _, d = env.gateways.started[0]
+    real_get = env.store.get_session
+    reads = 0
+
+    async def read_before_the_update(session_id: str) -> object:
+        nonlocal reads
+        reads += 1
+        record = await real_get(session_id)
+        if reads == 1 and record is not None:
+            assert record.state is SessionState.RUNNING
+            return dataclasses.replace(record, state=SessionState.STARTING)
+        return record
+
+    monkeypatch.setattr(env.store, "get_session", read_before_the_update)
+    assert not await env.core.report_result(make_result(d, gateway_id="a"))
+    assert reads >= 2
+    session = await real_get(d.session_id)
+    assert session is not None
+    assert session.state is SessionState.DONE
+    await settle(env.core)
+    _, results = await env.core.get_task("t")
+    assert [r.status for r in results] == [TerminalStatus.RESOLVED]
+
+
 async def test_early_stop_cancels_stragglers(env: Env) -> None:
     await env.add_gateway("a", 8)
     await env.core.submit_task(new_task("t", 4, early_stop_min_usable=2))
