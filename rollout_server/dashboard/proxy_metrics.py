@@ -122,6 +122,7 @@ class ProxyMetricsSource:
         self.urls = tuple(urls)
         self.window_s = window_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._trimmed = False  # whether the window has dropped a read (it starts at a read, not at zero)
         self._clock = clock
         self._readings: deque[_Reading] = deque(maxlen=_MAX_READINGS)  # bounds memory at tiny intervals
         self._http: aiohttp.ClientSession | None = None
@@ -162,8 +163,14 @@ class ProxyMetricsSource:
         kept = self._readings
         while len(kept) >= 2 and kept[1].at <= reading.at - self.window_s:
             kept.popleft()  # the next one is old enough to start the window
+            self._trimmed = True
+        if len(kept) == kept.maxlen:
+            self._trimmed = True
         last = kept[0] if kept else None
         kept.append(reading)
+        # Until the window has moved past the first read, it reaches back to the start: the totals count (the calls
+        # made before the first read, and so before anyone watched, are in it).
+        base = last if self._trimmed else None
         out: dict[str, Any] = {
             "source": ", ".join(self.urls),
             "errors": errors,
@@ -175,7 +182,7 @@ class ProxyMetricsSource:
             if name is None:
                 out[key] = None
                 continue
-            window = _delta(reading.buckets[name], last.buckets.get(name) if last else None)
+            window = _delta(reading.buckets[name], base.buckets.get(name) if base else None)
             out[key] = {f"p{round(q * 100)}": quantile(q, window) for q in _QUANTILES}
         if last is not None and reading.tokens is not None and last.tokens is not None and reading.at > last.at:
             out["tokens_per_s"] = max(0.0, reading.tokens - last.tokens) / (reading.at - last.at)
