@@ -11,6 +11,7 @@ from integration_tests.support.prometheus import scrape
 from integration_tests.support.services import free_port
 from polar_client import RolloutClient
 from rollout_server.metrics import ROLLOUT_METRICS
+from rollout_server.models import DeliveryState, SessionState, TaskState
 from rollout_server.server import start_server
 from rollout_server.settings import RolloutSettings
 from rollout_server.testing.fake_gateway import FakeGateway
@@ -64,3 +65,25 @@ async def test_a_task_shows_in_states_results_dispatch_and_dead_letters(tmp_path
     assert got.has("polar_rollout_policy_version")
     assert not got.has("polar_rollout_session_retries_total")
     got.check_declared(ROLLOUT_METRICS)
+
+
+async def test_every_state_is_exported_with_zero_before_anything_is_in_it(tmp_path: Path) -> None:
+    """An idle server (nothing submitted, nothing dead-lettered) exports each known task, session and delivery
+    state as 0 once its first overview is taken: a Grafana panel on ``deliveries{state="dead"}`` reads 0, never
+    "No data"."""
+    settings = RolloutSettings(state_dir=tmp_path, auth_token=TOKEN, metrics_port=0, metrics_refresh_s=60.0)
+    running = await start_server(settings)
+    try:
+        await running.app.overview.refresh()
+        got = await asyncio.to_thread(scrape, running.app.metrics_port)
+    finally:
+        await running.stop(None)
+    for name, states in (
+        ("polar_rollout_tasks", TaskState),
+        ("polar_rollout_sessions", SessionState),
+        ("polar_rollout_deliveries", DeliveryState),
+    ):
+        for state in states:
+            assert got.has(name, state=state.value), f"{name}{{state={state.value!r}}} is missing"
+            assert got.value(name, state=state.value) == 0
+    assert got.has("polar_rollout_gateways", state="expired")

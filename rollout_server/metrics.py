@@ -8,13 +8,14 @@ the deliverer). :data:`ROLLOUT_METRICS` declares them all (``docs/observability.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
+from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
 from polar_core.metrics import InstrumentKind, MetricSpec, make_instrument
-from rollout_server.models import ResultRecord
+from rollout_server.models import DeliveryState, ResultRecord, SessionState, TaskState
 from rollout_server.overview import GatewayLoad, RolloutOverview
 
 __all__ = ["ROLLOUT_METRICS", "RolloutMetrics"]
@@ -90,6 +91,7 @@ ROLLOUT_METRICS = (_TASKS, _SESSIONS, _DELIVERIES, _GATEWAYS, _CAPACITY, _FREE, 
 """Every instrument of the rollout server."""
 
 Observer = Callable[[CallbackOptions], Iterable[Observation]]
+_S = TypeVar("_S", bound=StrEnum)
 
 
 class RolloutMetrics:
@@ -98,9 +100,9 @@ class RolloutMetrics:
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
         meter = (meter_provider or NoOpMeterProvider()).get_meter("polar.rollout")
         self.overview: Callable[[], RolloutOverview] = RolloutOverview
-        make_instrument(meter, _TASKS, self._states(lambda o: o.tasks.items()))
-        make_instrument(meter, _SESSIONS, self._states(lambda o: o.sessions.items()))
-        make_instrument(meter, _DELIVERIES, self._states(lambda o: o.deliveries.items()))
+        make_instrument(meter, _TASKS, self._states(TaskState, lambda o: o.tasks))
+        make_instrument(meter, _SESSIONS, self._states(SessionState, lambda o: o.sessions))
+        make_instrument(meter, _DELIVERIES, self._states(DeliveryState, lambda o: o.deliveries))
         make_instrument(meter, _GATEWAYS, self._observe_gateways)
         make_instrument(meter, _CAPACITY, self._per_gateway(lambda g: g.capacity))
         make_instrument(meter, _FREE, self._per_gateway(lambda g: g.free))
@@ -137,8 +139,19 @@ class RolloutMetrics:
         if lag_s is not None:
             self._delivery_lag.record(max(lag_s, 0.0))
 
-    def _states(self, pick: Callable[[RolloutOverview], Iterable[tuple[StrEnum, int]]]) -> Observer:
-        return lambda options: [Observation(n, {"state": state.value}) for state, n in pick(self.overview())]
+    def _states(self, states: type[_S], pick: Callable[[RolloutOverview], Mapping[_S, int]]) -> Observer:
+        """Observe every state of ``states``, 0 when none is in it, so a state's series never disappears (a panel
+        on ``deliveries{state="dead"}`` reads 0, not "No data", while nothing is dead-lettered). Before the first
+        overview is taken nothing is observed: zeros would be a claim about a store not yet read."""
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            overview = self.overview()
+            if not overview.taken_at:
+                return []
+            counts = pick(overview)
+            return [Observation(counts.get(state, 0), {"state": state.value}) for state in states]
+
+        return observe
 
     def _per_gateway(self, pick: Callable[[GatewayLoad], int]) -> Observer:
         return lambda options: [Observation(pick(g), {"gateway": g.gateway_id}) for g in self.overview().gateways]
