@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -29,18 +29,22 @@ from polar_client.taskfile import task_from_mapping
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_core.task_paths import absolute_path, resolve_task_paths
 
+if TYPE_CHECKING:
+    from gateway.harnesses import HarnessLaunch
+
 __all__ = [
     "DEFAULT_BACKEND",
     "DEFAULT_HARNESS",
     "DEFAULT_MODEL",
-    "HARNESS_BINARIES",
     "IN_PROCESS_MAX_TOKENS",
-    "PYTHON_HARNESS_VENVS",
+    "OWN_PROGRAM_HARNESS",
     "PreparedTask",
     "RunOverrides",
     "check_harness",
     "find_harness_root",
+    "harness_install_command",
     "harness_overrides",
+    "harness_program",
     "load_task_mapping",
     "parse_backend_options",
     "prepare_task",
@@ -57,22 +61,9 @@ DEFAULT_HARNESS = "pi"
 # answer runs until the agent's timeout. pi's context window stays at its default (128k): with SmolLM2's real
 # 8k, pi would compact (summarise the conversation, an extra call) after every turn.
 IN_PROCESS_MAX_TOKENS = 128
-HARNESS_BINARIES: Mapping[str, str] = {
-    "claude-code": "claude",
-    "codex": "codex",
-    "qwen-code": "qwen",
-    "pi": "pi",
-    "gemini-cli": "gemini",
-}
-# Python agents: the venv under .harnesses/py that setup_harnesses.sh installs each into (the adapter finds it
-# from the CLIs' bin dir).
-PYTHON_HARNESS_VENVS: Mapping[str, str] = {
-    "mini-swe-agent": "mini-swe-agent",
-    "aider": "aider",
-    "openai-agents": "openai-agents",
-    "openhands": "openhands",
-    "hermes-agent": "hermes-agent",
-}
+# The harness whose program the task brings itself (``argv``); every other registered harness runs a program that
+# ``scripts/setup_harnesses.sh NAME`` installs under ``.harnesses``, and :func:`harness_program` finds which.
+OWN_PROGRAM_HARNESS = "command"
 _HARNESS_ALIASES = {"claude_code": "claude-code", "qwen_code": "qwen-code", "gemini_cli": "gemini-cli"}
 _MODEL_NAME = "policy"
 
@@ -185,11 +176,44 @@ def parse_backend_options(items: Sequence[str]) -> dict[str, Any]:
 
 
 def find_harness_root(candidates: Sequence[Path]) -> Path | None:
-    """Return the first ``.harnesses`` directory among ``candidates`` that has ``node_modules/.bin``."""
+    """Return the first ``.harnesses`` directory among ``candidates`` that holds an installed harness.
+
+    That is ``node_modules/.bin`` (the npm CLIs) or ``py`` (the Python agents' environments): either may be
+    installed without the other (``scripts/setup_harnesses.sh NAME``).
+    """
     for candidate in candidates:
-        if (candidate / "node_modules" / ".bin").is_dir():
+        if (candidate / "node_modules" / ".bin").is_dir() or (candidate / "py").is_dir():
             return candidate.resolve()
     return None
+
+
+def harness_install_command(name: str) -> str:
+    """The command that installs harness ``name`` into the checkout's ``.harnesses``."""
+    return f"bash scripts/setup_harnesses.sh {name}"
+
+
+def harness_program(name: str, options: Mapping[str, Any], root: Path) -> Path | None:
+    """The file harness ``name`` starts when it runs from the installation at ``root`` (a ``.harnesses``).
+
+    Derived from the adapter itself (its dry-run launch with ``root/node_modules/.bin`` as the CLIs' directory),
+    so every harness in the registry is covered and none can be forgotten: a bare program name is an npm CLI in
+    ``node_modules/.bin``; an absolute path under ``root`` is a Python agent's interpreter (``py/<name>``).
+
+    Returns:
+        The path to check, or ``None`` when the task brings the program itself (the ``command`` harness, or an
+        option such as ``venv`` pointing outside ``root``).
+
+    Raises:
+        InvalidArgument: Unknown harness, or options the adapter rejects.
+    """
+    if name == OWN_PROGRAM_HARNESS:
+        return None
+    bin_dir = root / "node_modules" / ".bin"
+    program = _launch(name, options, "", PurePosixPath(bin_dir)).argv[0]
+    if "/" not in program:
+        return bin_dir / program
+    path = Path(program)
+    return path if path.is_relative_to(root) else None
 
 
 def _section(data: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -225,14 +249,8 @@ def harness_overrides(data: dict[str, Any], overrides: RunOverrides, backend: st
     return _harness(data, overrides, backend)
 
 
-def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> None:
-    """Dry-run the harness adapter (pure: it starts nothing) so a bad name or option fails before the stack starts.
-
-    Raises:
-        InvalidArgument: Unknown harness, or options the adapter rejects.
-    """
-    from pathlib import PurePosixPath
-
+def _launch(name: str, options: Mapping[str, Any], instruction: str, bin_dir: PurePosixPath | None) -> HarnessLaunch:
+    """The adapter's dry-run launch (pure: it starts nothing)."""
     from gateway.harnesses import HarnessContext, ProxyEndpoints, get_adapter
 
     root = PurePosixPath("/polar-check")
@@ -247,11 +265,41 @@ def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> No
         ),
         model=_MODEL_NAME,
         options=dict(options),
+        bin_dir=bin_dir,
     )
     try:
-        get_adapter(name).prepare(context)
+        return get_adapter(name).prepare(context)
     except (TypeError, ValueError, AttributeError) as exc:
         raise InvalidArgument(f"invalid options for harness {name!r}: {exc}") from None
+
+
+def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> None:
+    """Dry-run the harness adapter (pure: it starts nothing) so a bad name or option fails before the stack starts.
+
+    Raises:
+        InvalidArgument: Unknown harness, or options the adapter rejects.
+    """
+    _launch(name, options, instruction, None)
+
+
+def _installed_harness(name: str, options: Mapping[str, Any], root: Path | None) -> Path | None:
+    """The harness installation ``name`` runs from (``None``: the task brings its program).
+
+    Raises:
+        FailedPrecondition: The harness's program is not installed; the one-line message names the command that
+            installs it.
+    """
+    program = harness_program(name, options, root or Path(".harnesses"))
+    if program is None:
+        return None
+    if root is None or not program.exists():
+        raise FailedPrecondition(
+            f"the {name} harness is not installed (no {program}); install it with "
+            f"`{harness_install_command(name)}` (every harness: `bash scripts/setup.sh --all`; or --harness-dir "
+            "DIR), or choose `--harness command` with a command of your own",
+            details={"harness": name, "reason": "harness_not_installed"},
+        )
+    return root
 
 
 def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> tuple[str, dict[str, Any], str]:
@@ -310,16 +358,8 @@ def prepare_task(
 
     bin_dir: Path | None = None
     runtime = _section(task, "runtime")
-    binary = HARNESS_BINARIES.get(harness)
-    venv = PYTHON_HARNESS_VENVS.get(harness)
-    if binary is not None or venv is not None:
-        root = overrides.harness_root
-        program = f"node_modules/.bin/{binary}" if binary is not None else f"py/{venv}/bin/python"
-        if root is None or not (root / program).exists():
-            raise FailedPrecondition(
-                f"the {harness} CLI is not installed (looked for .harnesses/{program}); "
-                "run `bash scripts/setup.sh`, or choose `--harness command` with a command of your own"
-            )
+    root = _installed_harness(harness, harness_options, overrides.harness_root)
+    if root is not None:
         bin_dir = root / "node_modules" / ".bin"
         if str(runtime.get("kind", "local")) == "local":
             paths = [str(p) for p in runtime.get("read_only_paths", [])]
