@@ -149,6 +149,41 @@ async def test_an_open_or_insecure_server_says_so(tmp_path: Path) -> None:
         await running.stop(1.0)
 
 
+async def test_a_stopping_server_tells_the_stream_the_run_finished(tmp_path: Path) -> None:
+    """When the rollout server stops (the end of ``polar run``) an open event stream gets ``event: finished`` and
+    then its end, instead of being cut (which a page can only show as a lost connection, and retries)."""
+    settings = RolloutSettings(
+        port=0, state_dir=tmp_path, trainer_token=TRAINER, dashboard_address="127.0.0.1:0", task_roots=[str(tmp_path)]
+    )
+    running = await start_server(settings)
+    events: list[str] = []
+    seqs: list[int] = []
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(_base(running) + "/api/events", headers={"Authorization": f"Bearer {TRAINER}"}) as stream,
+        ):
+            assert stream.status == 200
+            stopping: asyncio.Task[None] | None = None
+            async for raw in stream.content:  # ends when the server ends the stream
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    events.append(line.removeprefix("event: "))
+                elif line.startswith("data: ") and events[-1] == "snapshot":
+                    seqs.append(json.loads(line.removeprefix("data: "))["seq"])  # which snapshot this is
+                    if stopping is None:
+                        stopping = asyncio.create_task(running.stop(1.0))  # stop while the stream is open
+                elif line.startswith("data: ") and events[-1] == "finished":
+                    assert json.loads(line.removeprefix("data: "))["at"] > 0
+            assert stopping is not None
+            await stopping
+    finally:
+        await running.stop(1.0)
+    # Snapshots (more than one if the sampler's next came before the stop reached the dashboard), then the end.
+    assert events == ["snapshot"] * len(seqs) + ["finished"]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
 @pytest.mark.slow
 def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
     from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script

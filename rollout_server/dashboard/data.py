@@ -21,7 +21,7 @@ from rollout_server.models import GatewayRecord, ResultRecord, SessionRecord, Se
 from rollout_server.stats import Distribution
 from rollout_server.store import Store
 
-__all__ = ["DashboardData", "DataConfig", "jaeger_trace_url"]
+__all__ = ["DashboardData", "DataConfig", "jaeger_trace_url", "sessions_by_stage"]
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 # Statuses that are the infrastructure's or the agent's failure, not just a wrong answer.
@@ -105,12 +105,15 @@ class DashboardData:
         results = [r for v in views for r in v.results]
         sessions = [s for v in views for s in v.sessions]
         policy = await self.store.current_policy()
+        by_state = _count_states(sessions)
+        gateways = await self.store.list_gateways()
         return {
             "now": now,
             "tasks": [_task_row(v) for v in views],
-            "sessions_by_state": _count_states(sessions),
+            "sessions_by_state": by_state,
+            "sessions_by_stage": sessions_by_stage(by_state, gateways, now),
             "statuses": dict(sorted(Counter(r.status.value for r in results).items())),
-            "gateways": [_gateway_row(g, now) for g in await self.store.list_gateways()],
+            "gateways": [_gateway_row(g, now) for g in gateways],
             "policy": {
                 "version": policy.version if policy else 0,
                 "lag": dataclasses.asdict(Distribution.of([float(r.policy_lag) for r in results if r.gateway_id])),
@@ -125,6 +128,38 @@ class DashboardData:
             "failing": _failing(views, self.config.rows),
             "recent": _recent(views, self.config.rows),
         }
+
+
+def _stage_load(gateways: Sequence[GatewayRecord], now: float, stage: str, *, queued: bool = False) -> int:
+    """Sessions the live gateways report in ``stage`` (holding its slot, and with ``queued`` waiting for one)."""
+    total = 0
+    for gateway in gateways:
+        if gateway.lease_expires_at >= now:
+            values = gateway.stage_metrics.get(stage, {})
+            total += int(values.get("occupancy", 0)) + (int(values.get("queue_length", 0)) if queued else 0)
+    return total
+
+
+def sessions_by_stage(by_state: dict[str, int], gateways: Sequence[GatewayRecord], now: float) -> dict[str, int]:
+    """The sessions in the gateways' stage vocabulary: ``pending``, ``starting``, ``running``, ``postrun``, ``done``.
+
+    The store knows a session is at a gateway (state ``running``), not where in the gateway's pipeline it is; the
+    gateways report that in their stage load. So the store's ``running`` is split: ``running`` is the sessions
+    whose agent runs (the RUNNING stage's slots), ``postrun`` those evaluated and reconstructed or waiting for it
+    (POSTRUN's slots and queue: a session holds no slot while it waits for POSTRUN), and the rest (INIT and
+    READY, being prepared) count with the store's ``starting``. The stage load comes from heartbeats and may lag
+    the store by one: each part is capped by what is left, so the five always add up to the sessions shown.
+    """
+    at_gateway = by_state.get(SessionState.RUNNING.value, 0)
+    running = min(_stage_load(gateways, now, "running"), at_gateway)
+    postrun = min(_stage_load(gateways, now, "postrun", queued=True), at_gateway - running)
+    return {
+        "pending": by_state.get(SessionState.PENDING.value, 0),
+        "starting": by_state.get(SessionState.STARTING.value, 0) + at_gateway - running - postrun,
+        "running": running,
+        "postrun": postrun,
+        "done": by_state.get(SessionState.DONE.value, 0),
+    }
 
 
 def _count_states(sessions: Sequence[SessionRecord]) -> dict[str, int]:

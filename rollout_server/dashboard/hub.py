@@ -2,7 +2,7 @@
 
 With no watcher nothing runs (the dashboard costs a run that never opens it one idle listening socket). Every
 watcher gets the latest snapshot; a slow one skips snapshots instead of queueing them. The samples taken while
-watched form the "over time" series (sessions by state, gateway stage occupancy), kept in a bounded ring; each
+watched form the "over time" series (sessions by stage), kept in a bounded ring; each
 point carries a sequence number so a stream sends a watcher the whole ring once and only the new points after
 (:func:`event_body`), not the ring every second.
 """
@@ -55,12 +55,9 @@ class SnapshotHub:
         snapshot = await self.data.snapshot()
         snapshot["proxy"] = await self.proxies.read()
         self.snapshots_built += 1
-        stages: dict[str, int] = {}
-        for gateway in snapshot["gateways"]:
-            for stage, values in gateway["stages"].items():
-                stages[stage] = stages.get(stage, 0) + int(values.get("occupancy", 0))
         self._seq += 1
-        point = {"seq": self._seq, "t": snapshot["now"], "sessions": snapshot["sessions_by_state"], "stages": stages}
+        snapshot["seq"] = self._seq  # the page exposes it (data-snapshot-seq): which snapshot it shows
+        point = {"seq": self._seq, "t": snapshot["now"], "sessions": snapshot["sessions_by_stage"]}
         self.history.append(point)
         snapshot["history"] = list(self.history)
         self._latest = snapshot

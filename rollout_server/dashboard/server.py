@@ -7,7 +7,8 @@ Routes:
 * ``GET /login``, ``POST /login`` (form field ``token``), ``POST /logout``;
 * ``GET /api/snapshot`` — one snapshot as JSON; ``GET /api/events`` — a snapshot per interval as SSE
   (``event: snapshot``; the first carries the over-time ``history``, the next ones ``history_append``, the new
-  points only), both ``401`` without a session cookie or ``authorization: Bearer``;
+  points only; when the server stops, ``event: finished`` before the stream ends, so the page says the run
+  finished instead of retrying), both ``401`` without a session cookie or ``authorization: Bearer``;
 * ``GET /static/...`` — the page's script, style and the vendored Chart.js (no data, open).
 
 The access log is off (a ``?token=`` would otherwise land in it), every response carries a strict
@@ -21,6 +22,7 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ _CSP = (
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 _PING_S = 15.0
+_FINISH_S = 1.0
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -136,6 +139,7 @@ class Dashboard:
         self.tls = tls
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
+        self._streams: set[asyncio.Task[Any]] = set()  # open event streams, each told "finished" at stop
 
     @staticmethod
     def check_settings(settings: RolloutSettings) -> DashboardAuth:
@@ -223,8 +227,11 @@ class Dashboard:
             )
 
     async def stop(self) -> None:
-        """Stop serving (open event streams end) and the sampler; idempotent."""
+        """Stop serving and the sampler; idempotent. Open event streams are sent ``event: finished`` and ended
+        first (each gets up to a second), so a watching page shows the run finished, not a lost connection."""
         self._closing.set()
+        if self._streams:
+            await asyncio.wait(list(self._streams), timeout=_FINISH_S)
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -310,12 +317,25 @@ class Dashboard:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
+        stream = asyncio.current_task()
+        assert stream is not None  # aiohttp runs each handler in a task
+        self._streams.add(stream)
+        try:
+            await self._stream(response)
+        finally:
+            self._streams.discard(stream)
+        return response
+
+    async def _stream(self, response: web.StreamResponse) -> None:
+        """Write snapshots (and pings) until the browser leaves or the server stops; then ``event: finished``."""
         sent = 0  # the over-time points this browser has: the whole ring once, then only new points
         async with self.hub.watch() as queue:
-            while not self._closing.is_set():
-                try:
-                    snapshot = await asyncio.wait_for(queue.get(), _PING_S)
-                except TimeoutError:
+            while True:
+                snapshot = await self._next(queue)
+                if self._closing.is_set():
+                    finished = json.dumps({"at": time.time()}, separators=(",", ":"))
+                    payload = f"event: finished\ndata: {finished}\n\n".encode()
+                elif snapshot is None:
                     payload = b": ping\n\n"
                 else:
                     event, sent = event_body(snapshot, sent)
@@ -325,6 +345,19 @@ class Dashboard:
                     await response.write(payload)
                 except (ConnectionResetError, RuntimeError):
                     break  # the browser went away
+                if self._closing.is_set():
+                    break
         with contextlib.suppress(ConnectionResetError, RuntimeError):
             await response.write_eof()
-        return response
+
+    async def _next(self, queue: asyncio.Queue[dict[str, Any]]) -> dict[str, Any] | None:
+        """The next snapshot; ``None`` after :data:`_PING_S` without one, or at once when the server stops."""
+        getter = asyncio.ensure_future(queue.get())
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((getter, closing), timeout=_PING_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not getter.done():
+                getter.cancel()
+        return getter.result() if getter.done() and not getter.cancelled() else None

@@ -3,8 +3,11 @@
 "use strict";
 
 (function () {
-  const STATES = ["pending", "starting", "running", "done"];
-  const STAGES = ["init", "ready", "running", "postrun"];
+  // One vocabulary for the tiles, the chart and the gateways table: a session is pending (queued at the rollout
+  // server), starting (dispatched, or being prepared in the gateway's INIT and READY), running (its agent runs),
+  // postrun (evaluated and reconstructed), or done. The server splits its "at a gateway" count by the gateways'
+  // stage load (sessions_by_stage).
+  const STAGES = ["pending", "starting", "running", "postrun", "done"];
   const COLORS = {
     pending: "#94a3b8", starting: "#f59e0b", running: "#2563eb", done: "#15803d",
     init: "#a855f7", ready: "#06b6d4", postrun: "#ea580c",
@@ -22,6 +25,7 @@
     return values.map((v) => fmt(v === null ? v : v * 1000, 1)).join(" / ") + " ms";
   };
   const clock = (t) => new Date(t * 1000).toLocaleTimeString();
+  const version = (v) => (v === null || v === undefined || v === "" ? "–" : String(v));
   let rewardLabels = []; // task ids, by x position of the reward chart
 
   function makeCharts() {
@@ -31,12 +35,7 @@
     const stage = new Chart($("stage-chart"), {
       type: "line",
       data: {
-        datasets: [
-          ...STATES.map((s) => ({ label: s, data: [], borderColor: color(s), pointRadius: 0, tension: 0.2 })),
-          ...STAGES.map((s) => ({
-            label: "gateway " + s, data: [], borderColor: color(s), borderDash: [5, 4], pointRadius: 0,
-          })),
-        ],
+        datasets: STAGES.map((s) => ({ label: s, data: [], borderColor: color(s), pointRadius: 0, tension: 0.2 })),
       },
       options: { scales: { x: time(), y: { beginAtZero: true, ticks: { precision: 0 } } }, parsing: false },
     });
@@ -100,12 +99,12 @@
   }
 
   function drawTiles(s) {
-    const counts = s.sessions_by_state;
-    for (const state of STATES) $("count-" + state).textContent = String(counts[state] ?? 0);
+    const counts = s.sessions_by_stage;
+    for (const stage of STAGES) $("count-" + stage).textContent = String(counts[stage] ?? 0);
     $("tasks-active").textContent = String(s.tasks.filter((t) => t.state === "pending" || t.state === "running").length);
     const last = s.completions.length ? s.completions[s.completions.length - 1][1] : 0;
     $("rate").textContent = fmt(last);
-    $("policy-version").textContent = String(s.policy.version || "–");
+    $("policy-version").textContent = version(s.policy.version); // 0 is a version: the one before any update
     $("policy-lag").textContent = s.policy.lag.count ? `${fmt(s.policy.lag.p50, 0)} / ${fmt(s.policy.lag.max, 0)}` : "–";
     const p = s.proxy || {};
     const lat = p.latency_s;
@@ -119,11 +118,8 @@
   }
 
   function drawCharts(charts, s, history) {
-    STATES.forEach((state, i) => {
-      charts.stage.data.datasets[i].data = history.map((h) => ({ x: h.t, y: h.sessions[state] ?? 0 }));
-    });
     STAGES.forEach((stage, i) => {
-      charts.stage.data.datasets[STATES.length + i].data = history.map((h) => ({ x: h.t, y: h.stages[stage] ?? 0 }));
+      charts.stage.data.datasets[i].data = history.map((h) => ({ x: h.t, y: h.sessions[stage] ?? 0 }));
     });
     charts.rate.data.datasets[0].data = s.completions.map(([t, v]) => ({ x: t + s.rate_bucket_s / 2, y: v }));
     const span = s.completions.length ? [s.completions[0][0], s.completions[s.completions.length - 1][0]] : null;
@@ -186,7 +182,7 @@
     }, "no gateways");
     fill("proxies", s.policy.proxies, (tr, p) => {
       cell(tr, p.proxy_id);
-      cell(tr, p.version || "–", "num");
+      cell(tr, version(p.version), "num");
       cell(tr, p.error ? `error: ${p.error}` : p.paused ? "paused" : "serving", p.error ? "error" : "");
     }, "no proxies registered");
   }
@@ -203,6 +199,7 @@
   function start() {
     const charts = makeCharts();
     const events = new EventSource("/api/events");
+    let finished = false;
     // The over-time points: the stream's first event (on every reconnect too) sends them all, the next ones only
     // the new points.
     let history = [];
@@ -218,9 +215,21 @@
       $("connection").textContent = "live";
       $("connection").className = "badge live";
       $("updated").textContent = "updated " + clock(s.now);
+      // Which snapshot the page shows, for anyone (a test) waiting for one taken after some event.
+      document.body.dataset.snapshotSeq = String(s.seq ?? 0);
       document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
     });
+    // The server says so before it stops (the end of `polar run`): the last snapshot stays, nothing reconnects.
+    events.addEventListener("finished", (event) => {
+      finished = true;
+      events.close();
+      const at = JSON.parse(event.data).at;
+      $("connection").textContent = "finished";
+      $("connection").className = "badge finished";
+      $("updated").textContent = "the server stopped at " + clock(at) + "; the last snapshot stays shown";
+    });
     events.onerror = () => {
+      if (finished) return;
       $("connection").textContent = "disconnected, retrying";
       $("connection").className = "badge down";
     };

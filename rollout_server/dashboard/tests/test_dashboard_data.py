@@ -22,6 +22,7 @@ from rollout_server.dashboard import (
     jaeger_trace_url,
     parse_address,
 )
+from rollout_server.dashboard.data import sessions_by_stage
 from rollout_server.dashboard.hub import HISTORY_POINTS, event_body
 from rollout_server.dashboard.proxy_metrics import quantile
 from rollout_server.models import GatewayRecord, NewTask, SchedulerConfig
@@ -106,6 +107,33 @@ async def test_snapshot_counts_states_rewards_statuses_and_failures(env: Env) ->
     assert [r["session_id"] for r in snap["recent"]] == ["t1-0001", "t1-0000"]
     assert snap["failing"] == []  # the retried attempt is not a final result
     assert snap["policy"]["version"] == 0
+
+
+async def test_tiles_use_the_gateways_stage_vocabulary_running_is_not_evaluation(env: Env) -> None:
+    """Five sessions at the gateway (the store's ``running``): the gateway reports two agents running, one
+    session evaluating and one waiting for POSTRUN, one being prepared. The tiles say running 2 and postrun 2
+    (evaluation is not "running"), the prepared one counts as starting, and the five add up to the task."""
+    stages = {
+        "init": {"occupancy": 1, "queue_length": 0},
+        "ready": {"occupancy": 0, "queue_length": 1},  # waiting for READY while holding its INIT slot
+        "running": {"occupancy": 2, "queue_length": 0},
+        "postrun": {"occupancy": 1, "queue_length": 1},
+    }
+    await env.core.register_gateway(GatewayRecord("g", "addr-g", 8, stage_metrics=stages))
+    await env.core.submit_task(NewTask("t", b"spec", "h-t", 6))
+    await env.scheduler.dispatch_once()
+    await env.scheduler.wait_for_starts()
+    snap = await env.data.snapshot()
+    assert snap["sessions_by_state"] == {"pending": 0, "starting": 0, "running": 6, "done": 0}
+    assert snap["sessions_by_stage"] == {"pending": 0, "starting": 2, "running": 2, "postrun": 2, "done": 0}
+    # Heartbeats lag the store: a gateway claiming more than the store holds never makes the tiles overcount.
+    crowded = {"running": {"occupancy": 5}, "postrun": {"occupancy": 4}}
+    live = GatewayRecord("g", "a", 8, stage_metrics=crowded, lease_expires_at=env.clock.now)
+    split = sessions_by_stage(snap["sessions_by_state"], [live], env.clock.now)
+    assert split == {"pending": 0, "starting": 0, "running": 5, "postrun": 1, "done": 0}
+    # An expired gateway's report is not counted: its sessions show as starting (at a gateway, stage unknown).
+    expired = GatewayRecord("g", "a", 8, stage_metrics=crowded, lease_expires_at=env.clock.now - 1)
+    assert sessions_by_stage(snap["sessions_by_state"], [expired], env.clock.now)["starting"] == 6
 
 
 async def test_failing_and_slowest_sessions_carry_error_and_trace_link(env: Env) -> None:
