@@ -21,11 +21,12 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["CgroupPlan", "LimitProbe", "parse_size", "prlimit_argv", "probe_limits"]
+__all__ = ["CgroupPlan", "LimitProbe", "cgroup_name", "parse_size", "prlimit_argv", "probe_limits"]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def parse_size(text: str | int) -> int:
@@ -51,6 +52,17 @@ def prlimit_argv(*, data_bytes: int, nproc: int, cpu_s: int | None, fsize_bytes:
     return [*argv, "--"]
 
 
+def cgroup_name(session_id: str) -> str:
+    """A fresh cgroup name for a runtime of ``session_id``: ``polar-<session id>-<random>``.
+
+    Unique per runtime (the gateway's and the evaluator's runtimes of one session, a retried attempt, and
+    another run of the same task may share a host); the session id is kept for whoever reads the hierarchy,
+    with anything but ``[A-Za-z0-9_.-]`` made ``_`` (a ``/`` would leave the parent) and cut to 64 characters.
+    """
+    readable = _NAME_UNSAFE.sub("_", session_id)[:64] or "_"
+    return f"polar-{readable}-{uuid.uuid4().hex[:12]}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CgroupPlan:
     """Where per-session cgroups go, per controller (``None``: cannot be created here).
@@ -68,8 +80,7 @@ class CgroupPlan:
     def create(self, session_id: str, *, pids_max: int, memory_max: int) -> list[Path]:
         """Create the session's cgroups with their limits; returns the directories (join each, remove at end)."""
         made: list[Path] = []
-        # Unique per runtime: the gateway's and the evaluator's runtimes of one session may share a host.
-        name = f"polar-{session_id}-{uuid.uuid4().hex[:8]}"
+        name = cgroup_name(session_id)
         if self.v2 and self.pids is not None:
             path = self.pids / name
             path.mkdir(exist_ok=True)

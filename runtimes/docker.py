@@ -21,9 +21,11 @@ import fnmatch
 import io
 import logging
 import os
+import re
 import socket
 import tarfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -42,17 +44,27 @@ from runtimes.errors import DiskQuotaExceeded, FileTooLarge, RuntimeDied
 from runtimes.spec import NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["LABEL_MANAGED", "TUNNEL_DIR", "DockerRuntime", "reap_orphaned_containers"]
+__all__ = [
+    "LABEL_MANAGED",
+    "LABEL_SESSION",
+    "TUNNEL_DIR",
+    "DockerRuntime",
+    "container_name",
+    "reap_orphaned_containers",
+]
 
 _log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "polar.managed"
-_LABEL_SESSION = "polar.session"
+LABEL_SESSION = "polar.session"
 _LABEL_HOST = "polar.owner_host"
 _LABEL_PID = "polar.owner_pid"
 # Extra seconds docker exec may take beyond the command's own timeout before the container is presumed hung.
 _EXEC_GRACE_S = 30.0
 _TIMEOUT_EXIT_CODES = (124, 137)
+# Characters of a session id that Docker does not allow in a container name, and how many of the id's are kept.
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+_NAME_SESSION_CHARS = 40
 # In ``network: proxy`` mode the directory holding the bridge's socket is mounted here (read-only), and the
 # forwarder (``runtimes/tunnel.py``, run by the image's ``python3``) listens on ``127.0.0.1:<proxy_port>``.
 TUNNEL_DIR = "/polar/tunnel"
@@ -63,10 +75,22 @@ _FORWARDER_READY_S = 20.0
 _REAP = 'timeout -k 5 "$0" "$@" & pid=$!; wait $pid; rc=$?; kill -9 -- -$pid 2>/dev/null; exit $rc'
 
 
+def container_name(session_id: str) -> str:
+    """A fresh container name for a runtime of ``session_id``: ``polar-<session id>-<random>``.
+
+    Unique per runtime, so a session's retried attempt, its evaluator's clean runtime and a second run of the
+    same record on one Docker host never ask for a name in use (409 Conflict); the session id is kept, cut to
+    Docker's name characters (``[a-zA-Z0-9][a-zA-Z0-9_.-]*``) and to 40 of them, for whoever reads
+    ``docker ps``. Nothing looks a container up by this name: Polar finds its containers by their labels.
+    """
+    readable = _NAME_UNSAFE.sub("_", session_id)[:_NAME_SESSION_CHARS] or "_"
+    return f"polar-{readable}-{uuid.uuid4().hex[:12]}"
+
+
 def _owner_labels(session_id: str) -> dict[str, str]:
     return {
         LABEL_MANAGED: "true",
-        _LABEL_SESSION: session_id,
+        LABEL_SESSION: session_id,
         _LABEL_HOST: socket.gethostname(),
         _LABEL_PID: str(os.getpid()),
     }
@@ -148,7 +172,8 @@ class DockerRuntime(SessionRuntime):
 
     Args:
         spec: The runtime spec (``kind`` docker, ``image`` set).
-        session_id: The session; it names the container (``polar-<session_id>``) and labels it.
+        session_id: The session; it labels the container (``polar.session``) and begins its name, which is
+            unique per runtime (:func:`container_name`).
         client: A ``docker.DockerClient``; built from ``spec.docker_host`` when omitted.
     """
 
@@ -160,6 +185,12 @@ class DockerRuntime(SessionRuntime):
         self._volume_host_dir: Path | None = None
         self._user = f"{spec.sandbox_uid}:{spec.sandbox_gid}"
         self._quota_breach: str | None = None
+        self._name = container_name(session_id)
+
+    @property
+    def container_name(self) -> str:
+        """The container's name (fresh for every runtime, also before it starts)."""
+        return self._name
 
     @property
     def root(self) -> PurePosixPath:
@@ -233,7 +264,7 @@ class DockerRuntime(SessionRuntime):
             "command": ["sleep", "infinity"],
             "detach": True,
             "init": True,
-            "name": f"polar-{self._session_id}",
+            "name": self._name,
             "labels": _owner_labels(self._session_id),
             "network_mode": network,
             "mem_limit": self._spec.memory_limit,
