@@ -21,12 +21,15 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
 from runtimes.policy import TaskAdmission
+
+if TYPE_CHECKING:
+    from rollout_server.dashboard import Dashboard
 
 __all__ = ["EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
 
@@ -230,7 +233,8 @@ class EmbeddedStack:
     """A running embedded stack: the addresses of its services and their shared control-plane token.
 
     ``dashboard_url`` (empty without ``StackOptions.dashboard``) opens the dashboard: it carries the per-run
-    dashboard key, which shows the dashboard and opens nothing else.
+    dashboard key, which shows the dashboard and opens nothing else. ``dashboard`` is the running dashboard itself,
+    for in-process readers (tests, notebooks).
     """
 
     token: str
@@ -241,6 +245,7 @@ class EmbeddedStack:
     evaluator_address: str
     options: StackOptions
     dashboard_url: str = ""
+    dashboard: Dashboard | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -310,6 +315,7 @@ class EmbeddedStack:
             board = rollout.app.dashboard
             yield cls(
                 dashboard_url=f"{board.url}?token={dashboard_key}" if board is not None else "",
+                dashboard=board,
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
                 gateway_address=f"{_HOST}:{ports['gateway']}",
