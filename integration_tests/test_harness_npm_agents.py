@@ -4,11 +4,13 @@ Each runs in a local runtime (bubblewrap, loopback only) that reaches the proxy 
 tunnel: (a) a plain prompt prints the scripted answer with one completion recorded; (b) a tool loop: the
 script calls the harness's shell tool to write ``out.txt``, then answers; the file is in the patch and the
 prefix-merged trace masks the tool output. Skipped when the CLIs (``scripts/setup_harnesses.sh``) or
-bubblewrap are missing.
+bubblewrap are missing. (c) The Continue CLI contacts nothing but the proxy (a Node preload records every socket
+connection and name look-up its process makes) and leaves no session token in the logs the gateway keeps.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from integration_tests.support.harnesses import (
     BIN_DIR,
     MODEL,
+    SANDBOX_PORT,
     assert_tool_loop_mask,
     run_harness,
     tool_call_turn,
@@ -72,3 +75,57 @@ async def test_tool_call_loop(tmp_path: Path, tokenizer: Any, harness: str) -> N
     assert len(built.traces) == 1, built.stats
     masked = assert_tool_loop_mask(built.traces[0], *result.completions)
     assert masked
+
+
+# Loaded into the CLI's Node process (NODE_OPTIONS): records every socket connection and name look-up it starts.
+_NET_AUDIT = """\
+const fs = require("fs"), net = require("net"), dns = require("dns"), path = require("path");
+const log = path.join(process.env.HOME, "net-audit.jsonl");
+const write = (record) => fs.appendFileSync(log, JSON.stringify(record) + "\\n");
+write({ event: "loaded" });
+const connect = net.Socket.prototype.connect;
+net.Socket.prototype.connect = function (...args) {
+  let o = Array.isArray(args[0]) ? args[0][0] : args[0];
+  if (o === null || typeof o !== "object") o = { port: args[0], host: args[1] };
+  write({ event: "connect", host: o.host ?? null, port: o.port ?? null, path: o.path ?? null });
+  return connect.apply(this, args);
+};
+for (const api of [dns, dns.promises]) {
+  const lookup = api.lookup;
+  api.lookup = function (host, ...rest) {
+    write({ event: "lookup", host });
+    return lookup.call(this, host, ...rest);
+  };
+}
+"""
+
+
+def _kept_files(log_paths: Any) -> list[Path]:
+    """The files under the harness's log paths: what the gateway collects as artifacts."""
+    return [p for log in log_paths for p in Path(str(log)).rglob("*") if p.is_file()]
+
+
+async def test_continue_contacts_only_the_proxy_and_logs_no_token(tmp_path: Path, tokenizer: Any) -> None:
+    home = (tmp_path / "sessions" / "s1").absolute() / "home"
+    options = {"env": {"NODE_OPTIONS": f"--require={home}/.audit/net-audit.cjs"}}
+    turns = [tool_call_turn("continue", "echo polar-was-here > out.txt"), {"text": ANSWER}]
+    result = await run_harness(
+        "continue", turns, tmp=tmp_path, tokenizer=tokenizer, options=options,
+        home_files={".audit/net-audit.cjs": _NET_AUDIT},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.describe()
+    assert len(result.completions) == 2, result.describe()
+    events = [json.loads(line) for line in (home / "net-audit.jsonl").read_text().splitlines()]
+    assert events[0] == {"event": "loaded"}, events
+    connects = [e for e in events if e["event"] == "connect"]
+    assert len(connects) >= 2, events  # the two model calls: the audit saw them
+    # Nothing but the proxy's tunnel port on the loopback: no version probe of api.continue.dev, no look-up at all.
+    assert all((e["host"], e["port"]) == ("127.0.0.1", SANDBOX_PORT) for e in connects), events
+    assert all(e["host"] in ("127.0.0.1", "localhost") for e in events if e["event"] == "lookup"), events
+
+    config = json.loads(str(result.launch.files[".continue/config.yaml"]))
+    token = config["models"][0]["apiKey"]
+    assert len(token) >= 16
+    kept = _kept_files(result.launch.log_paths)
+    assert "cn.log" in [p.name for p in kept], kept
+    assert [p for p in kept if token in p.read_text(errors="replace")] == []

@@ -6,8 +6,18 @@ the one model of a local assistant config (provider ``openai``, ``apiBase`` = th
 Continue account or hub is involved: with ``--config`` naming a file, the CLI loads it without signing in.
 Its OpenTelemetry metrics are off (``CONTINUE_METRICS_ENABLED=0``, ``CONTINUE_CLI_ENABLE_TELEMETRY=0``; they
 are sent only when an ``OTEL_EXPORTER_OTLP_*`` endpoint is set anyway), and so is its auto-update
-(``autoUpdateCli: false`` in ``~/.continue/index/globalContext.json``). Its start-up version probe
-(``api.continue.dev/cn/info``) has no switch; in a network-less sandbox it fails quietly (a debug log line).
+(``autoUpdateCli: false`` in ``~/.continue/index/globalContext.json``).
+
+Its start-up version probe (``GET https://api.continue.dev/cn/info?id=<machine id>``, made with the global
+``fetch`` when its bundle loads, in every mode) has no switch in 1.5.47: no variable or setting skips it. So the
+adapter preloads a few lines of JavaScript (``NODE_OPTIONS=--require ~/.polar/continue-offline.cjs``, before any
+task ``NODE_OPTIONS``) that refuse any ``fetch`` to Continue's own hosts (``continue.dev`` and its subdomains)
+before a name is looked up or a socket opened; the CLI takes the refusal as it takes being offline (the probe
+returns nothing, a debug line). Requests to anything else, the proxy included, are untouched.
+
+``--verbose`` is refused in ``extra_args``: at debug level ``cn`` logs the whole model entry, ``apiKey`` (the
+session token) included, into ``~/.continue/logs/cn.log``, which the gateway keeps. At its default level the log
+holds no token (nor do its sessions); the token is only in ``~/.continue/config.yaml``, which is not kept.
 """
 
 from __future__ import annotations
@@ -30,6 +40,26 @@ __all__ = ["ContinueCliAdapter"]
 
 _OPTIONS = ("auto", "context_window", "max_tokens", "format")
 _CONFIG = ".continue/config.yaml"
+_OFFLINE = ".polar/continue-offline.cjs"
+# Preloaded into cn (CommonJS, before its ES module bundle): Continue's version probe has no switch.
+OFFLINE_JS = """\
+"use strict";
+// Polar: refuse Continue's own service (its start-up version probe has no switch); nothing else is touched.
+const vendor = (host) => host === "continue.dev" || host.endsWith(".continue.dev");
+const upstream = globalThis.fetch;
+if (typeof upstream === "function") {
+  globalThis.fetch = function fetch(input, init) {
+    let host = "";
+    try {
+      host = new URL(typeof input === "string" || input instanceof URL ? input : input.url).hostname;
+    } catch {}
+    if (vendor(host.toLowerCase())) {
+      return Promise.reject(new Error(`polar: no request to ${host}: the harness talks only to the model proxy`));
+    }
+    return upstream.call(this, input, init);
+  };
+}
+"""
 
 
 class ContinueCliAdapter:
@@ -85,19 +115,40 @@ class ContinueCliAdapter:
             argv.append("--auto")
         if ctx.option("format") is not None:
             argv += ["--format", self._format(ctx.option("format"))]
-        argv += string_list(self.name, "extra_args", ctx.option("extra_args"))
+        argv += self._extra_args(ctx)
         argv += ["--", ctx.instruction]
+        env = finish_environment(env, ctx, self.name)
+        # The preload first; a task's own NODE_OPTIONS (if any) after it, so it cannot drop the preload by accident.
+        preload = f"--require {json.dumps(str(ctx.home / _OFFLINE))}"
+        env["NODE_OPTIONS"] = f"{preload} {env['NODE_OPTIONS']}" if env.get("NODE_OPTIONS") else preload
         return HarnessLaunch(
             argv=tuple(argv),
-            env=finish_environment(env, ctx, self.name),
+            env=env,
             cwd=ctx.workspace,
             files={
                 # JSON is YAML: no YAML writer needed, and no quoting question for model names or URLs.
                 _CONFIG: json.dumps(config, indent=2) + "\n",
                 ".continue/index/globalContext.json": json.dumps(shared, indent=2) + "\n",
+                _OFFLINE: OFFLINE_JS,
             },
             log_paths=(home / "sessions", home / "logs"),
         )
+
+    def _extra_args(self, ctx: HarnessContext) -> list[str]:
+        """``extra_args``, without ``--verbose``.
+
+        Raises:
+            InvalidArgument: ``--verbose`` is among them (field ``harness.extra_args``): its debug log holds the
+                session token, and the gateway keeps that log.
+        """
+        extra = string_list(self.name, "extra_args", ctx.option("extra_args"))
+        if any(arg == "--verbose" or arg.startswith("--verbose=") for arg in extra):
+            raise InvalidArgument(
+                "harness.extra_args: --verbose is refused for harness 'continue': at debug level cn writes the "
+                "session token (the model's apiKey) into ~/.continue/logs/cn.log, which the gateway keeps",
+                details={"harness": self.name, "field": "harness.extra_args"},
+            )
+        return extra
 
     def _format(self, value: object) -> str:
         """The ``format`` option, which ``cn`` knows only as ``json``.

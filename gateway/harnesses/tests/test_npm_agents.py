@@ -91,3 +91,18 @@ def test_continue_without_auto_asks_and_refuses_unknown_options_and_formats() ->
     with pytest.raises(InvalidArgument, match=r"harness\.format") as caught:
         adapter.prepare(_context(format="yaml"))
     assert caught.value.details["field"] == "harness.format"
+
+
+def test_continue_preloads_the_vendor_block_and_refuses_verbose() -> None:
+    adapter = get_adapter("continue")
+    launch = adapter.prepare(_context())
+    assert launch.env["NODE_OPTIONS"] == '--require "/s/home/.polar/continue-offline.cjs"'
+    assert "continue.dev" in str(launch.files[".polar/continue-offline.cjs"])
+    # A task's own NODE_OPTIONS comes after the preload, not instead of it.
+    both = adapter.prepare(_context(env={"NODE_OPTIONS": "--max-old-space-size=512"})).env["NODE_OPTIONS"]
+    assert both == '--require "/s/home/.polar/continue-offline.cjs" --max-old-space-size=512'
+    assert "--readonly" in adapter.prepare(_context(extra_args=["--readonly"])).argv
+    for verbose in ("--verbose", "--verbose=true"):
+        with pytest.raises(InvalidArgument, match="session token") as caught:
+            adapter.prepare(_context(extra_args=[verbose]))
+        assert caught.value.details["field"] == "harness.extra_args"
