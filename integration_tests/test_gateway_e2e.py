@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 
+from integration_tests.support.egress import accepted, host_address, listener
 from integration_tests.support.gateway_stack import Stack, gateway_stack, until_stage
 
 pytestmark = [
@@ -80,23 +80,20 @@ def session(
     return session_pb2.SessionSpec(session_id=session_id, task_id="e2e", task=task, attempt=1)
 
 
-def _host_address() -> str:
-    # An address of a non-loopback interface of this host (what a sandbox must not reach either).
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent for UDP connect
-            return str(s.getsockname()[0])
-        except OSError:
-            return "10.255.255.1"
-
-
 async def test_session_is_resolved_with_traces(stack: Stack) -> None:
     # The harness may reach the proxy only through the tunnel: not the proxy's own ports, not the other services,
-    # not the host's LAN address, not the internet. A probe that connects makes the agent exit 1 (unresolved).
-    lan = _host_address()
-    probes = (*(f"{host}:{p}" for p in stack.host_ports for host in ("127.0.0.1", lan)), "1.1.1.1:443")
-    await stack.stub.StartSession(pb.StartSessionRequest(spec=session("ok", calls=2, pause_s=0, probes=probes)))
-    reply = await until_stage(stack.stub, "ok", status_pb2.SESSION_STAGE_DONE)
+    # not the host's own interface address (where a listener bound to that address alone stands for everything
+    # beyond this host). A probe that connects makes the agent exit 1 (unresolved).
+    lan = host_address()
+    beyond = listener(lan)
+    probes = (*(f"{host}:{p}" for p in stack.host_ports for host in ("127.0.0.1", lan)),
+              f"{lan}:{beyond.getsockname()[1]}")  # fmt: skip
+    try:
+        await stack.stub.StartSession(pb.StartSessionRequest(spec=session("ok", calls=2, pause_s=0, probes=probes)))
+        reply = await until_stage(stack.stub, "ok", status_pb2.SESSION_STAGE_DONE)
+        assert accepted(beyond) == 0
+    finally:
+        beyond.close()
     result = reply.result
     assert result.status == "resolved", result.error_message
     assert result.terminal_status == status_pb2.TERMINAL_STATUS_RESOLVED

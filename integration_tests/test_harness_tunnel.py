@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+from integration_tests.support.egress import accepted, host_address, listener
 from runtimes.tunnel import UnixSocketBridge, forward_tcp_to_unix
 
 
@@ -62,19 +62,14 @@ async def test_bridge_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
         await UnixSocketBridge("127.0.0.1", 1, path).start()
 
 
-def _host_address() -> str:
-    # An address of a non-loopback interface of this host (what a sandbox must not reach).
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent for UDP connect
-            return str(s.getsockname()[0])
-        except OSError:
-            return "10.255.255.1"
-
-
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 async def test_sandbox_reaches_the_proxy_and_nothing_else(tmp_path: Path) -> None:
     server, port = await _http_server()
+    # Listeners really accepting on this host's own interface address, on every address and on that address only:
+    # the way out of the host. The sandbox must reach none of them, nor the proxy's own port, only the tunnel.
+    lan = host_address()
+    outside = [listener("0.0.0.0"), listener(lan)]
+    targets = [("127.0.0.1", port), *((lan, sock.getsockname()[1]) for sock in outside)]
     sock_dir = tmp_path / "sock"
     sock_path = sock_dir / "proxy.sock"
     inner_port = 18080
@@ -82,7 +77,7 @@ async def test_sandbox_reaches_the_proxy_and_nothing_else(tmp_path: Path) -> Non
 import socket, sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:{inner_port}/x", timeout=10).read()
 print("BODY", body.decode())
-for host, port in (("127.0.0.1", {port}), ("{_host_address()}", {port}), ("1.1.1.1", 443)):
+for host, port in {targets!r}:
     try:
         socket.create_connection((host, port), timeout=3).close()
         print("REACHED", host, port)
@@ -100,8 +95,12 @@ for host, port in (("127.0.0.1", {port}), ("{_host_address()}", {port}), ("1.1.1
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
+    reached = sum(accepted(sock) for sock in outside)
+    for sock in outside:
+        sock.close()
     text = out.decode()
     assert proc.returncode == 0, err.decode()
     assert "BODY hello from the host" in text
     assert "REACHED" not in text
-    assert text.count("BLOCKED") == 3
+    assert text.count("BLOCKED") == len(targets) == 3
+    assert reached == 0

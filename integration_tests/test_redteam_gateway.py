@@ -3,7 +3,8 @@
 The stack (:mod:`integration_tests.support.gateway_stack`: gateway, model proxy with a scripted backend,
 reconstructor, evaluator) runs two sessions at once in the local runtime with the gateway's default ``proxy``
 network. The hostile agent makes one model call through the tunnel (the only thing it may reach), then tries:
-every loopback port of the stack's services (gRPC and HTTP), a listener on the host's LAN address, the Internet;
+every loopback port of the stack's services (gRPC and HTTP), listeners on the host's own interface address (on
+every address, and bound to that address only: the way out of this host, standing for the Internet);
 the other session's directory, the proxy's records and the gateway's state directory, ``/etc/shadow`` and a
 host file (read and write); the host process's credentials in its environment and ``/proc``. If any of these
 works it exits 3 (the session would end ``unresolved``); otherwise it fills its workspace past its disk quota.
@@ -28,8 +29,9 @@ import pytest
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2 as pb
 
+from integration_tests.support.egress import accepted, host_address, listener
 from integration_tests.support.gateway_stack import gateway_stack, until_stage
-from integration_tests.support.sandbox_attacks import CANARY_NAME, accepted, host_address, listener
+from integration_tests.support.sandbox_attacks import CANARY_NAME
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -135,13 +137,15 @@ async def test_a_hostile_agent_next_to_an_honest_one(tmp_path: Path, monkeypatch
     monkeypatch.setenv(CANARY_NAME, canary)  # the gateway's own environment (this process)
     host_file = tmp_path / "host-secret.txt"
     host_file.write_text("original\n")
-    loopback, anywhere = listener("127.0.0.1"), listener("0.0.0.0")
     lan = host_address()
+    # The way out of this host is through its own interface: a listener bound there stands for every address
+    # beyond it (the tests contact no address outside this machine).
+    loopback, anywhere, on_lan = listener("127.0.0.1"), listener("0.0.0.0"), listener(lan)
     async with gateway_stack(tmp_path) as stack:
         runtimes = stack.runtimes_dir
         ports = [*stack.host_ports, loopback.getsockname()[1]]
         targets = [f"{host}:{port}" for port in ports for host in ("127.0.0.1", lan)]
-        targets += [f"{lan}:{anywhere.getsockname()[1]}", "1.1.1.1:443"]
+        targets += [f"{lan}:{anywhere.getsockname()[1]}", f"{lan}:{on_lan.getsockname()[1]}"]
         reads = [str(host_file), "/etc/shadow", str(tmp_path / "proxy" / "session.json")]
         lists = [f"{runtimes / 'honest'}=", f"{runtimes / 'honest' / 'workspace'}=", f"{tmp_path / 'proxy'}=",
                  f"{tmp_path / 'r'}=", f"{tmp_path / 'gateway'}=runtimes", f"{runtimes}=hostile",
@@ -171,7 +175,7 @@ async def test_a_hostile_agent_next_to_an_honest_one(tmp_path: Path, monkeypatch
         # The host is untouched and both sandboxes are gone.
         assert host_file.read_text() == "original\n"
         assert not (tmp_path / "pwned").exists()
-        assert accepted(loopback) + accepted(anywhere) == 0
+        assert accepted(loopback) + accepted(anywhere) + accepted(on_lan) == 0
         assert not (runtimes / "hostile").exists()
         assert not (runtimes / "honest").exists()
         # The gateway still serves.
@@ -181,5 +185,5 @@ async def test_a_hostile_agent_next_to_an_honest_one(tmp_path: Path, monkeypatch
         await stack.stub.StartSession(pb.StartSessionRequest(spec=_session("after", ["python3", "-c", HONEST])))
         after = await until_stage(stack.stub, "after", status_pb2.SESSION_STAGE_DONE)
         assert after.result.status == "resolved", after.result.error_message
-    loopback.close()
-    anywhere.close()
+    for sock in (loopback, anywhere, on_lan):
+        sock.close()

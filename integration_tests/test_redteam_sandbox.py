@@ -20,7 +20,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -50,6 +49,7 @@ from gateway.testing import (
     RecordingSink,
 )
 from integration_tests.support.docker import private_docker
+from integration_tests.support.egress import accepted, received
 from integration_tests.support.sandbox_attacks import (
     ATTACKS,
     CANARY_NAME,
@@ -58,7 +58,7 @@ from integration_tests.support.sandbox_attacks import (
     QUOTA_FILL,
     QUOTA_FILL_BYTES,
     QUOTA_LIMIT,
-    host_address,
+    egress_targets,
     run_attacks,
 )
 from polar_core.errors import NotFound
@@ -117,7 +117,8 @@ def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
     # No credential of the host process in the sandbox's environment or anywhere in its /proc.
     assert out["canary"] not in out["credentials"]["stdout"]
     assert out["credentials"]["stdout"].rstrip().endswith("scanned")
-    # Network: loopback services of the host, the LAN address and the Internet are all refused.
+    # Network: loopback services of the host and listeners on its own interface address (TCP on every address,
+    # TCP and UDP on that address only: the way out of this host) are all refused, and none received anything.
     lines = out["network"]["stdout"].splitlines()
     assert len(lines) == len(out["targets"]), out["network"]
     assert all(line.startswith("refused") for line in lines), lines
@@ -289,14 +290,7 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
     daemon, client, image = docker_env
     canary = "canary-" + os.urandom(8).hex()
     monkeypatch.setenv(CANARY_NAME, canary)
-    loopback, anywhere = socket.socket(), socket.socket()
-    loopback.bind(("127.0.0.1", 0))
-    anywhere.bind(("0.0.0.0", 0))
-    for sock in (loopback, anywhere):
-        sock.listen(4)
-        sock.setblocking(False)
-    targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{host_address()}:{anywhere.getsockname()[1]}",
-               "1.1.1.1:443"]  # fmt: skip
+    tcp, udp, targets = egress_targets()
     limits = {k: v for k, v in LIMITS.items() if k not in ("cpu_time_limit_s", "file_size_limit")}
     spec = RuntimeSpec(kind=RuntimeKind.DOCKER, image=image, docker_host=daemon.url, **limits)
     runtime = DockerRuntime(spec, session_id="redteam-attacks", client=client)
@@ -310,6 +304,7 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
 
         network = await attack("network")
         assert [line.split()[0] for line in network.stdout.splitlines()] == ["refused"] * len(targets), network
+        assert sum(accepted(sock) for sock in tcp) + sum(received(sock) for sock in udp) == 0
         credentials = await attack("credentials")
         assert canary not in credentials.stdout
         # kill -9 -1 reaches only the command's own processes (it may kill its own wrapper), never the keeper: the
@@ -326,8 +321,8 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
                 await runtime.download(link)
     finally:
         await runtime.stop()
-        loopback.close()
-        anywhere.close()
+        for sock in (*tcp, *udp):
+            sock.close()
     quota_spec = dataclasses.replace(spec, disk_limit=QUOTA_LIMIT)
     filler = DockerRuntime(quota_spec, session_id="redteam-fill", client=client)
     await filler.start()
@@ -338,7 +333,7 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
             await filler.exec(["true"], timeout=30)
     finally:
         await filler.stop()
-    assert not client.containers.list(all=True, filters={"name": "polar-redteam-fill"})
+    assert not client.containers.list(all=True, filters={"label": "polar.session=redteam-fill"})
 
 
 class _GiantPatchAgent(FakeAgentRunner):

@@ -1,13 +1,14 @@
 """Attacks a hostile agent tries from inside a sandbox; run in-process or as a script.
 
-Standard library and :mod:`runtimes` only, so a test can run it as an unprivileged host user with the
-system's Python (``runuser -u USER -- python3 -m integration_tests.support.sandbox_attacks BASE``): it prints
-one JSON object, attack name -> ``{"exit_code", "stdout", "stderr", "timed_out"}`` plus host-side facts
-(``host_file``: the read-only file's content afterwards; ``outsider_alive``: whether the process outside the
-sandbox survived; ``victim_alive``: whether the other session's command survived; ``secrets``: the host
-directory standing for the proxy's records and the gateway's state, afterwards; ``accepted``: connections the
-host listeners accepted; ``symlinks``: what the runtime's upload/download did with links the agent planted;
-``quota``: the disk-fill run against a small quota).
+Standard library, :mod:`runtimes` and :mod:`integration_tests.support.egress` only, so a test can run it as an
+unprivileged host user with the system's Python
+(``runuser -u USER -- python3 -m integration_tests.support.sandbox_attacks BASE``): it prints one JSON object,
+attack name -> ``{"exit_code", "stdout", "stderr", "timed_out"}`` plus host-side facts (``host_file``: the
+read-only file's content afterwards; ``outsider_alive``: whether the process outside the sandbox survived;
+``victim_alive``: whether the other session's command survived; ``secrets``: the host directory standing for
+the proxy's records and the gateway's state, afterwards; ``accepted``: connections and datagrams that the host's
+listeners on 127.0.0.1 and on its own interface address received; ``symlinks``: what the runtime's
+upload/download did with links the agent planted; ``quota``: the disk-fill run against a small quota).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from integration_tests.support.egress import UDP_PREFIX, accepted, host_address, listener, received, udp_listener
 from runtimes import ExecResult, Runtime, RuntimeSpec
 from runtimes._quota import allocated_bytes
 from runtimes.local import LocalRuntime
@@ -38,6 +40,7 @@ __all__ = [
     "QUOTA_FILL_BYTES",
     "QUOTA_LIMIT",
     "accepted",
+    "egress_targets",
     "host_address",
     "listener",
     "run_attacks",
@@ -69,14 +72,20 @@ print("forked", n)
 NETWORK_PROBE = """
 import socket, sys
 for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
+    udp = target.startswith("udp/")
+    host, port = target.removeprefix("udp/").rsplit(":", 1)
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        if udp:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.sendto(b"probe", (host, int(port)))
+        else:
+            socket.create_connection((host, int(port)), timeout=3).close()
         print("connected", target)
     except OSError as exc:
         print("refused", target, exc.errno)
 """
-"""``python3 -c NETWORK_PROBE HOST:PORT...``: one line per target, ``connected`` or ``refused``."""
+"""``python3 -c NETWORK_PROBE [udp/]HOST:PORT...``: one line per target, ``connected`` (a TCP connection, or a
+datagram sent) or ``refused``."""
 
 QUOTA_FILL = "for i in $(seq 1 64); do dd if=/dev/zero of=fill$i.bin bs=1M count=60 2>/dev/null; done; sleep 30"
 """Fills the workspace with 60 MiB files (under the file size limit) far past :data:`QUOTA_LIMIT`."""
@@ -124,16 +133,6 @@ ATTACKS: dict[str, str] = {
 }
 
 
-def host_address() -> str:
-    """An address of this host's first non-loopback interface (what a sandbox must not reach either)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("192.0.2.1", 9))  # no packet is sent for a UDP connect
-            return str(sock.getsockname()[0])
-        except OSError:
-            return "10.255.255.1"
-
-
 def _summary(result: ExecResult) -> dict[str, Any]:
     return {"exit_code": result.exit_code, "stdout": result.stdout[-4000:], "stderr": result.stderr[-2000:],
             "timed_out": result.timed_out}  # fmt: skip
@@ -169,25 +168,21 @@ async def symlink_attacks(runtime: Runtime, secrets_dir: Path, host_target: Path
     return out
 
 
-def listener(host: str) -> socket.socket:
-    """A non-blocking TCP listener on ``host`` (a free port) that a sandbox must never reach."""
-    sock = socket.socket()
-    sock.bind((host, 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    return sock
+def egress_targets() -> tuple[list[socket.socket], list[socket.socket], list[str]]:
+    """Listeners a sandbox must never reach and the probe targets naming them: TCP on 127.0.0.1, TCP on every
+    address (probed at the host's own interface address), TCP and UDP bound to that interface address only (standing
+    for everything beyond the host: no test contacts an address outside this machine).
 
-
-def accepted(sock: socket.socket) -> int:
-    """How many connections ``sock`` accepted so far (each closed)."""
-    count = 0
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except BlockingIOError:
-            return count
-        conn.close()
-        count += 1
+    Returns:
+        The TCP listeners (count with :func:`accepted`), the UDP sockets (count with :func:`received`) and the
+        targets for :data:`NETWORK_PROBE`.
+    """
+    lan = host_address()
+    loopback, anywhere, on_lan = listener("127.0.0.1"), listener("0.0.0.0"), listener(lan)
+    datagrams = udp_listener(lan)
+    targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{lan}:{anywhere.getsockname()[1]}",
+               f"{lan}:{on_lan.getsockname()[1]}", f"{UDP_PREFIX}{lan}:{datagrams.getsockname()[1]}"]  # fmt: skip
+    return [loopback, anywhere, on_lan], [datagrams], targets
 
 
 async def _quota_attack(base_dir: Path) -> dict[str, Any]:
@@ -222,9 +217,7 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
     host_target.write_text("original\n")
     canary = secrets.token_hex(16)
     os.environ[CANARY_NAME] = canary  # the host process's and the outsider's environment
-    loopback, anywhere = listener("127.0.0.1"), listener("0.0.0.0")
-    targets = [f"127.0.0.1:{loopback.getsockname()[1]}", f"{host_address()}:{anywhere.getsockname()[1]}",
-               "1.1.1.1:443", "8.8.8.8:53"]  # fmt: skip
+    tcp, udp, targets = egress_targets()
     spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS)
     victim = LocalRuntime(spec, session_id="victim", base_dir=base_dir / "sessions")
     attacker = LocalRuntime(spec, session_id="attacker", base_dir=base_dir / "sessions")
@@ -256,9 +249,9 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
         alive = outsider.poll() is None
         outsider.kill()
         outsider.wait()
-        out["accepted"] = accepted(loopback) + accepted(anywhere)
-        loopback.close()
-        anywhere.close()
+        out["accepted"] = sum(accepted(sock) for sock in tcp) + sum(received(sock) for sock in udp)
+        for sock in (*tcp, *udp):
+            sock.close()
         os.environ.pop(CANARY_NAME, None)
     out["host_file"] = (ro_dir / "secret.txt").read_text()
     out["host_target"] = host_target.read_text()
