@@ -14,10 +14,13 @@ from gateway.harnesses.base import (
     string_list,
     with_suffix,
 )
+from gateway.harnesses.qwen_shell_drain import PRELOAD_NAME, PRELOAD_SOURCE
 
 __all__ = ["QwenCodeAdapter"]
 
 _OPTIONS = ("yolo", "max_session_turns")
+# Loaded into the CLI with NODE_OPTIONS: it holds a shell command's "exit" until its output is read.
+_PRELOAD = f".polar/{PRELOAD_NAME}"
 
 
 class QwenCodeAdapter:
@@ -43,11 +46,10 @@ class QwenCodeAdapter:
             # Otherwise it makes an extra "memory extraction" completion after the answer.
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
             "security": {"auth": {"selectedType": "openai"}},
-            # Headless Qwen Code otherwise runs shell commands through child_process and takes their output at
-            # the child's "exit" event, before Node has necessarily read the pipes (it waits for "close" only
-            # when streaming): on a loaded machine the tool result then says "Output: (empty)". Its node-pty
-            # path collects every byte until the pty closes (and falls back to child_process without a pty).
-            "tools": {"shell": {"enableInteractiveShell": True}},
+            # Shell commands through child_process (its headless default, stated): node-pty on Linux drops the
+            # output it has not read when the command exits, cutting results at ~8 KB. child_process's own race
+            # (the result settled at "exit", before the pipes were read) is closed by the preload below.
+            "tools": {"shell": {"enableInteractiveShell": False}},
         }
         if ctx.option("max_session_turns") is not None:
             settings["model"] = {"maxSessionTurns": int(ctx.option("max_session_turns"))}
@@ -64,10 +66,14 @@ class QwenCodeAdapter:
         if ctx.option("yolo", True):
             argv.append("--yolo")
         argv += string_list(self.name, "extra_args", ctx.option("extra_args"))
+        env = finish_environment(env, ctx, self.name)
+        # After the task's env option, so a task's own NODE_OPTIONS is kept (the preload removes only itself).
+        preload = f"--require={json.dumps(str(ctx.home / _PRELOAD), ensure_ascii=False)}"
+        env["NODE_OPTIONS"] = f"{preload} {env['NODE_OPTIONS']}" if env.get("NODE_OPTIONS") else preload
         return HarnessLaunch(
             argv=tuple(argv),
-            env=finish_environment(env, ctx, self.name),
+            env=env,
             cwd=ctx.workspace,
-            files={".qwen/settings.json": json.dumps(settings, indent=2) + "\n"},
+            files={".qwen/settings.json": json.dumps(settings, indent=2) + "\n", _PRELOAD: PRELOAD_SOURCE},
             log_paths=(ctx.home / ".qwen",),
         )
