@@ -41,7 +41,18 @@ __all__ = [
     "StageSnapshot",
     "TestResult",
     "completion_totals",
+    "proxy_session_id",
 ]
+
+
+def proxy_session_id(session_id: str, attempt: int) -> str:
+    """The model proxy's session of a session's ``attempt``: a retried attempt records into a fresh one.
+
+    The proxy refuses to reopen a closed session, and a retry must not mix its calls with the failed
+    attempt's; whoever reads an attempt's records (the gateway, ``polar run``, ``polar generate``) reads them
+    under this id and maps them back to ``session_id``.
+    """
+    return session_id if attempt <= 1 else f"{session_id}~attempt{attempt}"
 
 
 class Stage(enum.StrEnum):
@@ -197,12 +208,8 @@ class SessionSpec:
 
     @property
     def proxy_session_id(self) -> str:
-        """The model proxy's session for this attempt: a retried attempt records into a fresh one.
-
-        The proxy refuses to reopen a closed session, and a retry must not mix its calls with the failed
-        attempt's; the gateway maps the records back to ``session_id`` when it lists them.
-        """
-        return self.session_id if self.attempt == 1 else f"{self.session_id}~attempt{self.attempt}"
+        """The model proxy's session for this attempt (:func:`proxy_session_id`)."""
+        return proxy_session_id(self.session_id, self.attempt)
 
     def __post_init__(self) -> None:
         if not self.session_id:

@@ -300,16 +300,18 @@ class FleetSession:
         reply = await self._call(lambda: self.client.get(task_id, summary_only=True), f"GetTask {task_id}")
         return reply.task
 
-    async def completions(self, session_id: str) -> list[dict[str, Any]]:
-        """The session's completion records from the fleet's proxies, in ``seq`` order.
+    async def completions(self, result: session_pb2.SessionResult) -> list[dict[str, Any]]:
+        """The completion records of the attempt that gave ``result``, from the fleet's proxies, in ``seq`` order.
 
-        When the session's result named calls (its traces' ``call_ids``), only those records are kept; else the
-        records of the proxy whose last record is the latest (the proxy of the final attempt).
+        Only that attempt's proxy session is read (a failed attempt's calls are never the result's). When the
+        result named calls (its traces' ``call_ids``), only those records are kept; else the records of the
+        proxy whose last record is the latest.
         """
+        session_id = result.session_id
         found: list[list[dict[str, Any]]] = []
         for address, channel in self._proxies.items():
             try:
-                rows = await list_completions(channel, session_id)
+                rows = await list_completions(channel, session_id, attempt=result.attempt)
             except grpc.aio.AioRpcError as exc:
                 raise PolarError(f"ListCompletions {session_id} at proxy {address}: {exc.code().name}") from None
             if rows:

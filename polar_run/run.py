@@ -83,6 +83,9 @@ class RunOptions:
         workers: Harnesses run at once; None: 1 for the in-process backend (one model serves one call at a
             time, and a waiting harness would spend its budget), else 4.
         dashboard: Serve the live dashboard on a loopback port and print its address (``--no-dashboard``: off).
+        metrics: Serve every service's Prometheus endpoint and print them (``--metrics``; see
+            :attr:`StackOptions.metrics`); None: only the proxy's, for the dashboard.
+        jaeger_url: The dashboard's link to Jaeger (``--jaeger-url``); needs the dashboard.
     """
 
     task_file: Path
@@ -93,6 +96,8 @@ class RunOptions:
     live: bool = False
     workers: int | None = None
     dashboard: bool = True
+    metrics: int | None = None
+    jaeger_url: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -251,24 +256,30 @@ class EmbeddedSession:
         """The task's final state and statistics."""
         return (await self.client.get(task_id, summary_only=True)).task
 
-    async def completions(self, session_id: str) -> list[dict[str, Any]]:
-        """The session's completion records (``completions.jsonl`` objects), in order of arrival."""
-        return await list_completions(self._proxy, session_id)
+    async def completions(self, result: session_pb2.SessionResult) -> list[dict[str, Any]]:
+        """The completion records of the attempt that gave ``result`` (``completions.jsonl`` objects), in order."""
+        return await list_completions(self._proxy, result.session_id, attempt=result.attempt)
 
 
-async def list_completions(proxy: grpc.aio.Channel, session_id: str) -> list[dict[str, Any]]:
-    """A session's completion records at one proxy (``completions.jsonl`` objects), in ``seq`` order.
+async def list_completions(proxy: grpc.aio.Channel, session_id: str, *, attempt: int = 1) -> list[dict[str, Any]]:
+    """The completion records of one attempt of a session at one proxy (``completions.jsonl`` objects), in
+    ``seq`` order.
 
-    A session the proxy never saw (it failed before RUNNING, or ran behind another proxy) has none.
+    A retried attempt records under its own proxy session (``gateway.models.proxy_session_id``), so only the
+    records of ``attempt`` are read, never a failed attempt's; like the gateway, they are attributed to
+    ``session_id``. A session the proxy never saw (it failed before RUNNING, or ran behind another proxy) has
+    none.
     """
+    from gateway.models import proxy_session_id
     from polar_core.convert import completion_from_proto
 
     stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(proxy)
+    recorded_as = proxy_session_id(session_id, attempt)
     rows: list[dict[str, Any]] = []
     token = ""
     while True:
         request = model_proxy_service_pb2.ListCompletionsRequest(
-            session_id=session_id, page_size=_PAGE, page_token=token
+            session_id=recorded_as, page_size=_PAGE, page_token=token
         )
         try:
             reply = await stub.ListCompletions(request, timeout=60.0)
@@ -276,7 +287,10 @@ async def list_completions(proxy: grpc.aio.Channel, session_id: str) -> list[dic
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return rows
             raise
-        rows.extend(completion_from_proto(c).to_dict() for c in reply.completions)
+        for completion in reply.completions:
+            row = completion_from_proto(completion).to_dict()
+            row["session_id"] = session_id
+            rows.append(row)
         token = reply.next_page_token
         if not token:
             return sorted(rows, key=lambda r: int(r.get("seq", 0)))
@@ -300,6 +314,8 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
         allowed_images=task_images(prepared.task),
         dashboard=options.dashboard,
+        metrics=options.metrics,
+        jaeger_url=options.jaeger_url,
     )
 
 
@@ -344,6 +360,8 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
         console.print(f"stack up in {startup_s:.1f}s", soft_wrap=True)
         if stack.dashboard_url:
             console.print(f"dashboard {stack.dashboard_url}", soft_wrap=True, highlight=False)
+        for name, url in stack.metrics.items() if options.metrics is not None else ():
+            console.print(f"{name:<14} metrics {url}", soft_wrap=True, highlight=False)
         state.started = time.monotonic()
         results: list[session_pb2.SessionResult] = []
         with display:
@@ -358,7 +376,7 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
                     ticker.cancel()
                     await asyncio.gather(ticker, return_exceptions=True)
                 info = await session.task_info(task_id)
-                completions = [row for r in results for row in await session.completions(r.session_id)]
+                completions = [row for r in results for row in await session.completions(r)]
     wall_s = time.monotonic() - started
     rows = [session_row(r) for r in results]
     task_status = task_status_name(info.status)

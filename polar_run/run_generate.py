@@ -101,7 +101,7 @@ class _Sessions(Protocol):
 
     def results(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]: ...
 
-    async def completions(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def completions(self, result: session_pb2.SessionResult) -> list[dict[str, Any]]: ...
 
     async def task_info(self, task_id: str) -> rollout_service_pb2.TaskInfo: ...
 
@@ -150,7 +150,7 @@ async def _run_one(
         last_round = round_index == empty_retries
         empties = 0
         async for result in session.results(task_id):
-            completions = await session.completions(result.session_id)
+            completions = await session.completions(result)  # the final attempt's calls only
             empty = result.status not in _NOT_MODEL_OUTCOMES and is_empty_generation(completions)
             empties += int(empty)
             outcome = SampleOutcome(
