@@ -5,19 +5,25 @@ Here the first attempt of ``paginate-off-by-one-0000`` makes two model calls who
 agent to delete its workspace, so collecting the patch fails: ``infra_error``, which the rollout server retries.
 The second attempt (its own script: the scripted backend keys scripts by proxy session) fixes the bug. The run
 directory must then hold exactly the second attempt's two calls, attributed to the session, and the same calls
-as ``traces.jsonl``; ``polar generate`` must build its SFT record from the second attempt's last call.
+as ``traces.jsonl``; ``polar generate`` must build its SFT record from the second attempt's last call, also
+with ``--server`` on a fleet of ``polar serve`` processes (the fleet export path).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from integration_tests.support.services import Service
+from integration_tests.test_generate_fleet import TOKEN, Fleet, generate_argv, run_env
 from integration_tests.test_polar_run import AGENT, FIX_SCRIPT, PAGINATE, read_jsonl, run_polar, write_script
 
 pytestmark = [
@@ -56,16 +62,16 @@ def _backend_options(tmp: Path) -> list[str]:
     return ["--backend", "scripted", "--model", "tiny", "--backend-option", f"sessions={json.dumps(sessions)}"]
 
 
-def _check_final_attempt_only(out: Path) -> list[dict[str, Any]]:
+def _check_final_attempt_only(out: Path, session: str = SESSION) -> list[dict[str, Any]]:
     """The run directory holds the second attempt's calls, exactly those of ``traces.jsonl``; return them."""
     (row,) = read_jsonl(out / "sessions.jsonl")
-    assert (row["session_id"], row["status"], row["attempt"], row["calls"]) == (SESSION, "resolved", 2, 2), row
+    assert (row["session_id"], row["status"], row["attempt"], row["calls"]) == (session, "resolved", 2, 2), row
     completions = read_jsonl(out / "completions.jsonl")
     traces = read_jsonl(out / "traces.jsonl")
     call_ids = [c["call_id"] for c in completions]
     assert len(call_ids) == len(set(call_ids)) == 2, completions
     assert sorted(call_ids) == sorted(c for t in traces for c in t["call_ids"])
-    assert {c["session_id"] for c in completions} == {SESSION}
+    assert {c["session_id"] for c in completions} == {session}
     texts = json.dumps([c["response"] for c in completions])
     assert "rm -rf" not in texts  # nothing of the failed attempt
     assert "I removed the workspace" not in texts
@@ -99,5 +105,50 @@ def test_generate_exports_the_final_attempt(tmp_path: Path) -> None:
     assert (ledger["totals"]["attempts"], ledger["totals"]["retries"], ledger["totals"]["accepted"]) == (2, 1, 1)
     (record,) = [r for split in ("train", "validation") for r in read_jsonl(out / "sft" / f"{split}.jsonl")]
     assert record["session_id"] == SESSION
+    assert record["messages"][-1]["content"] == "I fixed page_count: it now rounds up."
+    assert "rm -rf" not in json.dumps(record["messages"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_generate_on_a_fleet_exports_the_final_attempt(tmp_path: Path) -> None:
+    run_id = "gen-retried"
+    session = f"{run_id}.{SESSION}"
+    turns = {session: BREAK_SCRIPT, f"{session}~attempt2": FIX_SCRIPT}
+    dataset = tmp_path / "dataset"
+    fleet = Fleet(tmp_path / "fleet")
+    serve = fleet.procs.serve
+
+    def serve_with_scripts(
+        key: str, service: str, address: str, port: int, env: Mapping[str, str], **options: Any
+    ) -> Service:
+        # The fleet's proxy replays the two attempts' own scripts (keyed by proxy session); the task's repository
+        # lies under the task roots of the services that check it.
+        if service == "proxy":
+            env = {**env, "POLAR_PROXY_BACKEND_OPTIONS": json.dumps({"sessions": turns})}
+        if service in ("rollout", "gateway", "evaluator"):
+            env = {**env, f"POLAR_{service.upper()}_TASK_ROOTS": json.dumps([str(dataset)])}
+        return serve(key, service, address, port, env, **options)
+
+    fleet.procs.serve = serve_with_scripts  # type: ignore[method-assign]
+    try:
+        fleet.start_rollout()
+        await fleet.procs.wait_healthy(["rollout"])
+        await fleet.procs.wait_healthy(fleet.start_gateway_host())
+        _task(dataset)
+        out = tmp_path / "gen"
+        out.mkdir()
+        # The run id is the sessions' prefix, so the scripts can name them: the manifest a first run would write.
+        (out / "fleet.json").write_text(json.dumps({"run_id": run_id, "server": fleet.address("rollout")}))
+        argv = generate_argv(dataset, out, fleet.address("rollout"), TOKEN)
+        proc = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, env=run_env(), timeout=180, check=False
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr + fleet.procs.logs()
+    finally:
+        fleet.procs.kill_all()
+    _check_final_attempt_only(out, session)
+    (record,) = [r for split in ("train", "validation") for r in read_jsonl(out / "sft" / f"{split}.jsonl")]
+    assert record["session_id"] == session
     assert record["messages"][-1]["content"] == "I fixed page_count: it now rounds up."
     assert "rm -rf" not in json.dumps(record["messages"])
