@@ -40,6 +40,7 @@ __all__ = [
     "OWN_PROGRAM_HARNESS",
     "PreparedTask",
     "RunOverrides",
+    "check_docker_engine",
     "check_harness",
     "find_harness_root",
     "harness_install_command",
@@ -302,6 +303,38 @@ def _installed_harness(name: str, options: Mapping[str, Any], root: Path | None)
     return root
 
 
+def check_docker_engine() -> None:
+    """Raise unless the local Docker engine the docker runtime uses (the SDK's defaults: ``$DOCKER_HOST``, else
+    ``/var/run/docker.sock``) accepts a connection; without one every session would fail at INIT and be retried.
+
+    Only a Unix socket is checked (by connecting to it: the SDK leaks the socket of a failed connection); a remote
+    engine (``tcp://``, ``ssh://``) is left to the runtime, which reports its own errors.
+
+    Raises:
+        FailedPrecondition: Nothing listens on the socket; the one-line message names the command that installs
+            an engine.
+    """
+    import socket
+
+    from docker.utils import kwargs_from_env
+
+    base_url = str(kwargs_from_env().get("base_url") or "unix:///var/run/docker.sock")
+    scheme, _, path = base_url.partition("://")
+    if scheme not in ("unix", "http+unix"):
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"the task runs in a docker runtime, and no Docker engine listens on {path} ({exc.strerror or exc}); "
+                "install one with `bash scripts/setup.sh --all` (docker.io, as root) and start `dockerd`, or set "
+                "DOCKER_HOST",
+                details={"reason": "docker_not_available"},
+            ) from None
+
+
 def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> tuple[str, dict[str, Any], str]:
     table = _section(data, "backend")
     name = str(table.pop("name", "") or "")
@@ -365,6 +398,8 @@ def prepare_task(
             paths = [str(p) for p in runtime.get("read_only_paths", [])]
             if str(root) not in paths:
                 runtime["read_only_paths"] = [*paths, str(root)]
+    if str(runtime.get("kind", "local")) == "docker":
+        check_docker_engine()
     if runtime:
         task["runtime"] = runtime
     task_from_mapping(task)  # every field checked (max_policy_lag, stale_policy, ...) before anything starts

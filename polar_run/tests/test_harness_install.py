@@ -133,3 +133,18 @@ def test_the_setup_script_installs_every_registered_harness() -> None:
     )
     assert refused.returncode == 2
     assert "unknown harness no-such-harness" in refused.stderr
+
+
+def test_a_docker_task_without_a_docker_engine_is_refused_with_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _task_file(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["harness"] = {"name": "command", "argv": ["true"]}
+    data["runtime"] = {"kind": "docker", "image": "python:3.11-slim"}
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")  # a socket nobody listens on
+    with pytest.raises(FailedPrecondition) as refused:
+        prepare_task(path)
+    assert "`bash scripts/setup.sh --all`" in refused.value.message
+    assert "\n" not in refused.value.message
