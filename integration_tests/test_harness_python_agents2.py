@@ -8,6 +8,7 @@ Hermes probes its environment before the first call), so every case is slow-mark
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path, PurePosixPath
@@ -142,3 +143,34 @@ async def test_tool_call_loop(run: Run, tokenizer: Any, harness: str) -> None:
     assert len(built.traces) == 1, built.stats
     masked = assert_tool_loop_mask(built.traces[0], *result.completions)
     assert "tool-output-marker" in tokenizer.decode(masked)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("openhands"), reason="openhands environment or bubblewrap not installed")
+async def test_openhands_tool_results_are_plain_text_with_the_sandbox_path(tmp_path: Path, tokenizer: Any) -> None:
+    """What OpenHands' terminal shows the model: no terminal escape sequences (its pty's bash runs on a dumb terminal,
+    so no bracketed-paste codes and no colours from colour-aware programs) and the workspace as the sandbox names it,
+    not the host's real path (the session directory is reached through a symbolic link here)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    command = (
+        "git -c color.ui=auto log --oneline -1; ls --color=auto; grep --color=auto hello main.py; "
+        "tput setaf 1; echo colour-marker; pwd"
+    )
+    result = await run_harness(
+        "openhands", [tool_call_turn("openhands", command), {"text": ANSWER}], tmp=tmp_path / "link",
+        tokenizer=tokenizer, timeout_s=240,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.describe()
+    assert len(result.completions) == 2, result.describe()
+    (tool,) = [m for m in result.completions[1].request["messages"] if m.get("role") == "tool"]
+    text = json.dumps(tool["content"]) if not isinstance(tool["content"], str) else tool["content"]
+    assert "colour-marker" in text, text
+    assert "polar: initial workspace" in text, text  # git's output arrived, uncoloured
+    assert "\x1b" not in text, repr(text)
+    sandbox_workspace = str(tmp_path / "link" / "sessions" / "s1" / "workspace")
+    assert f"[Current working directory: {sandbox_workspace}]" in text, text
+    assert f"\n{sandbox_workspace}\n" in text, text  # what `pwd` printed
+    prompt = json.dumps(result.completions[1].request)
+    assert "\\u001b" not in prompt
+    assert str(tmp_path / "real") not in prompt

@@ -12,11 +12,21 @@ builds the SDK's ``Agent`` (an OpenAI-compatible ``LLM`` through LiteLLM, the SD
 tools from ``openhands-tools``; no browser, no condenser) over a ``LocalWorkspace``, sends the instruction, runs
 the conversation to its end, prints the agent's final answer and exits 0 when the conversation finished (1 when
 it errored or got stuck, 2 on a bad configuration file).
+
+The terminal the model's commands run in is made plain, so its results reach the model as text: the SDK starts
+``bash -i`` on a pty with ``TERM=xterm-256color`` (forced, after the environment it is given), so readline wraps
+every prompt in bracketed-paste escapes (``ESC[?2004h``/``ESC[?2004l``) and colour-aware programs (git, grep, ls,
+pytest) colour their output. The terminal's shell is therefore a small script written next to this program that
+sets ``TERM=dumb`` (and ``NO_COLOR=1``) and then runs bash. Its ``PWD`` is the workspace as configured (the path
+inside the sandbox): started with only a working directory, bash reports the kernel's resolved path, which is the
+host's where the sandbox reaches its session directory through a symbolic link.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,6 +35,15 @@ from typing import Any, NoReturn
 TOOLS = ("terminal", "file_editor", "task_tracker")
 # The terminal runs commands in a plain subprocess (no tmux server in the sandbox).
 TOOL_PARAMS: dict[str, dict[str, Any]] = {"terminal": {"terminal_type": "subprocess"}}
+# The terminal's shell: bash on a dumb terminal (see the module docstring).
+SHELL_NAME = "openhands-terminal-shell"
+SHELL_SCRIPT = """\
+#!/bin/sh
+# Polar: the agent's terminal is a dumb one, so no escape sequences reach the model (see openhands_agent.py).
+TERM=dumb NO_COLOR=1
+export TERM NO_COLOR
+exec {bash} --noediting "$@"
+"""
 
 
 def load_config(path: str) -> dict[str, Any]:
@@ -68,6 +87,26 @@ def build_llm(config: dict[str, Any]) -> Any:
     )
 
 
+def terminal_shell(directory: Path) -> str:
+    """Write the terminal's shell script (bash on a dumb terminal) into ``directory``; its path."""
+    bash = shutil.which("bash")
+    if bash is None:
+        _fail("no bash on PATH for the terminal tool")
+    script = directory / SHELL_NAME
+    script.write_text(SHELL_SCRIPT.format(bash=shlex.quote(bash)))
+    script.chmod(0o755)
+    return str(script)
+
+
+def tool_params(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The parameters of tool ``name``: the terminal gets the plain shell and the workspace as its ``PWD``."""
+    params = dict(TOOL_PARAMS.get(name, {}))
+    if name == "terminal":
+        params["shell_path"] = terminal_shell(Path(__file__).resolve().parent)
+        params["env"] = {"PWD": str(config["workspace"])}
+    return params
+
+
 def build_agent(config: dict[str, Any]) -> Any:
     """The SDK's ``Agent`` with the configured tools (registering each tool by importing its module)."""
     # Importing a tool's module registers it.
@@ -78,7 +117,7 @@ def build_agent(config: dict[str, Any]) -> Any:
     from openhands.sdk.tool import Tool  # type: ignore[import-not-found]
 
     names = config.get("tools") or list(TOOLS)
-    tools = [Tool(name=n, params=TOOL_PARAMS.get(n, {})) for n in names]
+    tools = [Tool(name=n, params=tool_params(config, n)) for n in names]
     return Agent(llm=build_llm(config), tools=tools)
 
 

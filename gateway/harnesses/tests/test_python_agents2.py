@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-from pathlib import PurePosixPath
+import os
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -113,7 +114,27 @@ def test_openhands_program_imports_nothing_from_polar() -> None:
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     roots = {m.split(".")[0] for m in modules}
-    assert roots <= {"__future__", "json", "sys", "pathlib", "typing", "openhands", "pydantic"}, roots
+    stdlib = {"__future__", "json", "shlex", "shutil", "sys", "pathlib", "typing"}
+    assert roots <= stdlib | {"openhands", "pydantic"}, roots
+
+
+def test_openhands_terminal_is_a_dumb_one_in_the_configured_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminal tool's shell sets TERM=dumb and runs bash without readline; its PWD is the workspace as given."""
+    from gateway.harnesses.programs import openhands_agent
+
+    monkeypatch.setattr(openhands_agent, "__file__", str(tmp_path / "openhands_agent.py"))
+    params = openhands_agent.tool_params({"workspace": "/polar/session/workspace"}, "terminal")
+    assert params["terminal_type"] == "subprocess"
+    assert params["env"] == {"PWD": "/polar/session/workspace"}
+    script = Path(params["shell_path"])
+    assert script.parent == tmp_path
+    assert os.access(script, os.X_OK)
+    text = script.read_text()
+    assert "TERM=dumb" in text
+    assert "--noediting" in text
+    assert openhands_agent.tool_params({"workspace": "/w"}, "file_editor") == {}
 
 
 def test_hermes_launch() -> None:
