@@ -8,6 +8,7 @@ per module (the content hash is the same for every copy of the task, so later bu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -70,6 +71,67 @@ def test_a_base_image_that_is_not_here_is_refused(docker_env, tmp_path: Path) ->
     assert info.value.details["field"] == "environment/Dockerfile FROM"
     tag = harbor.task_mapping(task, build=False)["runtime"]["image"]
     assert not client.images.list(name=tag)  # nothing was built, nothing pulled
+
+
+# Terminal-Bench 2.0 publishes every task with a prebuilt registry image named in task.toml, next to its Dockerfile.
+TB2_IMAGE = "registry.example/terminal-bench/hello-world:20251031"
+
+
+def test_a_missing_named_image_is_built_from_the_dockerfile_only_when_allowed(
+    docker_env, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    _, client, _ = docker_env
+    monkeypatch.delenv("POLAR_BUILD_MISSING_IMAGES", raising=False)
+    task = write_harbor_task(tmp_path, "tb2-hello", docker_image=TB2_IMAGE)
+    with pytest.raises(InvalidArgument, match="--build-missing-images") as info:
+        harbor.task_mapping(task, docker_client=client)
+    assert info.value.details["field"] == "environment.docker_image"
+    assert TB2_IMAGE in info.value.message
+    assert "POLAR_BUILD_MISSING_IMAGES" in info.value.message
+    assert not client.images.list(name="polar-harbor/tb2-hello") + client.images.list(
+        name="polar-harbor-base/tb2-hello"
+    )
+
+    with caplog.at_level(logging.WARNING, logger="runtimes.image_build"):
+        mapping = harbor.task_mapping(task, docker_client=client, build_missing_images=True)
+    assert [r.getMessage() for r in caplog.records if TB2_IMAGE in r.getMessage()], caplog.text
+    assert "environment/Dockerfile instead" in caplog.text
+    image = client.images.get(mapping["runtime"]["image"])
+    assert mapping["runtime"]["image"].startswith("polar-harbor/tb2-hello:")
+    assert image.labels["polar.harbor.workdir"] == "/app"
+    assert (Path(mapping["metadata"]["repo"]) / "seed.txt").read_text() == "seed\n"  # the Dockerfile's COPY
+    # The task's registry name is never created: a task file cannot plant an image under a name others trust.
+    assert not client.images.list(name=TB2_IMAGE.rsplit(":", 1)[0])
+    # The operator's setting allows it too (polar run/submit/generate without the flag), and the build is reused.
+    monkeypatch.setenv("POLAR_BUILD_MISSING_IMAGES", "1")
+    assert harbor.task_mapping(task, docker_client=client) == mapping
+
+
+def test_polar_run_and_submit_build_a_missing_image_only_with_the_flag(docker_env, tmp_path: Path) -> None:
+    daemon, client, _ = docker_env
+    task = write_harbor_task(tmp_path, "tb2-cli", docker_image=TB2_IMAGE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    env["DOCKER_HOST"] = daemon.url
+    run = [sys.executable, "-m", "polar_run", "run", str(task), "--out", str(tmp_path / "run"), "--harness", "command"]
+
+    def polar(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    refused = polar(*run)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--build-missing-images" in refused.stderr, refused.stderr
+    assert TB2_IMAGE in refused.stderr
+    assert not (tmp_path / "run").exists()
+    assert not client.images.list(name="polar-harbor/tb2-cli")
+    # polar submit reads (and builds) the task before it connects: port 1 on the loopback answers nobody.
+    submit = [sys.executable, "-m", "polar_run", "submit", str(task), "--server", "127.0.0.1:1"]
+    refused = polar(*submit)
+    assert refused.returncode == 2, refused.stderr
+    assert "--build-missing-images" in refused.stderr
+    allowed = polar(*submit, "--build-missing-images")
+    assert "environment/Dockerfile instead" in allowed.stderr, allowed.stderr
+    assert "UNAVAILABLE" in allowed.stderr, allowed.stderr  # built, then the submission itself had nowhere to go
+    assert client.images.list(name="polar-harbor/tb2-cli")
 
 
 def test_a_directory_of_harbor_tasks_is_a_generate_dataset(docker_env, tmp_path: Path, monkeypatch) -> None:
@@ -222,12 +284,16 @@ _SCRIPT = [
 ]
 
 
-def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "flags", [pytest.param([], id="dockerfile"), pytest.param(["--build-missing-images"], id="tb2-missing-image")]
+)
+def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path, flags: list[str]) -> None:
     from integration_tests.test_polar_run import AGENT
 
     daemon, _, _ = docker_env
     agent = json.dumps(["python3", "-c", AGENT])  # a JSON array of strings is a TOML array too
-    task = write_harbor_task(tmp_path)
+    # tb2-missing-image: the task as Terminal-Bench 2.0 publishes it, its registry image absent (built, with the flag).
+    task = write_harbor_task(tmp_path, docker_image=TB2_IMAGE if flags else "")
     harness = f'[metadata.polar]\nharness = {{ name = "command", argv = {agent} }}\n\n[verifier]\n'
     (task / "task.toml").write_text((task / "task.toml").read_text().replace("[verifier]\n", harness, 1))
     script = tmp_path / "turns.jsonl"
@@ -236,7 +302,7 @@ def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
     env["DOCKER_HOST"] = daemon.url
     argv = [sys.executable, "-m", "polar_run", "run", str(task), "--out", str(out), "--backend", "scripted",
-            "--backend-option", f"script={script}", "--model", "tiny"]  # fmt: skip
+            "--backend-option", f"script={script}", "--model", "tiny", *flags]  # fmt: skip
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]

@@ -139,10 +139,11 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
     return task
 
 
-def load_task(path: Path | str) -> task_pb2.Task:
+def load_task(path: Path | str, **format_opts: Any) -> task_pb2.Task:
     """Read a ``TASK.yaml`` file; paths in it (``evaluator.repo``, ...) are made absolute against its folder.
 
-    A Harbor task directory (:mod:`polar_client.formats.harbor`) is converted instead (its image built).
+    A Harbor task directory (:mod:`polar_client.formats.harbor`) is converted instead (its image built;
+    ``format_opts`` such as ``build_missing_images`` go to the format's ``task_mappings``).
 
     A ``base_commit`` of a git repository found on this host must name one of its commits (checked here, so a
     typo fails at submission rather than at every session's admission).
@@ -153,7 +154,7 @@ def load_task(path: Path | str) -> task_pb2.Task:
     Raises:
         InvalidArgument: The file is unreadable or malformed, or its ``base_commit`` names no commit.
     """
-    foreign = select_mapping(path)
+    foreign = select_mapping(path, **format_opts)
     if foreign is not None:
         return task_from_mapping(foreign)
     try:

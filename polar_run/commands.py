@@ -56,7 +56,7 @@ async def _submit(args: argparse.Namespace) -> int:
     from polar_client import RolloutClient, load_task
 
     server, token = _connection(args)
-    task = load_task(args.task)
+    task = load_task(args.task, build_missing_images=args.build_missing_images or None)
     if args.samples is not None:
         task.num_samples = args.samples
     async with RolloutClient(server, token=token, tls=_tls(args)) as client:
@@ -146,6 +146,7 @@ def _overrides(args: argparse.Namespace) -> Any:
         harness_root=find_harness_root(roots),
         context_length=args.context_length,
         task_roots=tuple(Path(p).absolute() for p in args.task_root or ()),
+        build_missing_images=getattr(args, "build_missing_images", None),
     )
 
 
@@ -254,6 +255,16 @@ def _embedded_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live table")
 
 
+def _build_missing_images(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--build-missing-images",
+        action="store_true",
+        default=None,
+        help="build a Harbor task's environment/Dockerfile (offline) when the environment.docker_image it names is "
+        "not on the Docker host, instead of refusing the task (default $POLAR_BUILD_MISSING_IMAGES, else off)",
+    )
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``submit``, ``status``, ``run`` and ``generate`` to the ``polar`` command."""
     submit = subparsers.add_parser("submit", help="submit TASK.yaml to a running rollout server")
@@ -262,6 +273,7 @@ def add_parser(subparsers: Any) -> None:
     submit.add_argument("--samples", type=int, default=None, help="override num_samples")
     submit.add_argument("--task-timeout", type=float, default=None, help="limit for the whole task, in seconds")
     submit.add_argument("--watch", action="store_true", help="print session results until the task finishes")
+    _build_missing_images(submit)
     submit.set_defaults(func=lambda a: _run(_submit(a)))
     status = subparsers.add_parser("status", help="show one task, or list recent tasks")
     status.add_argument("task_id", nargs="?", help="the task (default: list recent tasks)")
@@ -279,6 +291,7 @@ def add_parser(subparsers: Any) -> None:
         "--no-dashboard", action="store_true", help="serve no live dashboard (default: one on a loopback port)"
     )
     _embedded_options(run)
+    _build_missing_images(run)
     run.set_defaults(func=_run_cmd)
     generate = subparsers.add_parser(
         "generate", help="offline data generation over a dataset of tasks", description=_GENERATE_HELP

@@ -85,6 +85,8 @@ class RunOverrides:
             ``tiny`` and ``smollm2`` models included).
         task_roots: Directories (``--task-root``) the tasks' repository and test-patch paths may lie under,
             besides the task file's (``polar run``) or the dataset's and task files' (``polar generate``).
+        build_missing_images: Build a Harbor task's Dockerfile when its named ``docker_image`` is not on the
+            Docker host (``--build-missing-images``; ``None``: the client setting, default off).
     """
 
     samples: int | None = None
@@ -96,6 +98,7 @@ class RunOverrides:
     harness_root: Path | None = None
     context_length: int | None = None
     task_roots: tuple[Path, ...] = ()
+    build_missing_images: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,13 +142,15 @@ def task_images(task: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i for i in (built_image(task), named) if isinstance(i, str) and i))
 
 
-def load_task_mapping(path: Path) -> dict[str, Any]:
+def load_task_mapping(path: Path, **format_opts: Any) -> dict[str, Any]:
     """Read a task file as a mapping (a Harbor task directory or its ``task.toml``: built and converted).
+
+    ``format_opts`` go to the foreign format's reader (:mod:`polar_client.formats`), e.g. ``build_missing_images``.
 
     Raises:
         InvalidArgument: The file cannot be read or is not a YAML mapping.
     """
-    foreign = select_mapping(path)  # SWE-bench records, ... (``FILE#TASK_ID`` picks one of many)
+    foreign = select_mapping(path, **format_opts)  # SWE-bench records, ... (``FILE#TASK_ID`` picks one of many)
     if foreign is not None:
         return foreign
     try:
@@ -366,7 +371,8 @@ def prepare_task(
     if path.is_dir():  # a Harbor task directory: its paths resolve from the directory itself
         path = path / "task.toml"
     task_dir = path.parent.resolve()
-    task = copy.deepcopy(dict(data)) if data is not None else load_task_mapping(path)
+    opts = {"build_missing_images": overrides.build_missing_images}
+    task = copy.deepcopy(dict(data)) if data is not None else load_task_mapping(path, **opts)
     if not task.get("task_id"):
         task["task_id"] = path.parent.name if path.name in ("task.yaml", "task.yml") else path.stem
     if not task.get("instruction"):

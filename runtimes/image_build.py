@@ -17,6 +17,13 @@ workspace the gateway lays out and takes the patch of), ``/tests`` into ``<root>
 
 The hash covers every file of the build context (path, mode, bytes), the prebuilt ``docker_image`` when one is
 named, the container root and :data:`BUILD_VERSION`; an image whose tag exists is never rebuilt.
+
+A task that names a prebuilt ``docker_image`` (every Terminal-Bench 2.0 task names one in a registry) is refused
+when that image is not on the daemon, since nothing is pulled, unless the operator allows building the task's
+own ``environment/Dockerfile`` instead (``build_missing_image``: Harbor's ``--force-build``). That build is the
+same offline build under the same rules as a Dockerfile-only task's (no pull, no network, every ``FROM`` base
+already present, the ``WORKDIR`` checks), logged at WARNING, tagged only with Polar's own tags: the registry name
+the task gave is never created, so a task file cannot plant an image under a name other tasks or runtimes trust.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,11 +47,22 @@ import docker.errors
 
 from polar_core.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["BUILD_VERSION", "BuiltEnvironment", "build_environment", "context_hash", "dockerfile_bases", "image_tags"]
+__all__ = [
+    "BUILD_MISSING_HOW",
+    "BUILD_VERSION",
+    "BuiltEnvironment",
+    "build_environment",
+    "context_hash",
+    "dockerfile_bases",
+    "image_tags",
+]
 
 BUILD_VERSION = "1"
 """Bumped whenever the Polar layer changes, so old images are not reused."""
 DEFAULT_CONTAINER_ROOT = "/polar/session"
+BUILD_MISSING_HOW = "`polar run/submit --build-missing-images`, or the setting POLAR_BUILD_MISSING_IMAGES=1"
+"""How an operator allows building a missing ``docker_image`` from the task's Dockerfile (named in refusals)."""
+_log = logging.getLogger(__name__)
 _MARKER = "built.json"
 # Where a WORKDIR may not be: replacing these with a symlink would break the image itself.
 _SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr", "/var",
@@ -211,6 +230,7 @@ def build_environment(
     client: Any | None = None,
     container_root: str = DEFAULT_CONTAINER_ROOT,
     timeout_s: float = 600.0,
+    build_missing_image: bool = False,
 ) -> BuiltEnvironment:
     """Build (or find) the environment's runtime image and its workspace base; see the module docstring.
 
@@ -223,20 +243,24 @@ def build_environment(
         client: A ``docker.DockerClient`` to use instead.
         container_root: The runtimes' session directory inside containers.
         timeout_s: Build timeout (Harbor's ``environment.build_timeout_sec``).
+        build_missing_image: When ``docker_image`` is not on the daemon, build ``env_dir``'s Dockerfile instead
+            (the operator's opt-in; logged). Without it such a task is refused, naming the opt-in.
 
     Raises:
-        InvalidArgument: No Dockerfile, a base image not present (nothing is pulled), a failed build, or an
-            unusable ``WORKDIR`` (the message names the field).
+        InvalidArgument: No Dockerfile, a ``docker_image`` or base image not present (nothing is pulled), a failed
+            build, or an unusable ``WORKDIR`` (the message names the field).
         FailedPrecondition: No Docker daemon can be reached.
     """
-    content = context_hash(env_dir, docker_image=docker_image, container_root=container_root)
-    base_tag, tag = image_tags(name, content)
-    target = out_dir / content[:16]
     try:
         docker_client = client or (docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env())
         docker_client.ping()
     except docker.errors.DockerException as exc:
         raise FailedPrecondition(f"Harbor tasks need a Docker daemon to build their environment: {exc}") from None
+    if docker_image and not _has_image(docker_client, docker_image):
+        docker_image = _instead_of_missing(env_dir, name, docker_image, allowed=build_missing_image)
+    content = context_hash(env_dir, docker_image=docker_image, container_root=container_root)
+    base_tag, tag = image_tags(name, content)
+    target = out_dir / content[:16]
     marker = target / _MARKER
     if marker.is_file() and _has_image(docker_client, tag):
         recorded = json.loads(marker.read_text(encoding="utf-8"))
@@ -249,6 +273,36 @@ def build_environment(
     _build(docker_client, timeout_s, fileobj=io.BytesIO(layer), tag=tag)
     marker.write_text(json.dumps({"image": tag, "workdir": workdir, "base": base}), encoding="utf-8")
     return BuiltEnvironment(tag, workdir, target / "workdir", content)
+
+
+def _instead_of_missing(env_dir: Path, name: str, docker_image: str, *, allowed: bool) -> str:
+    """``""`` (build the Dockerfile) for a ``docker_image`` that is not on the daemon, when the operator allows it.
+
+    The image is then exactly what a task with only this Dockerfile gets (same content hash, same tags).
+
+    Raises:
+        InvalidArgument: Not allowed (the message names the opt-in), or no Dockerfile to build instead.
+    """
+    field = {"field": "environment.docker_image"}
+    if not allowed:
+        raise InvalidArgument(
+            f"environment.docker_image {docker_image!r} is not on the Docker host, and Polar never pulls images: load "
+            f"it there, or let Polar build the task's environment/Dockerfile instead ({BUILD_MISSING_HOW})",
+            details=field,
+        )
+    if not (env_dir / "Dockerfile").is_file():
+        raise InvalidArgument(
+            f"environment.docker_image {docker_image!r} is not on the Docker host, and the task has no "
+            "environment/Dockerfile to build instead",
+            details=field,
+        )
+    _log.warning(
+        "Harbor task %s: environment.docker_image %r is not on the Docker host; using its environment/Dockerfile "
+        "instead, built offline (build missing images is on)",
+        name,
+        docker_image,
+    )
+    return ""
 
 
 def _base_image(client: Any, env_dir: Path, docker_image: str, base_tag: str, timeout_s: float) -> str:

@@ -3,11 +3,14 @@
 The task: "create /app/hello.txt containing Hello, world!". Its environment is a Dockerfile on the offline test
 image (``FROM polar-test-python:bookworm``, ``WORKDIR /app``, one seeded file); its verifier is ``tests/test.sh``,
 which runs pytest on ``tests/test_outputs.py`` and writes ``1`` or ``0`` to ``/logs/verifier/reward.txt``, the way
-Terminal-Bench 2 tasks do (without installing pytest at test time: nothing can be downloaded here).
+Terminal-Bench 2 tasks do (without installing pytest at test time: nothing can be downloaded here). With
+``docker_image`` the task is shaped as Terminal-Bench 2.0 publishes its tasks: ``[environment] docker_image`` names a
+prebuilt registry image, and the Dockerfile it was built from sits next to it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 __all__ = ["HELLO", "SOLVE", "TEST_SH", "write_harbor_task"]
@@ -77,13 +80,17 @@ def write_harbor_task(
     test_sh: str = TEST_SH,
     verifier_timeout: float = 120.0,
     extra_toml: str = "",
+    docker_image: str = "",
 ) -> Path:
-    """Write a Harbor task directory ``root/name`` and return it."""
+    """Write a Harbor task directory ``root/name`` and return it (``docker_image``: named in ``[environment]``)."""
     task = root / name
     (task / "environment").mkdir(parents=True, exist_ok=True)
     (task / "tests").mkdir(exist_ok=True)
     (task / "solution").mkdir(exist_ok=True)
-    (task / "task.toml").write_text(TASK_TOML.format(verifier_timeout=verifier_timeout) + extra_toml)
+    toml = TASK_TOML.format(verifier_timeout=verifier_timeout)
+    if docker_image:
+        toml = toml.replace("[environment]\n", f"[environment]\ndocker_image = {json.dumps(docker_image)}\n", 1)
+    (task / "task.toml").write_text(toml + extra_toml)
     (task / "instruction.md").write_text(f'Create a file called hello.txt in /app containing "{HELLO}".\n')
     (task / "environment" / "Dockerfile").write_text(DOCKERFILE.format(base=base))
     (task / "environment" / "seed.txt").write_text("seed\n")

@@ -16,6 +16,11 @@ workspace's base (``metadata.repo``), and the ``harbor`` evaluator with the task
 (``evaluator.tests_dir``) and verifier timeout. The operator's ``allowed_images`` still decides whether a
 gateway or evaluator runs the built image (``polar-harbor/<name>:<hash>``).
 
+A task naming a prebuilt ``environment.docker_image`` that is not on that daemon (Terminal-Bench 2.0 tasks name
+registry images) is refused, as nothing is pulled, unless the operator allows building its ``environment/Dockerfile``
+instead: ``build_missing_images=True`` (``polar run``/``polar submit --build-missing-images``), or the client
+setting ``POLAR_BUILD_MISSING_IMAGES=1`` (:class:`polar_client.settings.ClientSettings`) when not given.
+
 Polar additions, all optional, in task.toml's free-form ``[metadata.polar]`` table: ``harness`` (a table with
 ``name`` and its options), ``num_samples`` (default 1).
 """
@@ -129,7 +134,12 @@ def _polar_fields(task_dir: Path, config: Any) -> dict[str, Any]:
 
 
 def task_mapping(
-    task_dir: Path, *, build: bool = True, docker_host: str = "", docker_client: Any | None = None
+    task_dir: Path,
+    *,
+    build: bool = True,
+    docker_host: str = "",
+    docker_client: Any | None = None,
+    build_missing_images: bool | None = None,
 ) -> dict[str, Any]:
     """One Harbor task directory as a task mapping (see the module docstring).
 
@@ -138,6 +148,8 @@ def task_mapping(
         build: Build the environment image (else the mapping names the tag and base a build would make).
         docker_host: The Docker daemon to build on (empty: the SDK's environment defaults).
         docker_client: A ``docker.DockerClient`` to use instead.
+        build_missing_images: Build the Dockerfile when the named ``environment.docker_image`` is not on the
+            daemon (``None``: the client setting ``POLAR_BUILD_MISSING_IMAGES``, default off).
 
     Raises:
         InvalidArgument: A malformed ``task.toml``, no ``instruction.md``, no ``tests/test.sh``, no Dockerfile,
@@ -153,9 +165,14 @@ def task_mapping(
     env_dir = task_dir / "environment"
     image_name = str(config.environment.docker_image or "")
     if build:
+        if build_missing_images is None:
+            from polar_client.settings import ClientSettings
+
+            build_missing_images = ClientSettings().build_missing_images
         built = build_environment(env_dir, name=task_id, out_dir=task_dir / BUILD_DIR, docker_image=image_name,
                                   docker_host=docker_host, client=docker_client,
-                                  timeout_s=float(config.environment.build_timeout_sec))  # fmt: skip
+                                  timeout_s=float(config.environment.build_timeout_sec),
+                                  build_missing_image=build_missing_images)  # fmt: skip
         image, workdir, base = built.image, built.workdir, built.workdir_dir
     else:
         content = context_hash(env_dir, docker_image=image_name)
