@@ -282,6 +282,8 @@ def _report(
             cells += [f"{added:.2f}", f"{added / stats(named['proxy'], kind)[2]:.2f}x", f"{cpu:.2f}" if cpu else "-"]
         lines.append(f"| {HOP_LABELS[t.name]} | " + " | ".join(cells) + " |")
 
+    lines += ["", *_target_ratios(named, stats)]
+
     lines += ["", "All targets (ms; added = over direct, or triton direct, at the same percentile):", ""]
     lines.append(
         "| target | small p50 / p99 | added p50 / p99 | req/s | server CPU ms/req | big p50 / p99 | added p50 / p99 "
@@ -309,6 +311,33 @@ def _report(
     if triton_note:
         lines.append(f"\nTriton: not run: {triton_note}")
     return "\n".join(lines)
+
+
+def _target_ratios(named: dict[str, Target], stats: Callable[[Target, str], tuple[float, ...]]) -> list[str]:
+    """Issue 20's two ratios of added p50s in this run: proxy / LiteLLM (big call <= 1/6) and vLLM hop /
+    in-process (small call <= 1.5x)."""
+    lines = [
+        "Targets (ratios of added p50 in this run):",
+        "",
+        "| ratio | small call | 35k-token call | target |",
+        "|---|---|---|---|",
+    ]
+    proxy = named["proxy"]
+    pairs = (
+        ("proxy / LiteLLM", named.get("LiteLLM"), "35k-token call <= 1/6 (0.167)"),
+        ("vllm hop / in-process", named.get(VLLM_ROW), "small call <= 1.5"),
+    )
+    for label, other, target in pairs:
+        if other is None:
+            lines.append(f"| {label} | n/a | n/a | {target} |")
+            continue
+        cells = []
+        for kind in ("small", "big"):
+            num, den = (proxy, other) if other.name == "LiteLLM" else (other, proxy)
+            a, b = stats(num, kind)[2], stats(den, kind)[2]
+            cells.append(f"{a / b:.3f}" if b > 0 else "n/a")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {target} |")
+    return lines
 
 
 def main() -> None:

@@ -268,6 +268,7 @@ class ChatRenderer:
                 hint = None  # a full render costs less than the window renders
             if hint is not None:
                 assert hint.messages is not None
+                tool_dicts = hint.tools  # equal; the same objects let tojson reuse their text
                 out = _extend(template, hint.messages, hint.text, hint.base_len, hint.clock, prepared, tool_dicts)
                 if out is None:
                     hint = None

@@ -63,6 +63,8 @@ class Session:
     http_calls: int = 0
     # Held while a call of this session renders and tokenises (its prefix cache is not shared between threads).
     render_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    # Size of this session's last request body (-1: none yet): a body that grew little since is cheap to prepare.
+    last_body_bytes: int = -1
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""

@@ -61,6 +61,37 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+class _MemoJson:
+    """``tojson`` remembering the text of recently serialised dicts and lists by identity.
+
+    The window renders of one call, and every call that extends a cached prompt, pass the very same tool dicts
+    (:meth:`~model_proxy.core.render.ChatRenderer.render` reuses the cached entry's equal ones), so a template
+    that prints 25 tool schemas with ``tojson`` serialises them once per session, not three times per call.
+    Entries hold their object, so an id is never reused while remembered; template values are never mutated
+    (the sandbox is immutable and the renderer builds fresh dicts for every new message).
+    """
+
+    _MAX = 1024
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[int, Any, Any, Any, bool], tuple[Any, str]] = {}
+
+    def __call__(
+        self, x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
+        if not isinstance(x, dict | list):
+            return _tojson(x, ensure_ascii, indent, separators, sort_keys)
+        key = (id(x), ensure_ascii, indent, None if separators is None else tuple(separators), sort_keys)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        text = _tojson(x, ensure_ascii, indent, separators, sort_keys)
+        if len(self._memo) >= self._MAX:
+            self._memo.clear()  # threads may race here: at worst a text is computed twice
+        self._memo[key] = (x, text)
+        return text
+
+
 class _TemplateDict:
     """``dict(...)`` without attribute access to the type itself (as in transformers)."""
 
@@ -95,7 +126,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
     )
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = _MemoJson()
     env.globals["raise_exception"] = _raise_exception
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
