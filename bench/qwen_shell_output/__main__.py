@@ -4,7 +4,9 @@ Each session runs the real ``qwen`` CLI as ``integration_tests/test_harness_clis
 (:func:`integration_tests.support.harnesses.run_harness`: a network-less bubblewrap sandbox, the real proxy with a
 scripted backend on the tiny tokenizer). The scripted model ``cat``\\ s files of known bytes (10 B, 4 KB, 20 KB,
 1 MB by default; :mod:`integration_tests.support.qwen_output`) through ``run_shell_command``, ``--repeats`` times
-each in one session, then answers. Each result is read from the next call's recorded prompt and counted as
+each in one session, then answers (with four repeats of the four sizes, ~150,000 prompt tokens by the last call,
+Qwen Code ended the session after the 16th call, exit 0, without sending the last result; three repeats run
+whole). Each result is read from the next call's recorded prompt and counted as
 whole, capped (Qwen Code's own notice for results over 30,000 characters, with the whole result in the file it
 names and a true preview), truncated or empty. ``--load N`` keeps N busy loops running meanwhile (default 2, the
 machine's two cores).
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -82,17 +85,23 @@ def busy_loops(count: int) -> Iterator[None]:
 async def one_session(
     variant: str, sizes: Sequence[int], tokenizer: Any, tmp: Path
 ) -> tuple[list[tuple[int, Outcome]], str]:
-    """Run one session that cats each of ``sizes`` in order; its outcomes, and an error ('' when it ran)."""
-    turns = [tool_call_turn(HARNESS, f"cat ~/{file_name(size)}") for size in sizes] + [final_turn(HARNESS, "Done.")]
-    home_files = {file_name(size): known_bytes(size) for size in set(sizes)} | variant_files(variant)
+    """Run one session that cats each of ``sizes`` in order; its outcomes, and an error ('' when it ran).
+
+    Every call cats its own copy of the file: Qwen Code's loop detection ends a session that repeats a command.
+    """
+    names = [file_name(size, copy) for copy, size in enumerate(sizes, 1)]
+    turns = [tool_call_turn(HARNESS, f"cat ~/{name}") for name in names] + [final_turn(HARNESS, "Done.")]
+    home_files = {name: known_bytes(size) for name, size in zip(names, sizes, strict=True)} | variant_files(variant)
     run = await run_harness(HARNESS, turns, tmp=tmp, tokenizer=tokenizer, timeout_s=600, home_files=home_files)
-    if run.exit_code != 0 or len(run.completions) != len(sizes) + 1:
-        return [], f"exit {run.exit_code}, {len(run.completions)} calls: {run.stderr[-300:]}"
     outcomes = []
-    for i, size in enumerate(sizes):
+    # Each result is in the prompt of the call after it; a session that ended early still counts what it showed.
+    for i, size in enumerate(sizes[: len(run.completions) - 1]):
         text = tool_result_text(run.completions[i + 1].request)
         outcomes.append((size, classify(text, known_bytes(size))))
-    return outcomes, ""
+    error = ""
+    if run.exit_code != 0 or len(run.completions) != len(sizes) + 1:
+        error = f"exit {run.exit_code}, {len(run.completions)} calls: {run.stderr[-300:]}"
+    return outcomes, error
 
 
 async def measure(variant: str, sessions: int, repeats: int, sizes: Sequence[int]) -> dict[str, Any]:
@@ -102,13 +111,15 @@ async def measure(variant: str, sessions: int, repeats: int, sizes: Sequence[int
     errors = []
     plan = [size for _ in range(repeats) for size in sizes]
     for n in range(sessions):
+        started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"qwen-output-{variant}-") as tmp:
             outcomes, error = await one_session(variant, plan, tokenizer, Path(tmp))
         if error:
             errors.append(error)
         for size, outcome in outcomes:
             counts[size][outcome.value] += 1
-        print(f"  {variant} session {n + 1}/{sessions}: {error or 'ok'}", file=sys.stderr)
+        took = time.monotonic() - started
+        print(f"  {variant} session {n + 1}/{sessions} ({took:.0f} s): {error or 'ok'}", file=sys.stderr)
     return {"variant": variant, "counts": {size: dict(c) for size, c in counts.items()}, "errors": errors}
 
 

@@ -49,9 +49,9 @@ def known_bytes(size: int) -> str:
     return text[:-1] + "." if text[-1:].isspace() else text
 
 
-def file_name(size: int) -> str:
-    """The file under HOME holding :func:`known_bytes` of ``size``."""
-    return f"out-{size}.txt"
+def file_name(size: int, copy: int = 0) -> str:
+    """A file under HOME holding :func:`known_bytes` of ``size`` (numbered copies give distinct commands)."""
+    return f"out-{size}.txt" if copy == 0 else f"out-{size}-{copy}.txt"
 
 
 def tool_result_text(request: Mapping[str, Any]) -> str:
