@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -184,6 +185,40 @@ async def test_a_stopping_server_tells_the_stream_the_run_finished(tmp_path: Pat
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+async def test_the_embedded_stack_serves_every_metrics_endpoint_and_the_jaeger_link(tmp_path: Path) -> None:
+    """``polar run --metrics --jaeger-url URL``'s stack: each of the five services answers a scrape as itself, and
+    the dashboard has the Jaeger link (the page then links each task's trace)."""
+    from integration_tests.support.prometheus import scrape
+    from polar_run.embedded import EmbeddedStack, StackOptions
+
+    options = StackOptions(
+        state_dir=tmp_path,
+        model="tiny",
+        backend="scripted",
+        backend_options={"turns": [{"text": "done"}]},
+        dashboard=True,
+        metrics=0,
+        jaeger_url="http://j:16686",
+    )
+    async with EmbeddedStack.start(options) as stack:
+        base, _, key = stack.dashboard_url.partition("?token=")
+        scraped = {}
+        for name, url in stack.metrics.items():
+            port = int(url.removesuffix("/metrics").rpartition(":")[2])
+            scraped[name] = await asyncio.to_thread(scrape, port)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(base + "api/snapshot", headers={"Authorization": f"Bearer {key}"}) as reply,
+        ):
+            server = (await reply.json())["server"]
+    assert set(scraped) == {"gateway", "proxy", "rollout", "reconstructor", "evaluator"}
+    for name, got in scraped.items():  # an idle service's endpoint answers, but empty until a first value
+        assert not got.samples or got.has("target_info", service_name=f"polar-{name}"), name
+    assert scraped["rollout"].has("polar_rollout_gateways", state="live")
+    assert scraped["gateway"].has("polar_gateway_stage_workers", stage="running")
+    assert server["jaeger"] is True
+
+
 @pytest.mark.slow
 def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
     from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script
@@ -193,11 +228,17 @@ def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path
     proc = run_polar(
         "run", str(_command_task(tmp_path)), "--out", str(out), "--plain", "--backend", "scripted",
         "--backend-option", f"script={script}", "--model", "tiny", "--samples", "1",
+        "--metrics", "--jaeger-url", "http://127.0.0.1:16686",
         cwd=tmp_path, timeout_s=150,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     links = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("dashboard http://127.0.0.1:")]
     assert len(links) == 1
+    # --metrics: every embedded service's endpoint, one line each, as polar serve prints them.
+    endpoints = dict(line.split(" metrics ") for line in proc.stdout.splitlines() if " metrics http://" in line)
+    assert {name.strip() for name in endpoints} == {"gateway", "proxy", "rollout", "reconstructor", "evaluator"}
+    assert len(set(endpoints.values())) == 5
+    assert all(re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url) for url in endpoints.values())
     key = links[0].partition("?token=")[2]
     assert len(key) >= 20
     assert "\x1b[" not in proc.stdout  # plain lines: no cursor movement, no colour

@@ -158,6 +158,10 @@ def _run_cmd(args: argparse.Namespace) -> int:
     from polar_run.run import RunOptions, default_out_dir, run_command
     from polar_run.run_config import DEFAULT_MODEL
 
+    if args.jaeger_url and args.no_dashboard:
+        from polar_core.errors import InvalidArgument
+
+        raise InvalidArgument("--jaeger-url sets the dashboard's trace links: it needs the dashboard")
     task_file = Path(args.task)
     options = RunOptions(
         task_file=task_file,
@@ -168,8 +172,26 @@ def _run_cmd(args: argparse.Namespace) -> int:
         live=_live(args),
         workers=args.workers,
         dashboard=not args.no_dashboard,
+        metrics=args.metrics,
+        jaeger_url=args.jaeger_url or "",
     )
     return run_command(options, verbose=args.verbose)
+
+
+def _metrics_base(value: str) -> int:
+    """``--metrics``'s optional first port: 0 (free ports) or a port with room for the five after it."""
+    from polar_run.embedded import METRICS_OFFSETS
+
+    top = 65535 - max(METRICS_OFFSETS.values())
+    if not value.isdigit() or int(value) > top:
+        raise argparse.ArgumentTypeError(f"a port from 1 to {top} (or 0 for free ports), not {value!r}")
+    return int(value)
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise argparse.ArgumentTypeError(f"an http:// or https:// URL of Jaeger's UI, not {value!r}")
+    return value
 
 
 # Options that configure the embedded stack; a fleet's services are configured where they run.
@@ -289,6 +311,25 @@ def add_parser(subparsers: Any) -> None:
     run.add_argument("--out", default=None, help="run directory (default runs/<task>-<time>)")
     run.add_argument(
         "--no-dashboard", action="store_true", help="serve no live dashboard (default: one on a loopback port)"
+    )
+    run.add_argument(
+        "--metrics",
+        nargs="?",
+        const=0,
+        default=None,
+        type=_metrics_base,
+        metavar="PORT",
+        help="serve every service's Prometheus /metrics on loopback and print each URL: free ports, or PORT for "
+        "the gateway and the next four for the proxy, rollout server, reconstructor and evaluator (9464: the "
+        "images' ports); default: only the proxy's, for the dashboard",
+    )
+    run.add_argument(
+        "--jaeger-url",
+        default=None,
+        type=_http_url,
+        metavar="URL",
+        help="Jaeger's UI (e.g. http://127.0.0.1:16686): the dashboard links each task's sessions to their trace "
+        "(export traces with OTEL_EXPORTER_OTLP_ENDPOINT)",
     )
     _embedded_options(run)
     _build_missing_images(run)

@@ -31,9 +31,11 @@ from runtimes.policy import TaskAdmission
 if TYPE_CHECKING:
     from rollout_server.dashboard import Dashboard
 
-__all__ = ["EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
+__all__ = ["METRICS_OFFSETS", "EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
 
 _HOST = "127.0.0.1"
+METRICS_OFFSETS = {"gateway": 0, "proxy": 1, "rollout": 2, "reconstructor": 3, "evaluator": 4}
+"""Each service's metrics port relative to ``StackOptions.metrics`` (the images' 9464 to 9468)."""
 _STOP_GRACE_S = 5.0
 
 
@@ -67,6 +69,12 @@ class StackOptions:
             ``polar generate`` allow exactly the images they built for Harbor tasks.
         dashboard: Serve the rollout server's live dashboard on a free loopback port (``polar run``), opened by
             a per-run dashboard key (:attr:`EmbeddedStack.dashboard_url` carries it).
+        metrics: Serve every service's Prometheus endpoint on loopback (``polar run --metrics``): 0 on free
+            ports; a port N on N for the gateway, N+1 the proxy, N+2 the rollout server, N+3 the reconstructor and
+            N+4 the evaluator (from 9464: the images' ports, ``docs/observability.md``). ``None``: only the
+            proxy's, and only with the dashboard (which reads it).
+        jaeger_url: Jaeger's UI (``polar run --jaeger-url``): the dashboard links each task's sessions to their
+            trace there (the rollout server's ``dashboard_jaeger_url``).
     """
 
     state_dir: Path
@@ -86,6 +94,21 @@ class StackOptions:
     read_only_roots: tuple[Path, ...] = ()
     allowed_images: tuple[str, ...] = ()
     dashboard: bool = False
+    metrics: int | None = None
+    jaeger_url: str = ""
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None and not 0 <= self.metrics <= 65535 - max(METRICS_OFFSETS.values()):
+            raise InvalidArgument(
+                f"the first metrics port must be 0 (free ports) or 1 to {65535 - max(METRICS_OFFSETS.values())}, "
+                f"not {self.metrics}"
+            )
+
+    def metrics_port(self, service: str) -> int:
+        """The ``metrics_port`` setting of ``service`` (a key of :data:`METRICS_OFFSETS`): -1 is none."""
+        if self.metrics is None:
+            return 0 if service == "proxy" and self.dashboard else -1
+        return self.metrics + METRICS_OFFSETS[service] if self.metrics else 0
 
     def policy_settings(self) -> dict[str, Any]:
         """The operator-policy settings every embedded service gets (the same for all three)."""
@@ -177,7 +200,7 @@ def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
         fsync=options.fsync,
         # The dashboard reads call latency and tokens/s from here; without one, nothing is measured.
         metrics_host=_HOST,
-        metrics_port=0 if options.dashboard else -1,
+        metrics_port=options.metrics_port("proxy"),
     )
 
 
@@ -197,7 +220,8 @@ def _gateway_settings(options: StackOptions, state: Path, token: str, ports: Map
         ready_capacity=max(1, options.init_workers),
         postrun_workers=options.postrun_workers,
         harness_bin_dir=str(options.harness_bin_dir) if options.harness_bin_dir else "",
-        metrics_port=-1,
+        metrics_host=_HOST,
+        metrics_port=options.metrics_port("gateway"),
         # Every service runs in this process: none can be unreachable, and a loop busy with the in-process
         # model must not look like an outage.
         dependency_probes=False,
@@ -213,6 +237,7 @@ def _rollout_settings(
     return RolloutSettings(
         dashboard_address=f"{_HOST}:0" if options.dashboard else "",
         dashboard_key=dashboard_key,
+        dashboard_jaeger_url=options.jaeger_url,
         dashboard_proxy_metrics_urls=(
             [f"http://{_HOST}:{ports['proxy_metrics']}/metrics"] if ports.get("proxy_metrics", -1) >= 0 else []
         ),
@@ -224,6 +249,8 @@ def _rollout_settings(
         session_grace_s=options.session_grace_s,
         dispatch_interval_s=0.2,
         heartbeat_interval_s=2.0,
+        metrics_host=_HOST,
+        metrics_port=options.metrics_port("rollout"),
         **options.policy_settings(),
     )
 
@@ -234,7 +261,8 @@ class EmbeddedStack:
 
     ``dashboard_url`` (empty without ``StackOptions.dashboard``) opens the dashboard: it carries the per-run
     dashboard key, which shows the dashboard and opens nothing else. ``dashboard`` is the running dashboard itself,
-    for in-process readers (tests, notebooks).
+    for in-process readers (tests, notebooks). ``metrics`` maps each service serving a Prometheus endpoint
+    (``gateway``, ``proxy``, ``rollout``, ``reconstructor``, ``evaluator``) to its URL.
     """
 
     token: str
@@ -246,6 +274,7 @@ class EmbeddedStack:
     options: StackOptions
     dashboard_url: str = ""
     dashboard: Dashboard | None = None
+    metrics: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -282,13 +311,20 @@ class EmbeddedStack:
                     state_dir=state / "reconstructor",
                     auth_token=token,
                     end_of_turn_ids=end_of_turn_ids(proxy.app.engine.tokenizer),
+                    metrics_host=_HOST,
+                    metrics_port=options.metrics_port("reconstructor"),
                 ),
                 tracer_provider=create_tracer_provider("reconstructor"),
             )
             ports["reconstructor"] = stopping(recon)
             evaluator = await start_evaluator(
                 EvaluatorSettings(
-                    host=_HOST, state_dir=state / "evaluator", auth_token=token, **options.policy_settings()
+                    host=_HOST,
+                    state_dir=state / "evaluator",
+                    auth_token=token,
+                    metrics_host=_HOST,
+                    metrics_port=options.metrics_port("evaluator"),
+                    **options.policy_settings(),
                 ),
                 tracer_provider=create_tracer_provider("evaluator"),
             )
@@ -313,9 +349,22 @@ class EmbeddedStack:
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink
             board = rollout.app.dashboard
+            services: dict[str, RunningService[Any]] = {
+                "gateway": gateway,
+                "proxy": proxy,
+                "rollout": rollout,
+                "reconstructor": recon,
+                "evaluator": evaluator,
+            }
+            metrics = {
+                name: f"http://{_HOST}:{service.app.metrics_port}/metrics"
+                for name, service in services.items()
+                if service.app.metrics_port >= 0
+            }
             yield cls(
                 dashboard_url=f"{board.url}?token={dashboard_key}" if board is not None else "",
                 dashboard=board,
+                metrics=metrics,
                 token=token,
                 rollout_address=f"{_HOST}:{rollout.port}",
                 gateway_address=f"{_HOST}:{ports['gateway']}",

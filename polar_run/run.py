@@ -83,6 +83,9 @@ class RunOptions:
         workers: Harnesses run at once; None: 1 for the in-process backend (one model serves one call at a
             time, and a waiting harness would spend its budget), else 4.
         dashboard: Serve the live dashboard on a loopback port and print its address (``--no-dashboard``: off).
+        metrics: Serve every service's Prometheus endpoint and print them (``--metrics``; see
+            :attr:`StackOptions.metrics`); None: only the proxy's, for the dashboard.
+        jaeger_url: The dashboard's link to Jaeger (``--jaeger-url``); needs the dashboard.
     """
 
     task_file: Path
@@ -93,6 +96,8 @@ class RunOptions:
     live: bool = False
     workers: int | None = None
     dashboard: bool = True
+    metrics: int | None = None
+    jaeger_url: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -309,6 +314,8 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
         allowed_images=task_images(prepared.task),
         dashboard=options.dashboard,
+        metrics=options.metrics,
+        jaeger_url=options.jaeger_url,
     )
 
 
@@ -353,6 +360,8 @@ async def run_task(options: RunOptions, console: Console) -> RunReport:
         console.print(f"stack up in {startup_s:.1f}s", soft_wrap=True)
         if stack.dashboard_url:
             console.print(f"dashboard {stack.dashboard_url}", soft_wrap=True, highlight=False)
+        for name, url in stack.metrics.items() if options.metrics is not None else ():
+            console.print(f"{name:<14} metrics {url}", soft_wrap=True, highlight=False)
         state.started = time.monotonic()
         results: list[session_pb2.SessionResult] = []
         with display:

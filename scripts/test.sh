@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs every check and the whole test suite (what CI runs).
+# Sets everything up (scripts/setup.sh --all: every harness, backend server, Docker, Chromium), then runs every
+# check and the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --all
