@@ -41,7 +41,16 @@ INSTRUCTIONS = (
     "files, run commands and change files until the task is done. When you are finished, reply with a short "
     "summary of what you did, without calling a tool."
 )
+# The most characters of a command's output the model is shown: the last ones, after a line that says how
+# many came before them (a silent cut would show the model a different command output than the shell's).
 _OUTPUT_LIMIT = 20_000
+
+
+def _clip(output: str) -> str:
+    if len(output) <= _OUTPUT_LIMIT:
+        return output
+    notice = f"[output truncated: the first {len(output) - _OUTPUT_LIMIT} of {len(output)} characters are not shown]"
+    return f"{notice}\n{output[-_OUTPUT_LIMIT:]}"
 
 
 def _shell_tool(workspace: str, timeout_s: float) -> Any:
@@ -64,9 +73,9 @@ def _shell_tool(workspace: str, timeout_s: float) -> Any:
             )
         except subprocess.TimeoutExpired as exc:
             partial = (exc.output or b"").decode("utf-8", "replace")
-            return f"timed out after {timeout_s:g} s\n{partial[-_OUTPUT_LIMIT:]}"
+            return f"timed out after {timeout_s:g} s\n{_clip(partial)}"
         output = done.stdout.decode("utf-8", "replace")
-        return f"exit code: {done.returncode}\n{output[-_OUTPUT_LIMIT:]}"
+        return f"exit code: {done.returncode}\n{_clip(output)}"
 
     return shell
 
