@@ -203,7 +203,7 @@ if [ ${#npm_wanted[@]} -gt 0 ]; then
   if [ "$have_npm" = 1 ]; then
     install_npm "${npm_wanted[@]}"
   else
-    log "npm/node not found; skipping the npm harness CLIs ${npm_wanted[*]} (their integration tests will be skipped)"
+    log "warning: npm/node not found; skipping the npm harness CLIs ${npm_wanted[*]} (install node 20+ with npm, then run this again; their integration tests are skipped)"
   fi
 fi
 [ ${#py_wanted[@]} = 0 ] || install_python_agents "${py_wanted[@]}"
