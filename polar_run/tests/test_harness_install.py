@@ -4,6 +4,7 @@ installs every one of them (no ports, nothing installed)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -125,6 +126,12 @@ def test_the_setup_script_installs_every_registered_harness() -> None:
         timeout=60,
     ).stdout.split()
     assert sorted(listed) == sorted(INSTALLED_HARNESSES)
+    # Every pinned npm package is one of the script's harnesses (so "no argument: all" installs all of them).
+    script = (_REPO / "scripts" / "setup_harnesses.sh").read_text()
+    pinned = json.loads((_REPO / "gateway" / "harnesses" / "npm" / "package.json").read_text())["dependencies"]
+    assert pinned
+    for package in pinned:
+        assert f" {package} " in script, package
     refused = subprocess.run(
         ["bash", str(_REPO / "scripts" / "setup_harnesses.sh"), "no-such-harness"],
         capture_output=True,
