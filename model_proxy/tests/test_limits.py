@@ -14,6 +14,7 @@ import pytest
 
 from model_proxy.app import ProxyApp
 from model_proxy.core.render import max_token_chars
+from model_proxy.models import ChatMessage
 from model_proxy.tests.conftest import FakeBackend
 from model_proxy.tests.test_http import ALL, _shape_ok
 
@@ -198,6 +199,42 @@ async def test_a_large_prompt_is_tokenised_off_the_event_loop(make_app, backend,
         small_done.set()
         assert (await big_call).status_code == 200
     assert [len(app.registry.get(s).records) for s in ("big", "small")] == [1, 1]
+
+
+async def test_an_agent_loops_next_large_turn_is_prepared_on_the_loop_when_alone(
+    make_app, backend, monkeypatch
+) -> None:
+    """A large body goes to a worker thread on a session's first call; a next turn that grew by less than
+    ``offload_bytes``, with no other call in flight, is tokenised on the event loop (no thread round trips), and
+    a turn that grew by more goes back to a worker thread. The prompts are the same either way."""
+    app = make_app(backend, context_length=100_000, offload_bytes=10_000)
+    _, token = await app.registry.open("s", "policy")
+    renderer = app.engine.renderer
+    real: Callable[[str], Any] = renderer._encode
+    on_loop: list[bool] = []
+
+    def encode(text: str) -> Any:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(text)
+
+    monkeypatch.setattr(renderer, "_encode", encode)
+    path = "/v1/chat/completions"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "word " * 3_000}]  # 15 kB
+    seen: list[bool] = []
+    async with _client(app) as client:
+        for turn in range(4):
+            if turn == 3:  # a jump of 20 kB: not an ordinary next turn
+                messages.append({"role": "user", "content": "more " * 4_000})
+            on_loop.clear()
+            r = await client.post(path, json={"model": "policy", "messages": messages}, headers={"x-api-key": token})
+            assert r.status_code == 200
+            assert len(set(on_loop)) == 1
+            seen.append(on_loop[0])
+            messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"next {turn}"}]
+    assert seen == [False, True, True, False]
+    for record in app.registry.get("s").records:  # what was recorded is a full render and tokenisation
+        turns = [ChatMessage(m["role"], m["content"]) for m in record.request["messages"]]
+        assert record.prompt_token_ids == renderer._full(renderer.reference_text(turns, []))
 
 
 async def test_count_tokens_refuses_nothing_and_counts_a_large_prompt(app, client, token) -> None:

@@ -264,3 +264,43 @@ def test_store_line_with_precomputed_prompt_ids_is_the_same_record(tmp_path) -> 
     a, b = (tmp_path / "sessions" / "s" / "completions.jsonl").read_text().splitlines()
     assert json.loads(a) == json.loads(b) == record.to_dict()
     assert a == b
+
+
+def test_tool_schemas_serialised_once_per_session_and_changed_tools_rendered_anew(tokenizer, monkeypatch) -> None:
+    """An agent loop's window renders reuse the cached tool dicts (tojson serialises each schema once), and a
+    tool whose schema changes between turns is rendered with its new text; every prompt equals a full render."""
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.incremental_rendering
+    dumped: list[str] = []
+    real = template_module._tojson
+
+    def counting(x: Any, *args: Any) -> str:
+        text = real(x, *args)
+        if isinstance(x, dict) and x.get("function", x).get("name", "").startswith("tool_"):
+            dumped.append(text)
+        return text
+
+    monkeypatch.setattr(template_module, "_tojson", counting)
+
+    def tools(version: int) -> list[ToolSpec]:
+        schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+        return [ToolSpec(f"tool_{i}", f"Tool {i}, version {version}.", schema) for i in range(5)]
+
+    cache = PrefixCache(4)
+    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "start")]
+    per_turn: list[int] = []
+    for turn in range(8):
+        specs = tools(1 if turn < 5 else 2)
+        before = len(dumped)
+        rendered = renderer.render(messages, specs, cache, f"call{turn}")
+        expected = renderer.reference_text(messages, specs)
+        assert rendered.text == expected
+        assert rendered.token_ids == tokenizer.encode(expected, add_special_tokens=False)
+        assert ("version 2" in rendered.text) == (turn >= 5)
+        if turn >= 2:
+            assert rendered.rendered_incrementally == (turn != 5)  # new tools: rendered in full
+        per_turn.append(len(dumped) - before)
+        messages = [*messages, ChatMessage("assistant", f"a{turn}"), ChatMessage("user", f"u{turn}")]
+    # Full renders (turns 0-1: the window is the whole conversation; turn 5: new tools) serialise the 5 schemas
+    # once for all their renders; incremental turns reuse the cached dicts and serialise none.
+    assert per_turn == [5, 5, 0, 0, 0, 5, 0, 0]
