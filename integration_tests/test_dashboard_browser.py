@@ -70,6 +70,14 @@ def _task(tmp: Path) -> tuple[Path, dict[str, Any]]:
     return path, {"script": str(write_script(tmp / "fix.jsonl", FIX_SCRIPT)), "sessions": sessions}
 
 
+def _shots_dir(tmp: Path) -> Path:
+    """Where the screenshots go: ``$POLAR_DASHBOARD_SCREENSHOTS`` (e.g. ``docs/img``), else ``tmp``; absolute,
+    since the browser script runs in ``browser/``."""
+    shots = Path(os.environ.get("POLAR_DASHBOARD_SCREENSHOTS") or tmp).absolute()
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
+
+
 class _Browser:
     """``browser/dashboard_check.mjs`` running: its stdout is one JSON object per line, each with a ``phase``."""
 
@@ -128,8 +136,7 @@ async def test_dashboard_in_chromium(tmp_path: Path) -> None:
         task_roots=(tmp_path,),
         dashboard=True,
     )
-    shots = Path(os.environ.get("POLAR_DASHBOARD_SCREENSHOTS") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - before anything runs
+    shots = _shots_dir(tmp_path)
     results: list[Any] = []
     async with EmbeddedStack.start(options) as stack:
         base, _, key = stack.dashboard_url.partition("?token=")

@@ -211,7 +211,8 @@ def _slowest(views: Sequence[_TaskView], now: float, rows: int) -> list[dict[str
     for view in views:
         for s in view.sessions:
             if s.state.in_flight and s.dispatched_at is not None:
-                items.append(_session_item(view, s.session_id, s.state.value, now - s.dispatched_at))
+                # "in flight", not the store's "running": the store cannot tell the agent running from postrun.
+                items.append(_session_item(view, s.session_id, "in flight", now - s.dispatched_at))
         for r in view.results:
             if r.gateway_id:
                 items.append(_session_item(view, r.session_id, r.status.value, r.duration_s))
