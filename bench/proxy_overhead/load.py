@@ -40,6 +40,11 @@ class Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
+    @property
+    def closed(self) -> bool:
+        """Whether the server closed the connection (uvicorn drops keep-alive connections idle for 5 s)."""
+        return self.transport is None or self.transport.is_closing()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(ConnectionError("connection closed"))
@@ -76,6 +81,8 @@ class Connection(asyncio.Protocol):
 
     async def send(self, request: bytes) -> tuple[int, bytes]:
         assert self.transport is not None
+        if self.transport.is_closing():  # a write would vanish and the answer never come
+            raise ConnectionError("connection closed")
         self._waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         return await self._waiter
