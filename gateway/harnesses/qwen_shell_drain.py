@@ -39,6 +39,11 @@ const QUIET_TURNS = 2;
 const HOLD = Symbol('polarHeldExit');
 const emit = ChildProcess.prototype.emit;
 
+// Qwen Code runs its shell as `bash` looked up on PATH; a path to bash counts too.
+function isBash(file) {
+  return typeof file === 'string' && /(^|\/)bash$/.test(file);
+}
+
 function outputs(child) {
   return [child.stdout, child.stderr].filter((s) => s != null);
 }
@@ -81,7 +86,7 @@ function waitForOutput(child) {
 
 ChildProcess.prototype.emit = function emitAfterOutput(event, ...args) {
   const hold = this[HOLD];
-  if (event === 'exit' && hold === undefined && this.spawnfile === 'bash' && !outputs(this).every(ended)) {
+  if (event === 'exit' && hold === undefined && isBash(this.spawnfile) && !outputs(this).every(ended)) {
     this[HOLD] = { exit: args, close: null, released: false };
     waitForOutput(this);
     return true;
@@ -132,7 +137,7 @@ function withoutThisPreload(value) {
 // NODE_OPTIONS and nothing of Polar's.
 const spawnChild = ChildProcess.prototype.spawn;
 ChildProcess.prototype.spawn = function spawnWithoutThisPreload(options) {
-  if (options && options.file === 'bash' && Array.isArray(options.envPairs)) {
+  if (options && isBash(options.file) && Array.isArray(options.envPairs)) {
     options.envPairs = options.envPairs.flatMap((pair) => {
       if (!pair.startsWith('NODE_OPTIONS=')) return [pair];
       const rest = withoutThisPreload(pair.slice('NODE_OPTIONS='.length));

@@ -107,6 +107,7 @@ const seen = (file, args) => new Promise((resolve) => {
 });
 (async () => console.log(JSON.stringify({
   bash: await seen('bash', ['-c', 'echo "${NODE_OPTIONS-unset}"']),
+  bashByPath: await seen('/bin/bash', ['-c', 'echo "${NODE_OPTIONS-unset}"']),
   node: await seen(process.execPath, ['-e', 'console.log(process.env.NODE_OPTIONS)']),
 })))();
 """
@@ -115,7 +116,7 @@ const seen = (file, args) => new Promise((resolve) => {
 def test_shell_commands_see_the_tasks_node_options_only(preload: Path) -> None:
     # Qwen Code's own relaunches (Node children) keep the preload; its shell commands do not see it.
     seen = json.loads(_node(preload, _ENVIRONMENTS))
-    assert seen == {"bash": "unset", "node": f'--require="{preload}"'}
+    assert seen == {"bash": "unset", "bashByPath": "unset", "node": f'--require="{preload}"'}
     seen = json.loads(_node(preload, _ENVIRONMENTS, node_options='--max-old-space-size=256 "--title=a b"'))
     assert seen["bash"] == '--max-old-space-size=256 "--title=a b"'
 
