@@ -185,6 +185,7 @@ async def test_a_stopping_server_tells_the_stream_the_run_finished(tmp_path: Pat
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+@pytest.mark.slow
 async def test_the_embedded_stack_serves_every_metrics_endpoint_and_the_jaeger_link(tmp_path: Path) -> None:
     """``polar run --metrics --jaeger-url URL``'s stack: each of the five services answers a scrape as itself, and
     the dashboard has the Jaeger link (the page then links each task's trace)."""
