@@ -265,7 +265,8 @@ def _report(
             _, _, la50, la99 = stats(named["LiteLLM"], kind)
             lite_cell = f"{la50:.2f} / {la99:.2f}"
             lite_rps = f"{lite[f'{kind}_rps']:.0f}"
-            ratio = f"{la50 / pa50:.0f}x less added, {proxy[f'{kind}_rps'] / lite[f'{kind}_rps']:.0f}x req/s"
+            rps_ratio = proxy[f"{kind}_rps"] / lite[f"{kind}_rps"] if lite[f"{kind}_rps"] else float("inf")
+            ratio = f"{la50 / pa50:.0f}x less added, {rps_ratio:.0f}x req/s"
         else:
             lite_cell, lite_rps, ratio = "n/a", "n/a", "n/a"
         lines.append(
@@ -406,9 +407,9 @@ def main() -> None:
             for child in children:
                 child.stop()
             shutil.rmtree(workdir, ignore_errors=True)
-    print(_report(targets, args, prompt_tokens, note, triton_note))
-    if args.json is not None:
+    if args.json is not None:  # first: the raw numbers survive a report that fails
         args.json.write_text(json.dumps({t.name: t.results for t in targets}))
+    print(_report(targets, args, prompt_tokens, note, triton_note))
 
 
 if __name__ == "__main__":
