@@ -58,7 +58,7 @@ def _installed(harness: str) -> bool:
 
 def _case(harness: str, *marks: Any) -> Any:
     skip = pytest.mark.skipif(not _installed(harness), reason=f"{harness} or bubblewrap not installed")
-    return pytest.param(harness, id=harness, marks=[skip, *marks])
+    return pytest.param(harness, id=harness, marks=[skip, pytest.mark.slow, pytest.mark.timeout(480), *marks])
 
 
 ALL = [*_NPM, *_PYTHON]
@@ -84,8 +84,6 @@ LARGE_CASES = [
     for h in ALL
     if h != "aider"
 ]
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +152,31 @@ async def test_20_kb_output(sessions: dict[str, Any], tokenizer: Any, harness: s
 async def test_1_mb_output(sessions: dict[str, Any], tokenizer: Any, harness: str) -> None:
     run = await _session(sessions, tokenizer, harness)
     print(harness, check_shown(harness, _call_after(run, 2), LARGE))
+
+
+def _chat_request(tool_result: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "go"}, {"role": "tool", "content": tool_result}]}
+
+
+@pytest.mark.parametrize(
+    ("harness", "shown", "error"),
+    [
+        # A cut with no notice: the slices are verbatim but the gap is unmarked.
+        ("hermes-agent", SMALL[:5000] + SMALL[-5000:], "not in the output"),
+        ("qwen-code", f"Output: {SMALL[:-4000]}Error: (none)\nExit Code: 0\n", "dropped silently"),
+        # A notice whose count is not the gap.
+        ("cline", f"{SMALL[:3000]}\n\n...[truncated 99 chars]...\n\n{SMALL[-3000:]}", "the notice says 99"),
+        # A rewritten line, and a rule restated exactly.
+        (
+            "aider",
+            "I ran this command:\n\ncat f\n\nAnd got this output:\n\n" + SMALL.replace("alpha", "ALPHA", 1) + "\n",
+            "not in",
+        ),
+        ("openai-agents", f"exit code: 0\n{SMALL[-20_000:]}", "differs from its rules"),
+    ],
+    ids=["unmarked-gap", "unmarked-tail", "wrong-count", "rewritten", "exact"],
+)
+def test_the_check_catches_a_silent_loss(harness: str, shown: str, error: str) -> None:
+    """The checker itself, on made-up results: each way of losing bytes without saying so is refused."""
+    with pytest.raises(AssertionError, match=error):
+        check_shown(harness, _chat_request(shown), SMALL)
