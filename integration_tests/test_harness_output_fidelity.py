@@ -72,9 +72,9 @@ LARGE_CASES = [
             [
                 pytest.mark.xfail(
                     strict=True,
-                    reason="Cline 3.0.65 keeps ~48 KB of a long command output, then cuts that to 8,000 characters "
-                    "whose notice counts only the second cut ('[truncated 40148 chars]' for ~992,000 left out): "
-                    "the model is told a twentieth of what it lost (issue 25)",
+                    reason="Cline 3.0.65's shell tool keeps 48,000 characters around '[... output truncated: N chars "
+                    "total ...]'; its message builder then cuts that to 8,000 characters, dropping the middle and the "
+                    "first notice with it, and says '[truncated 40148 chars]' for ~992,000 lost (issue 25)",
                 )
             ]
             if h == "cline"
