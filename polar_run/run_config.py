@@ -1,6 +1,7 @@
 """Turning a task file plus command-line overrides into what the embedded stack runs (``polar run``/``generate``).
 
-Pure functions over parsed YAML: no servers, no ports, so they are unit-tested directly.
+Pure functions over parsed YAML: no servers, no ports, so they are unit-tested directly. They read only files,
+and, for a docker task, try the local Docker engine's Unix socket (:func:`check_docker_engine`).
 
 What is resolved here:
 
@@ -11,7 +12,10 @@ What is resolved here:
   backend pi's calls are capped at :data:`IN_PROCESS_MAX_TOKENS` unless the task or ``--max-tokens`` sets it;
 * ``--backend`` replaces the task's backend table (``--backend-option`` adds options); the backend itself is
   configured on the embedded proxy, and the task keeps only its name and ``model_name``;
-* a local runtime may read the installed harness CLIs (``read_only_paths``).
+* a local runtime may read the installed harness CLIs (``read_only_paths``);
+* what the run needs must be installed, else it is refused with one line naming the command that installs it:
+  the harness's program (:func:`harness_program`, asked of the adapter, so every registered harness is covered)
+  and, for a docker task, a Docker engine.
 """
 
 from __future__ import annotations
