@@ -26,7 +26,66 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CacheEntry", "PrefixCache", "common_prefix_length"]
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+__all__ = ["CacheEntry", "PrefixCache", "common_prefix_length", "new_cache"]
+
+_MIN_CAPACITY = 256
+
+
+def new_cache(config: Any) -> Any:
+    """An empty ``DynamicCache`` for ``config`` whose full-attention layers grow in place (:class:`_GrowingLayer`).
+
+    transformers' ``DynamicLayer`` appends each step's keys and values with ``torch.cat``, copying the whole
+    cache every token: 74 MB per token for SmolLM2 at 1,600 positions, about 30 % of a decoding step on two
+    cores. Other layer kinds (sliding windows, linear attention) are left as transformers makes them.
+    """
+    cache = DynamicCache(config=config)
+    layers = getattr(cache, "layers", None)
+    if isinstance(layers, list):
+        cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in layers]  # type: ignore[no-untyped-call]
+    return cache
+
+
+class _GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
+    """A ``DynamicLayer`` over buffers with spare room: appending writes in place, doubling when full.
+
+    ``keys`` and ``values`` are views of the buffers' first positions, so everything that reads them
+    (attention, ``get_seq_length``, ``crop``) sees exactly what ``DynamicLayer`` would hold.
+    """
+
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._buffers = None
+        held = self.get_seq_length()
+        end = held + key_states.shape[-2]
+        if self._buffers is None or end > self._buffers[0].shape[-2]:
+            capacity = max(_MIN_CAPACITY, 2 * end)
+            grown: list[torch.Tensor] = []
+            held_keys: Any = self.keys
+            held_values: Any = self.values
+            for old, new in ((held_keys, key_states), (held_values, value_states)):
+                buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+                if held:
+                    buffer[..., :held, :] = old
+                grown.append(buffer)
+            self._buffers = (grown[0], grown[1])
+        keys, values = self._buffers
+        keys[..., held:end, :] = key_states
+        values[..., held:end, :] = value_states
+        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self._buffers = None
+        super().reset()
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from model_proxy.backends._prefix_cache import CacheEntry, PrefixCache
+from model_proxy.backends._prefix_cache import CacheEntry, PrefixCache, new_cache
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal
@@ -137,7 +138,10 @@ class TransformersBackend:
             prefix_cache: How many recent calls' KV caches to keep for reuse by a call sharing their prefix
                 (0: none; see :mod:`model_proxy.backends._prefix_cache`).
             prefill_block: Prompt positions per prefill forward pass; a reused prefix is a multiple of it.
-            threads: torch intra-op threads to decode with (process-wide); default: torch's own setting.
+            threads: torch intra-op threads to decode with (process-wide). Default on CPU: one fewer than the
+                cores this process may use (at least 1), leaving a core to the event loop, the other services
+                and the agent; OpenMP threads wait for each other at every operation, so one preempted thread
+                stalls them all (on 2 busy cores, 2 threads were several times slower than 1). On GPU: untouched.
         """
         self._source = model
         self._model: Any = None if isinstance(model, str | Path) else model
@@ -166,6 +170,8 @@ class TransformersBackend:
             executor.shutdown(wait=False)
             raise BackendUnavailable(f"transformers backend: cannot load {self._source}: {exc}") from exc
         self._model.eval()
+        if self._threads is None and next(self._model.parameters()).device.type == "cpu":
+            self._threads = max(1, len(os.sched_getaffinity(0)) - 1)
         params = inspect.signature(self._model.forward).parameters
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -334,8 +340,6 @@ class TransformersBackend:
             emit(Internal(f"transformers backend failed while decoding: {exc!r}"))
 
     def _decode_loop(self, request: GenerationRequest, max_tokens: int, emit: Any, stop: threading.Event) -> None:
-        from transformers import DynamicCache
-
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
         model = self._model
@@ -347,7 +351,7 @@ class TransformersBackend:
             generator.manual_seed(request.sampling.seed)
         stops = frozenset(request.stop_token_ids)
         prompt = list(request.prompt_token_ids)
-        entry = self._prefix.take(prompt) or CacheEntry(DynamicCache(config=model.config), [])
+        entry = self._prefix.take(prompt) or CacheEntry(new_cache(model.config), [])
         block = self._prefix.block
         with torch.inference_mode():
             # The prompt's rest in blocks aligned on absolute positions (see _prefix_cache): the same forward

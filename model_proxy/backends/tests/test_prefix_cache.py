@@ -188,3 +188,21 @@ def test_store_keeps_the_most_recent_entries_and_reuses_whole_aligned_blocks() -
     # A cache holding other than its IDs say is never fed from.
     store.put(CacheEntry(Cache(9), list(range(10)), aligned=8))
     assert store.take(list(range(20))) is None
+
+
+def test_growing_layer_holds_what_a_dynamic_layer_holds() -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    from model_proxy.backends._prefix_cache import _GrowingLayer
+
+    torch.manual_seed(0)
+    grown, plain = _GrowingLayer(), DynamicLayer()  # type: ignore[no-untyped-call]
+    for step, n in enumerate((100, 130, 1, 1, 40, 200, 1)):  # crosses the first capacities (256, then more)
+        k, v = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+        got, want = grown.update(k, v), plain.update(k, v)
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+        if step == 3:
+            grown.crop(-50)
+            plain.crop(-50)
+        assert grown.get_seq_length() == plain.get_seq_length()
