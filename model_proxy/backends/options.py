@@ -105,6 +105,9 @@ class TransformersOptions(BackendOptions):
     dtype: str | None = None
     max_context: int | None = None
     chunk_size: int = 4
+    prefix_cache: int = 4
+    prefill_block: int = 128
+    threads: int | None = None
 
 
 class ScriptedOptions(BackendOptions):
