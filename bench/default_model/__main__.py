@@ -15,7 +15,7 @@ gives the median seconds per call (wall and process CPU), tokens sampled per sec
 ``before`` and ``generate`` to each row. Every call samples exactly ``--new-tokens`` tokens (no stop IDs).
 
 Run: ``.venv/bin/python -m bench.default_model [--rounds 2] [--turns 3] [--prompt-tokens 1582]
-[--new-tokens 128] [--threads N]``.
+[--new-tokens 128] [--threads N] [--no-generate]``.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1582)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None, help="the new backend's threads (default: its own)")
+    parser.add_argument("--no-generate", action="store_true", help="skip plain generate (slowest under load)")
     args = parser.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
     from polar_core.model_fixtures import load_smollm2
@@ -164,7 +165,7 @@ def main() -> None:
 
     median = {name: statistics.median(v) for name, v in timings.wall.items()}
     base_first, base_turns = median["before, first call"], median["before, agent turns"]
-    gen = median["generate, first call"]
+    gen = median.get("generate, first call", float("nan"))
     print()
     header = f"{'variant':<28} {'calls':>5} {'s/call':>8} {'min':>7} {'CPU s':>7} {'tok/s':>6} {'before/x':>8}"
     print(f"{header} {'gen/x':>6}")
