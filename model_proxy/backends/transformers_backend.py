@@ -1,7 +1,9 @@
 """An in-process Hugging Face causal LM as a backend (CPU or GPU), for small models and tests.
 
 Decoding runs in a worker thread with the model's KV cache, one generation at a time per model, and hands
-tokens to the event loop as they are sampled.
+tokens to the event loop as they are sampled. Prompts are prefilled in blocks aligned on absolute positions,
+and the KV caches of recent calls are reused for the whole blocks a new prompt shares with them, which skips
+work without changing any result (:mod:`model_proxy.backends._prefix_cache`; figures in docs/backends.md).
 
 Log-probabilities: each sampled token is reported with ``log_softmax(logits / temperature)`` over the whole
 vocabulary (``log_softmax(logits)`` at temperature 0, which decodes greedily). When ``top_k`` or ``top_p``
@@ -171,7 +173,7 @@ class TransformersBackend:
             raise BackendUnavailable(f"transformers backend: cannot load {self._source}: {exc}") from exc
         self._model.eval()
         if self._threads is None and next(self._model.parameters()).device.type == "cpu":
-            self._threads = max(1, len(os.sched_getaffinity(0)) - 1)
+            self._threads = max(1, len(os.sched_getaffinity(0)) - 1)  # cores this process may run on
         params = inspect.signature(self._model.forward).parameters
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
