@@ -34,10 +34,8 @@ __all__ = ["Session", "SessionRegistry"]
 
 _log = logging.getLogger(__name__)
 
-# A durable append this fast (moving average) may run inline when no other call is in flight. Not 1 ms: on a
-# loaded machine (2 cores, load average 15+) fdatasync takes 2-5 ms and the worker thread's round trip costs
-# as much again (each wake-up waits for the scheduler), so the thread only made a lone call slower.
-_INLINE_WRITE_LIMIT_S = 0.005
+# A durable append this fast (moving average) may run inline when no other call is in flight.
+_INLINE_WRITE_LIMIT_S = 0.001
 
 
 def _digest(token: str) -> str:
@@ -241,9 +239,8 @@ class SessionRegistry:
         ``prompt_ids_json`` is ``record.prompt_token_ids`` already serialised (comma-separated), if known.
         A durable write goes to a worker thread, so the event loop serves other calls while the disk works;
         when the caller is ``alone`` (no other call in flight) and durable writes have been fast (moving
-        average under ``_INLINE_WRITE_LIMIT_S``, 5 ms), it runs inline instead: blocking an idle loop for a
-        few milliseconds costs nobody anything and saves the round trip to a thread (~0.13 ms on an idle
-        machine, milliseconds on a loaded one).
+        average under ``_INLINE_WRITE_LIMIT_S``), it runs inline instead: blocking an idle loop for a fraction
+        of a millisecond costs nobody anything and saves the ~0.13 ms round trip to a thread.
         """
         async with session.write_lock:
             record.seq = session.next_seq
