@@ -147,9 +147,10 @@ def main() -> None:
     new = args.new_tokens
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
-        timings.measure(
-            "generate, first call", functools.partial(plain_generate, model, prompt, new, default_threads, r)
-        )
+        if not args.no_generate:
+            timings.measure(
+                "generate, first call", functools.partial(plain_generate, model, prompt, new, default_threads, r)
+            )
         timings.measure("before, first call", functools.partial(sample, loop, before, prompt, new, r))
         timings.measure("now, first call (no reuse)", functools.partial(sample, loop, cold, prompt, new, r))
         turn_prompt = list(prompt)
