@@ -65,25 +65,23 @@ ALL = [*_NPM, *_PYTHON]
 SMALL_CASES = [_case(h) for h in ALL]
 # aider shows its test command's output whole, with no cap of its own, so it has no 1 MB case (and reading
 # 1 MB a character at a time, as its runner does, would take minutes).
-LARGE_CASES = [
-    _case(
-        h,
-        *(
-            [
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="Cline 3.0.65's shell tool keeps 48,000 characters around '[... output truncated: N chars "
-                    "total ...]'; its message builder then cuts that to 8,000 characters, dropping the middle and the "
-                    "first notice with it, and says '[truncated 40148 chars]' for ~992,000 lost (issue 25)",
-                )
-            ]
-            if h == "cline"
-            else []
-        ),
-    )
-    for h in ALL
-    if h != "aider"
-]
+_LARGE_KNOWN_DEFECTS = {
+    "cline": pytest.mark.xfail(
+        strict=True,
+        reason="Cline 3.0.65's shell tool keeps 48,000 characters around '[... output truncated: N chars "
+        "total ...]'; its message builder then cuts that to 8,000 characters, dropping the middle and the "
+        "first notice with it, and says '[truncated 40148 chars]' for ~992,000 lost (issue 25)",
+    ),
+    # Not strict: it happens in some runs only. When it does, the shown window is always lines 2,333-2,9xx of
+    # 11,669, the last 50 KB of roughly the first 256 KB, so opencode stopped reading the command's output
+    # there (seen in 1 of 5-6 runs on a loaded machine, 0 of 5 on a quiet one).
+    "opencode": pytest.mark.xfail(
+        strict=False,
+        reason="opencode 1.18.33 sometimes keeps only about the first 256 KB of a 1 MB command output and shows its "
+        "last 50 KB as if it were the end, with its own notice but the tail lost (issue 25, closing note)",
+    ),
+}
+LARGE_CASES = [_case(h, *([_LARGE_KNOWN_DEFECTS[h]] if h in _LARGE_KNOWN_DEFECTS else [])) for h in ALL if h != "aider"]
 
 
 @pytest.fixture(scope="module")
