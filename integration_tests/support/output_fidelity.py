@@ -133,20 +133,28 @@ def _codex(output: str, shown: str) -> str | None:
     )
 
 
-def _pi(output: str, shown: str) -> str | None:
-    # The bash tool keeps the last 2,000 lines or 50 KB (51,200 bytes), whole lines only, and names the temp
-    # file holding all of it.
-    lines = output.split("\n")
-    if len(lines) <= 2000 and len(output.encode()) <= 51_200:
-        return output
+def _last_lines(lines: list[str], max_lines: int = 2000, max_bytes: int = 51_200) -> list[str] | None:
+    """The whole lines pi and opencode keep (the last ``max_lines`` or ``max_bytes``); ``None`` when all fit."""
+    if len(lines) <= max_lines and len("\n".join(lines).encode()) <= max_bytes:
+        return None
     kept: list[str] = []
     size = 0
     for line in reversed(lines):
         add = len(line.encode()) + (1 if kept else 0)
-        if len(kept) == 2000 or size + add > 51_200:
+        if len(kept) == max_lines or size + add > max_bytes:
             break
         kept.insert(0, line)
         size += add
+    return kept
+
+
+def _pi(output: str, shown: str) -> str | None:
+    # The bash tool keeps the last 2,000 lines or 50 KB (51,200 bytes), whole lines only, and names the temp
+    # file holding all of it.
+    lines = output.split("\n")
+    kept = _last_lines(lines)
+    if kept is None:
+        return output
     by = "" if len(kept) == 2000 else " (50.0KB limit)"
     path = re.search(r"Full output: (\S+)\]$", shown)
     first = len(lines) - len(kept) + 1
@@ -156,17 +164,9 @@ def _pi(output: str, shown: str) -> str | None:
 
 def _opencode(output: str, shown: str) -> str | None:
     # The bash tool keeps the last 2,000 lines or 50 KB, whole lines, and names the file holding all of it.
-    lines = output.split("\n")
-    if len(lines) <= 2000 and len(output.encode()) <= 51_200:
+    kept = _last_lines(output.split("\n"))
+    if kept is None:
         return output
-    kept: list[str] = []
-    size = 0
-    for line in reversed(lines):
-        add = len(line.encode()) + (1 if kept else 0)
-        if len(kept) == 2000 or size + add > 51_200:
-            break
-        kept.insert(0, line)
-        size += add
     path = re.search(r"Full output saved to: (\S+)\n", shown)
     return f"...output truncated...\n\nFull output saved to: {path and path[1]}\n\n" + "\n".join(kept)
 
