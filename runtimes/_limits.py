@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["CgroupPlan", "LimitProbe", "cgroup_name", "parse_size", "prlimit_argv", "probe_limits"]
+__all__ = ["CgroupPlan", "LimitProbe", "cgroup_name", "parse_size", "prlimit_argv", "probe_limits", "unique_name"]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -52,15 +52,21 @@ def prlimit_argv(*, data_bytes: int, nproc: int, cpu_s: int | None, fsize_bytes:
     return [*argv, "--"]
 
 
-def cgroup_name(session_id: str) -> str:
-    """A fresh cgroup name for a runtime of ``session_id``: ``polar-<session id>-<random>``.
+def unique_name(session_id: str, *, keep: int) -> str:
+    """A fresh host-object name for a runtime of ``session_id``: ``polar-<session id>-<random>``.
 
     Unique per runtime (the gateway's and the evaluator's runtimes of one session, a retried attempt, and
-    another run of the same task may share a host); the session id is kept for whoever reads the hierarchy,
-    with anything but ``[A-Za-z0-9_.-]`` made ``_`` (a ``/`` would leave the parent) and cut to 64 characters.
+    another run of the same task may share a host); the session id is kept for whoever reads it, with anything
+    but ``[A-Za-z0-9_.-]`` made ``_`` (a ``/`` would leave a cgroup's parent; Docker refuses it) and cut to
+    ``keep`` characters.
     """
-    readable = _NAME_UNSAFE.sub("_", session_id)[:64] or "_"
+    readable = _NAME_UNSAFE.sub("_", session_id)[:keep] or "_"
     return f"polar-{readable}-{uuid.uuid4().hex[:12]}"
+
+
+def cgroup_name(session_id: str) -> str:
+    """A fresh cgroup name for a runtime of ``session_id`` (:func:`unique_name`, 64 characters of the id)."""
+    return unique_name(session_id, keep=64)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,11 +21,9 @@ import fnmatch
 import io
 import logging
 import os
-import re
 import socket
 import tarfile
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,7 +33,7 @@ import docker.errors
 import docker.types
 
 from polar_core.errors import InvalidArgument, NotFound
-from runtimes._limits import parse_size
+from runtimes._limits import parse_size, unique_name
 from runtimes._process import DOWNLOAD_LIMIT_BYTES
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
@@ -62,8 +60,7 @@ _LABEL_PID = "polar.owner_pid"
 # Extra seconds docker exec may take beyond the command's own timeout before the container is presumed hung.
 _EXEC_GRACE_S = 30.0
 _TIMEOUT_EXIT_CODES = (124, 137)
-# Characters of a session id that Docker does not allow in a container name, and how many of the id's are kept.
-_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+# How many of a session id's characters a container name keeps (Docker's names stay under 64).
 _NAME_SESSION_CHARS = 40
 # In ``network: proxy`` mode the directory holding the bridge's socket is mounted here (read-only), and the
 # forwarder (``runtimes/tunnel.py``, run by the image's ``python3``) listens on ``127.0.0.1:<proxy_port>``.
@@ -83,8 +80,7 @@ def container_name(session_id: str) -> str:
     Docker's name characters (``[a-zA-Z0-9][a-zA-Z0-9_.-]*``) and to 40 of them, for whoever reads
     ``docker ps``. Nothing looks a container up by this name: Polar finds its containers by their labels.
     """
-    readable = _NAME_UNSAFE.sub("_", session_id)[:_NAME_SESSION_CHARS] or "_"
-    return f"polar-{readable}-{uuid.uuid4().hex[:12]}"
+    return unique_name(session_id, keep=_NAME_SESSION_CHARS)
 
 
 def _owner_labels(session_id: str) -> dict[str, str]:
