@@ -242,7 +242,10 @@ class Scheduler:
                 await self._attempt_failed(session, f"gateway {gateway.gateway_id} lost the session")
             return
         except GatewayUnreachable as exc:
-            await self._attempt_failed(session, f"gateway {gateway.gateway_id} unreachable: {exc.message}")
+            # A gateway whose lease lapsed too has left the pool (its node died, its job was cancelled): the
+            # attempt went with it, which is no fault of the session, so it does not use up an attempt.
+            gone = gateway.lease_expires_at <= self.core.clock()
+            await self._attempt_failed(session, f"gateway {gateway.gateway_id} unreachable: {exc.message}", outage=gone)
             return
         if view.attempt != session.attempt:
             if session.state is SessionState.STARTING and view.attempt < session.attempt:
