@@ -211,12 +211,24 @@ class GatewayApp:
         )
         self.membership.start()
 
+    async def drain_for_exit(self) -> int:
+        """Before a planned exit (``polar serve`` on SIGUSR1, e.g. Slurm's ``--signal`` before the time limit):
+        take no new session (the next heartbeat tells the rollout server), and wait up to the ``drain_timeout_s``
+        setting for the running ones to finish. Return how many still run; :meth:`shut_down` hands them back."""
+        self.pipeline.drain()
+        _log.info(
+            "gateway %s draining for exit (up to %.0f s)", self.pipeline.gateway_id, self._settings.drain_timeout_s
+        )
+        return await self.pipeline.wait_idle(self._settings.drain_timeout_s)
+
     async def shut_down(self, grace_s: float) -> None:
-        """Leave the rollout server's pool, cancel running sessions and wait up to ``grace_s`` for their
-        teardown (the gRPC server still answers meanwhile, so watchers see them end). Idempotent."""
+        """Leave the rollout server's pool, stop running sessions and wait up to ``grace_s`` for their teardown
+        (the gRPC server still answers meanwhile, so watchers see them end). The stopped sessions are handed back:
+        each reports ``infra_error`` as an outage, which the rollout server runs again elsewhere without using up
+        an attempt. Idempotent."""
+        await self.pipeline.close(grace_s=grace_s, hand_back=True)
         if self.membership is not None:
             await self.membership.stop()
-        await self.pipeline.close(grace_s=grace_s)
 
     async def close(self) -> None:
         """Shut down (without grace, unless :meth:`shut_down` ran first), then close the clients, the tunnel

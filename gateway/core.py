@@ -275,11 +275,24 @@ class SessionPipeline:
         """Refuse new sessions from now on; running sessions finish (the rollout server asked us to drain)."""
         self._draining = True
 
-    async def close(self, grace_s: float = 30.0) -> None:
-        """Refuse new sessions, cancel the running ones and wait (up to ``grace_s``) for their teardown."""
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every admitted session to finish; return how many still run."""
+        drivers = {s.driver for s in self._sessions.values() if s.driver is not None and not s.driver.done()}
+        if drivers:
+            await asyncio.wait(drivers, timeout=timeout_s)
+        return sum(1 for s in self._sessions.values() if s.stage is not Stage.DONE)
+
+    async def close(self, grace_s: float = 30.0, *, hand_back: bool = False) -> None:
+        """Refuse new sessions, cancel the running ones and wait (up to ``grace_s``) for their teardown.
+
+        With ``hand_back`` (the gateway process is going away: a signal, the end of its allocation) a session
+        stopped here ends ``infra_error`` marked as an outage (``dependency_unavailable``), so the rollout server
+        runs it again elsewhere without using up an attempt and nobody scores it; otherwise it ends ``cancelled``.
+        """
         self._draining = True
         for session in list(self._sessions.values()):
             if session.stage is not Stage.DONE:
+                session.handed_back = hand_back
                 self.cancel_session(session.spec.session_id, "gateway shutting down")
         drivers = {s.driver for s in self._sessions.values() if s.driver is not None and not s.driver.done()}
         if not drivers:
@@ -339,7 +352,7 @@ class SessionPipeline:
         """Run one cancellable phase; its exceptions settle the session's status."""
         if s.cancel_requested:
             coro.close()
-            settle(s, TerminalStatus.CANCELLED, s.cancel_reason)
+            _settle_cancelled(s, s.cancel_reason)
             return
         task = asyncio.create_task(coro)
         s.work = task
@@ -348,12 +361,12 @@ class SessionPipeline:
         except asyncio.CancelledError:
             task.cancel()
             await asyncio.wait({task})
-            settle(s, TerminalStatus.CANCELLED, "the gateway stopped")
+            _settle_cancelled(s, "the gateway stopped")
             raise
         finally:
             s.work = None
         if task.cancelled():
-            settle(s, TerminalStatus.CANCELLED, s.cancel_reason or "cancelled")
+            _settle_cancelled(s, s.cancel_reason or "cancelled")
             return
         exc = task.exception()
         if exc is not None:
@@ -589,3 +602,12 @@ class SessionPipeline:
         old = self._sessions.get(session_id)
         if old is not None and old.stage is Stage.DONE:
             del self._sessions[session_id]
+
+
+def _settle_cancelled(s: Session, reason: str) -> None:
+    """Settle a stopped session: ``cancelled``, or an outage handed back when the gateway itself is going away."""
+    if s.handed_back:
+        s.dependency_unavailable = True  # not the policy's failure: run again elsewhere without using an attempt
+        settle(s, TerminalStatus.INFRA_ERROR, f"handed back: the gateway shut down ({reason})")
+    else:
+        settle(s, TerminalStatus.CANCELLED, reason)

@@ -37,6 +37,8 @@ class Session:
     work: asyncio.Task[None] | None = None
     cancel_requested: bool = False
     cancel_reason: str = ""
+    handed_back: bool = False
+    """Stopped because the gateway shuts down: it ends as an outage the rollout server runs again, not cancelled."""
     runtime: Runtime | None = None
     runtime_stopped: bool = False
     prepared: PreparedAgent | None = None

@@ -79,6 +79,8 @@ class GatewaySettings(ServiceSettings):
         metrics_host: Interface the metrics endpoint binds.
         result_patch_limit_bytes: Most bytes of the agent's patch kept on a session result (``patch_truncated``
             says when it was cut; the evaluator always gets the whole patch).
+        drain_timeout_s: How long a gateway told to drain before exiting (``polar serve`` on SIGUSR1) lets its
+            running sessions finish; what still runs then is handed back to the rollout server as an outage.
         result_log_limit_bytes: Most bytes of each of the harness's stdout and stderr kept (their tails) on a
             session result.
     """
@@ -126,3 +128,4 @@ class GatewaySettings(ServiceSettings):
     metrics_host: str = "127.0.0.1"
     result_patch_limit_bytes: int = Field(default=1 << 20, ge=0)
     result_log_limit_bytes: int = Field(default=64 << 10, ge=0)
+    drain_timeout_s: float = Field(default=60.0, ge=0)

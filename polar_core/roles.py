@@ -61,6 +61,8 @@ _ROLLOUT: Mapping[str, frozenset[Role]] = {
     "RegisterGateway": _G,
     "Heartbeat": _G,
     "DrainGateway": _G,
+    # The pool's view, for trainers and launchers (``polar cluster`` presents the admin token).
+    "ListGateways": _T,
     "ReportSessionResult": _G,
     "ReportSessionResultStream": _G,
     "RegisterProxy": _I,

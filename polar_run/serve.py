@@ -136,7 +136,8 @@ async def serve(options: ServeOptions) -> int:
             print(f"control-plane token: {token}", flush=True)
         if options.check:
             return await _check_all(started)
-        await _wait_for_signal()
+        if await _wait_for_signal() == signal.SIGUSR1:
+            await _drain_for_exit(started)
         return 0
     finally:
         await asyncio.gather(*(service.server.stop(5) for service in started))
@@ -223,10 +224,38 @@ async def _check_health(host: str, port: int, service: str) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-async def _wait_for_signal() -> None:
+async def _wait_for_signal() -> signal.Signals:
+    """Wait for SIGTERM or SIGINT (stop now) or SIGUSR1 (drain, then stop); return which came."""
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+
+    def _received(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _received, sig)
     await stop.wait()
+    return received[0]
+
+
+async def _drain_for_exit(started: Sequence[_Started]) -> None:
+    """SIGUSR1 (a Slurm job's ``--signal`` before its time limit): services that can drain (the gateway: no new
+    session, running ones finish within its ``drain_timeout_s``) do so before everything stops; a second
+    SIGTERM or SIGINT cuts the wait short."""
+    drains = []
+    for service in started:
+        app = getattr(getattr(service.server, "running", None), "app", None)
+        drain = getattr(app, "drain_for_exit", None)
+        if drain is not None:
+            drains.append(asyncio.ensure_future(drain()))
+    if not drains:
+        return
+    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(_wait_for_signal()), asyncio.gather(*drains)]
+    interrupted = waits[0]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    interrupted.cancel()
+    for drain_task in drains:
+        drain_task.cancel()

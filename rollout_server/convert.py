@@ -405,6 +405,21 @@ def outcome_to_proto(outcome: UpdateOutcome) -> rollout_service_pb2.UpdatePolicy
     )
 
 
+def gateway_info_to_proto(gateway: GatewayRecord, now: float) -> rollout_service_pb2.GatewayInfo:
+    """A GatewayInfo (``live`` when its lease has not run out at ``now``)."""
+    return rollout_service_pb2.GatewayInfo(
+        gateway_id=gateway.gateway_id,
+        address=gateway.address,
+        capacity=gateway.capacity,
+        active_sessions=gateway.active_sessions,
+        draining=gateway.draining,
+        live=gateway.lease_expires_at > now,
+        lease_expires_at=timestamp(gateway.lease_expires_at),
+        version=gateway.version,
+        labels=gateway.labels,
+    )
+
+
 def proxy_info_to_proto(proxy: ProxyRecord) -> rollout_service_pb2.ProxyInfo:
     """A ProxyInfo."""
     return rollout_service_pb2.ProxyInfo(

@@ -299,6 +299,11 @@ class RolloutCore:
         self.dispatch_wakeup.set()
         return gateway.draining, sorted(self._pending_cancels.pop(gateway_id, set()))
 
+    async def list_gateways(self) -> tuple[list[GatewayRecord], float]:
+        """Every gateway of the pool, in id order, and the time of the reading (to judge their leases by)."""
+        now = self.clock()
+        return sorted(await self.store.list_gateways(), key=lambda g: g.gateway_id), now
+
     async def drain_gateway(self, gateway_id: str) -> int:
         """Stop scheduling onto a gateway; return how many sessions it still runs for us."""
         gateway = await self.store.get_gateway(gateway_id)

@@ -14,6 +14,7 @@ from polar_core.durations import duration, seconds
 from polar_core.errors import InvalidArgument
 from rollout_server.convert import (
     gateway_from_register,
+    gateway_info_to_proto,
     new_task_from_proto,
     outcome_to_proto,
     pause_mode_from_proto,
@@ -145,6 +146,10 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         require_gateway_identity(context, request.gateway_id, "DrainGateway")
         active = await self._core.drain_gateway(request.gateway_id)
         return pb.DrainGatewayResponse(active_sessions=active)
+
+    async def ListGateways(self, request: pb.ListGatewaysRequest, context: Context) -> pb.ListGatewaysResponse:
+        gateways, now = await self._core.list_gateways()
+        return pb.ListGatewaysResponse(gateways=[gateway_info_to_proto(g, now) for g in gateways])
 
     async def ReportSessionResult(
         self, request: pb.ReportSessionResultRequest, context: Context

@@ -400,6 +400,45 @@ class DrainGatewayResponse(_message.Message):
     active_sessions: int
     def __init__(self, active_sessions: _Optional[int] = ...) -> None: ...
 
+class ListGatewaysRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GatewayInfo(_message.Message):
+    __slots__ = ("gateway_id", "address", "capacity", "active_sessions", "draining", "live", "lease_expires_at", "version", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    address: str
+    capacity: int
+    active_sessions: int
+    draining: bool
+    live: bool
+    lease_expires_at: _timestamp_pb2.Timestamp
+    version: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, gateway_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_sessions: _Optional[int] = ..., draining: _Optional[bool] = ..., live: _Optional[bool] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListGatewaysResponse(_message.Message):
+    __slots__ = ("gateways",)
+    GATEWAYS_FIELD_NUMBER: _ClassVar[int]
+    gateways: _containers.RepeatedCompositeFieldContainer[GatewayInfo]
+    def __init__(self, gateways: _Optional[_Iterable[_Union[GatewayInfo, _Mapping]]] = ...) -> None: ...
+
 class ReportSessionResultRequest(_message.Message):
     __slots__ = ("result",)
     RESULT_FIELD_NUMBER: _ClassVar[int]

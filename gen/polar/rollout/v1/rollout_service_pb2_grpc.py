@@ -76,6 +76,11 @@ class RolloutServiceStub:
                 request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayRequest.SerializeToString,
                 response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayResponse.FromString,
                 _registered_method=True)
+        self.ListGateways = channel.unary_unary(
+                '/polar.rollout.v1.RolloutService/ListGateways',
+                request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysRequest.SerializeToString,
+                response_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysResponse.FromString,
+                _registered_method=True)
         self.ReportSessionResult = channel.unary_unary(
                 '/polar.rollout.v1.RolloutService/ReportSessionResult',
                 request_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ReportSessionResultRequest.SerializeToString,
@@ -170,6 +175,15 @@ class RolloutServiceServicer:
     def DrainGateway(self, request, context):
         """DrainGateway stops scheduling new sessions onto a gateway; running sessions finish. Returns
         NOT_FOUND for an unknown gateway. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGateways(self, request, context):
+        """ListGateways returns every gateway of the scheduling pool as the rollout server sees it: registered or
+        configured, with its address, lease, load and whether it drains (launchers learn from it that a gateway
+        they started has joined). Returns only OK. Idempotent (read-only).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -272,6 +286,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.DrainGateway,
                     request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayRequest.FromString,
                     response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayResponse.SerializeToString,
+            ),
+            'ListGateways': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGateways,
+                    request_deserializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysRequest.FromString,
+                    response_serializer=polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysResponse.SerializeToString,
             ),
             'ReportSessionResult': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportSessionResult,
@@ -517,6 +536,33 @@ class RolloutService:
             '/polar.rollout.v1.RolloutService/DrainGateway',
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayRequest.SerializeToString,
             polar_dot_rollout_dot_v1_dot_rollout__service__pb2.DrainGatewayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGateways(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polar.rollout.v1.RolloutService/ListGateways',
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysRequest.SerializeToString,
+            polar_dot_rollout_dot_v1_dot_rollout__service__pb2.ListGatewaysResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,6 +70,11 @@ class RolloutServiceStub:
     """DrainGateway stops scheduling new sessions onto a gateway; running sessions finish. Returns
     NOT_FOUND for an unknown gateway. Idempotent.
     """
+    ListGateways: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.ListGatewaysRequest, _rollout_service_pb2.ListGatewaysResponse]
+    """ListGateways returns every gateway of the scheduling pool as the rollout server sees it: registered or
+    configured, with its address, lease, load and whether it drains (launchers learn from it that a gateway
+    they started has joined). Returns only OK. Idempotent (read-only).
+    """
     ReportSessionResult: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.ReportSessionResultRequest, _rollout_service_pb2.ReportSessionResultResponse]
     """ReportSessionResult records a session's result from the gateway that ran it. Returns
     INVALID_ARGUMENT for a malformed result, NOT_FOUND for an unknown session and FAILED_PRECONDITION
@@ -147,6 +152,11 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     DrainGateway: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.DrainGatewayRequest, _rollout_service_pb2.DrainGatewayResponse]  # type: ignore[assignment]
     """DrainGateway stops scheduling new sessions onto a gateway; running sessions finish. Returns
     NOT_FOUND for an unknown gateway. Idempotent.
+    """
+    ListGateways: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.ListGatewaysRequest, _rollout_service_pb2.ListGatewaysResponse]  # type: ignore[assignment]
+    """ListGateways returns every gateway of the scheduling pool as the rollout server sees it: registered or
+    configured, with its address, lease, load and whether it drains (launchers learn from it that a gateway
+    they started has joined). Returns only OK. Idempotent (read-only).
     """
     ReportSessionResult: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.ReportSessionResultRequest, _rollout_service_pb2.ReportSessionResultResponse]  # type: ignore[assignment]
     """ReportSessionResult records a session's result from the gateway that ran it. Returns
@@ -270,6 +280,17 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_rollout_service_pb2.DrainGatewayResponse, _abc.Awaitable[_rollout_service_pb2.DrainGatewayResponse]]:
         """DrainGateway stops scheduling new sessions onto a gateway; running sessions finish. Returns
         NOT_FOUND for an unknown gateway. Idempotent.
+        """
+
+    @_abc_1.abstractmethod
+    def ListGateways(
+        self,
+        request: _rollout_service_pb2.ListGatewaysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_service_pb2.ListGatewaysResponse, _abc.Awaitable[_rollout_service_pb2.ListGatewaysResponse]]:
+        """ListGateways returns every gateway of the scheduling pool as the rollout server sees it: registered or
+        configured, with its address, lease, load and whether it drains (launchers learn from it that a gateway
+        they started has joined). Returns only OK. Idempotent (read-only).
         """
 
     @_abc_1.abstractmethod

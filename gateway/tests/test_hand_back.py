@@ -1,0 +1,82 @@
+"""A gateway that goes away hands its unfinished sessions back as an outage; one that drains lets them finish."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.core import SessionPipeline
+from gateway.models import EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec, Stage
+from gateway.testing import (
+    FakeAgentRunner,
+    FakeEvaluator,
+    FakeProxy,
+    FakeReconstructor,
+    FakeRuntimeFactory,
+    RecordingSink,
+)
+from polar_core.records import TerminalStatus
+
+
+def _pipeline(run_s: float) -> tuple[SessionPipeline, RecordingSink]:
+    proxy = FakeProxy()
+    agents = FakeAgentRunner(proxy)
+    agents.run_s = run_s
+    sink = RecordingSink()
+    pipeline = SessionPipeline(
+        PipelineConfig(step_retries=1),
+        gateway_id="gw-test",
+        runtimes=FakeRuntimeFactory(),
+        agents=agents,
+        proxy=proxy,
+        reconstructor=FakeReconstructor(),
+        evaluator=FakeEvaluator(),
+        sink=sink,
+    )
+    return pipeline, sink
+
+
+def _spec(session_id: str) -> SessionSpec:
+    return SessionSpec(
+        session_id=session_id,
+        task_id="t1",
+        harness=HarnessConfig("fake"),
+        instruction="fix it",
+        evaluator=EvaluatorConfig("script", {}),
+    )
+
+
+async def _running(pipeline: SessionPipeline, session_id: str) -> None:
+    while pipeline.get_session(session_id)[0].stage is not Stage.RUNNING:
+        await asyncio.sleep(0.01)
+
+
+async def test_shutdown_hands_sessions_back_as_an_outage() -> None:
+    pipeline, sink = _pipeline(run_s=30.0)
+    await pipeline.start_session(_spec("s1"))
+    await asyncio.wait_for(_running(pipeline, "s1"), 10)
+    await pipeline.close(grace_s=5, hand_back=True)
+    state, result = pipeline.get_session("s1")
+    assert state.status is TerminalStatus.INFRA_ERROR
+    assert result is not None and result.dependency_unavailable  # not counted against the session's attempts
+    assert "handed back" in result.error_message
+    assert [r.session_id for r in sink.results] == ["s1"]
+
+
+async def test_plain_close_still_cancels() -> None:
+    pipeline, _ = _pipeline(run_s=30.0)
+    await pipeline.start_session(_spec("s1"))
+    await asyncio.wait_for(_running(pipeline, "s1"), 10)
+    await pipeline.close(grace_s=5)
+    assert pipeline.get_session("s1")[0].status is TerminalStatus.CANCELLED
+
+
+async def test_drain_lets_running_sessions_finish() -> None:
+    pipeline, sink = _pipeline(run_s=0.3)
+    await pipeline.start_session(_spec("s1"))
+    pipeline.drain()
+    assert await pipeline.wait_idle(30.0) == 0
+    await pipeline.close(grace_s=5, hand_back=True)
+    state, result = pipeline.get_session("s1")
+    assert result is not None and not result.dependency_unavailable
+    assert state.status is not TerminalStatus.INFRA_ERROR
+    assert [r.session_id for r in sink.results] == ["s1"]
