@@ -46,7 +46,9 @@ def _spec(session_id: str) -> SessionSpec:
 
 
 async def _running(pipeline: SessionPipeline, session_id: str) -> None:
-    while pipeline.get_session(session_id)[0].stage is not Stage.RUNNING:
+    while True:
+        if pipeline.get_session(session_id)[0].stage is Stage.RUNNING:
+            return
         await asyncio.sleep(0.01)
 
 
@@ -57,7 +59,8 @@ async def test_shutdown_hands_sessions_back_as_an_outage() -> None:
     await pipeline.close(grace_s=5, hand_back=True)
     state, result = pipeline.get_session("s1")
     assert state.status is TerminalStatus.INFRA_ERROR
-    assert result is not None and result.dependency_unavailable  # not counted against the session's attempts
+    assert result is not None
+    assert result.dependency_unavailable  # not counted against the session's attempts
     assert "handed back" in result.error_message
     assert [r.session_id for r in sink.results] == ["s1"]
 
@@ -77,6 +80,7 @@ async def test_drain_lets_running_sessions_finish() -> None:
     assert await pipeline.wait_idle(30.0) == 0
     await pipeline.close(grace_s=5, hand_back=True)
     state, result = pipeline.get_session("s1")
-    assert result is not None and not result.dependency_unavailable
+    assert result is not None
+    assert not result.dependency_unavailable
     assert state.status is not TerminalStatus.INFRA_ERROR
     assert [r.session_id for r in sink.results] == ["s1"]
