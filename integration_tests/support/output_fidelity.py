@@ -185,6 +185,32 @@ def _gemini_cli(output: str, shown: str) -> str | None:
     )
 
 
+def _cline(output: str, shown: str) -> str | None:
+    # Two cuts, both Cline's own. The shell tool keeps 48,000 characters: the first and last 24,000 around a line
+    # naming the total. Its message builder then keeps any tool result to 8,000 characters: head and tail around
+    # the count of characters between them. Over 48,000 the second cut takes the first one's notice with the
+    # middle, so the model reads a count of what the second cut removed (~40,000), not of what the output lost.
+    if len(output) > 48_000:
+        notice = (
+            f"\n[... output truncated: {len(output)} chars total. "
+            "Refine the command (grep, head, tail) to view the elided middle ...]\n"
+        )
+        output = output[:24_000] + notice + output[-24_000:]
+    return _cline_middle(output, 8000)
+
+
+def _cline_middle(text: str, limit: int) -> str:
+    # The message builder's middle cut: the notice for a first guess of the count sizes head and tail, then the
+    # notice for the count that guess gives is the one shown, with head and tail resized to fit it.
+    if len(text) <= limit:
+        return text
+    first = f"\n\n...[truncated {len(text) - limit} chars]...\n\n"
+    guess = max(0, (limit - len(first)) // 2)
+    notice = f"\n\n...[truncated {max(0, len(text) - 2 * guess)} chars]...\n\n"
+    keep = max(0, (limit - len(notice)) // 2)
+    return text[:keep] + notice + (text[-keep:] if keep else "")
+
+
 def _continue(output: str, shown: str) -> str | None:
     # The Bash tool keeps the last 1,000 lines, then the last 50,000 characters of those (from the first newline
     # within the first 1,000 of them), after a line with what it removed.
@@ -240,7 +266,7 @@ RULES: dict[str, Rule] = {
     "pi": Rule(exact=_pi),
     "gemini-cli": Rule(exact=_gemini_cli),
     "opencode": Rule(exact=_opencode),
-    "cline": Rule(notices=(r"\n\n?\.\.\.\[truncated (?P<omitted>\d+) chars\]\.\.\.\n\n?",), slack=2),
+    "cline": Rule(exact=_cline),
     "continue": Rule(exact=_continue),
     "mini-swe-agent": Rule(exact=_mini_swe_agent),
     "aider": Rule(region=r"And got this output:\n\n(?P<out>.*?\n)\n"),
