@@ -141,6 +141,7 @@ class GatewayApp:
         self._endpoint = endpoint
         self.membership: RegistrationLoop | None = None
         self.metrics_port = -1
+        self._drain_announced = False
 
     @classmethod
     async def open(
@@ -215,17 +216,26 @@ class GatewayApp:
         """Before a planned exit (``polar serve`` on SIGUSR1, e.g. Slurm's ``--signal`` before the time limit):
         take no new session (the next heartbeat tells the rollout server), and wait up to the ``drain_timeout_s``
         setting for the running ones to finish. Return how many still run; :meth:`shut_down` hands them back."""
-        self.pipeline.drain()
+        await self._announce_drain()
         _log.info(
             "gateway %s draining for exit (up to %.0f s)", self.pipeline.gateway_id, self._settings.drain_timeout_s
         )
         return await self.pipeline.wait_idle(self._settings.drain_timeout_s)
 
+    async def _announce_drain(self) -> None:
+        """Refuse new sessions and tell the rollout server now rather than at the next heartbeat (once)."""
+        self.pipeline.drain()
+        if self.membership is not None and not self._drain_announced:
+            self._drain_announced = True
+            await self.membership.announce(timeout_s=2.0)
+
     async def shut_down(self, grace_s: float) -> None:
         """Leave the rollout server's pool, stop running sessions and wait up to ``grace_s`` for their teardown
         (the gRPC server still answers meanwhile, so watchers see them end). The stopped sessions are handed back:
         each reports ``infra_error`` as an outage, which the rollout server runs again elsewhere without using up
-        an attempt. Idempotent."""
+        an attempt. The rollout server learns that the gateway drains first, so it does not dispatch the handed
+        back sessions here again. Idempotent."""
+        await self._announce_drain()
         await self.pipeline.close(grace_s=grace_s, hand_back=True)
         if self.membership is not None:
             await self.membership.stop()

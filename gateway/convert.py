@@ -39,7 +39,9 @@ from gateway.registration import HeartbeatReply, Lease
 from polar_core.convert import (
     completion_from_proto,
     completion_to_proto,
+    stats_to_proto,
     status_from_proto,
+    strategy_from_proto,
     struct_to_dict,
     trace_from_proto,
     trace_to_proto,
@@ -54,7 +56,6 @@ from polar_core.records import (
     ReconstructionStrategy,
     TerminalStatus,
 )
-from reconstructor.convert import stats_to_proto, strategy_from_proto
 
 __all__ = [
     "agent_status_to_proto",

@@ -111,6 +111,16 @@ class RegistrationLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def announce(self, timeout_s: float = 5.0) -> None:
+        """Heartbeat now, outside the schedule (after :meth:`SessionPipeline.drain`, so the rollout server stops
+        dispatching here before the sessions are handed back); a failure is only logged."""
+        if not self.registered.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._registrar.heartbeat(self._pipeline.capacity()), timeout_s)
+        except (PolarError, OSError, TimeoutError) as exc:
+            _log.warning("telling the rollout server that gateway %s drains failed: %s", self._pipeline.gateway_id, exc)
+
     async def _run(self) -> None:
         await self._register()
         while True:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from polar_core.export import read_parquet
 from polar_core.records import Trace, read_jsonl, write_jsonl
-from reconstructor.export import read_parquet
 from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
 from reconstructor.verify import check_trace
 

@@ -10,7 +10,7 @@ import yaml
 from google.protobuf import json_format, struct_pb2
 from polar.common.v1 import reconstruction_pb2, task_pb2
 
-from gateway.harnesses.registry import check_harness
+from polar_checks.harnesses import check_harness
 from polar_client.formats import select_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.git_trees import TreeCache, check_revision, is_git_repository
@@ -84,7 +84,7 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
     ``evaluator.base_commit`` (or ``metadata.base_commit``) must be a hex sha or a plain ref name.
 
     ``harness`` options are checked against the adapter's option names
-    (:func:`gateway.harnesses.registry.check_harness`).
+    (:func:`polar_checks.harnesses.check_harness`).
 
     Raises:
         InvalidArgument: Unknown keys (a harness option's field is named ``harness.<key>``) or malformed values.

@@ -1,4 +1,4 @@
-"""Padding traces into training tensors: a thin adapter over :mod:`reconstructor.export`."""
+"""Padding traces into training tensors: a thin adapter over :mod:`polar_core.export`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def traces_to_tensors(
 ) -> dict[str, Any]:
     """Pad traces (records, JSON objects or protobuf Traces, e.g. from ``SessionResult.traces``) into tensors.
 
-    Delegates to :func:`reconstructor.export.to_padded_tensors` (torch is imported only then). Rows are
+    Delegates to :func:`polar_core.export.to_padded_tensors` (torch is imported only then). Rows are
     ``prompt_token_ids + response_token_ids``, right-padded; ``loss_mask`` and ``old_logprobs`` cover the whole
     row and are 0 over the prompt and the padding.
 
@@ -37,7 +37,7 @@ def traces_to_tensors(
         FailedPrecondition: torch is not installed.
         InvalidArgument: No traces, or a malformed one.
     """
-    from reconstructor.export import to_padded_tensors
+    from polar_core.export import to_padded_tensors
 
     return to_padded_tensors(
         [as_trace(t) for t in traces], pad_token_id=pad_token_id, max_length=max_length, device=device

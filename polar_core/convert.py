@@ -9,17 +9,19 @@ from __future__ import annotations
 from typing import Any, cast
 
 from google.protobuf import json_format, struct_pb2
-from polar.common.v1 import completion_pb2, status_pb2, trace_pb2
+from polar.common.v1 import completion_pb2, reconstruction_pb2, status_pb2, trace_pb2
 
 from polar_core.errors import InvalidArgument
-from polar_core.records import CompletionRecord, TerminalStatus, Trace
+from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
 
 __all__ = [
     "completion_from_proto",
     "completion_to_proto",
     "dict_to_struct",
+    "stats_to_proto",
     "status_from_proto",
     "status_to_proto",
+    "strategy_from_proto",
     "struct_to_dict",
     "trace_from_proto",
     "trace_to_proto",
@@ -155,4 +157,36 @@ def trace_from_proto(message: trace_pb2.Trace) -> Trace:
         status=message.status,
         exact_context=message.exact_context,
         policy_versions=list(message.policy_versions),
+    )
+
+
+_STRATEGIES: dict[int, ReconstructionStrategy] = {
+    reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST: ReconstructionStrategy.PER_REQUEST,
+    reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE: ReconstructionStrategy.PREFIX_MERGE,
+    reconstruction_pb2.RECONSTRUCTION_STRATEGY_EXACT: ReconstructionStrategy.EXACT,
+}
+
+
+def strategy_from_proto(value: int, default: ReconstructionStrategy) -> ReconstructionStrategy:
+    """Return the strategy for an enum value; UNSPECIFIED gives ``default``."""
+    if value == reconstruction_pb2.RECONSTRUCTION_STRATEGY_UNSPECIFIED:
+        return default
+    try:
+        return _STRATEGIES[value]
+    except KeyError:
+        raise InvalidArgument(f"unknown reconstruction strategy {value}") from None
+
+
+def stats_to_proto(stats: ReconstructionStats) -> reconstruction_pb2.ReconstructionStats:
+    """Return the ``ReconstructionStats`` message of the statistics."""
+    return reconstruction_pb2.ReconstructionStats(
+        calls=stats.calls,
+        chains=stats.chains,
+        merges=stats.merges,
+        splits_by_reason=stats.splits_by_reason,
+        mismatched_context_calls=stats.mismatched_context_calls,
+        mismatched_context_tokens=stats.mismatched_context_tokens,
+        trainable_tokens=stats.trainable_tokens,
+        total_tokens=stats.total_tokens,
+        aborted_calls=stats.aborted_calls,
     )

@@ -44,7 +44,7 @@ from polar_core.tls import TlsFiles
 from polar_run.generate import DatasetTask
 from polar_run.progress import ProgressState
 from polar_run.run import list_completions
-from polar_run.run_config import PreparedTask, RunOverrides, check_harness, harness_overrides
+from polar_run.run_config import PreparedTask, RunOverrides, check_harness_launch, harness_overrides
 
 __all__ = [
     "MANIFEST_FILE",
@@ -133,7 +133,7 @@ def prepare_fleet_task(task: DatasetTask, overrides: RunOverrides, run_id: str) 
     data = resolve_task_paths(data, task.path.parent.resolve())
     backend = dict(data.get("backend") or {})
     harness, options = harness_overrides(data, overrides, str(backend.get("name") or ""))
-    check_harness(harness, options, str(data["instruction"]))
+    check_harness_launch(harness, options, str(data["instruction"]))
     data["harness"] = {"name": harness, **options}
     data["task_id"] = f"{run_id}.{task.task_id}"
     task_from_mapping(data)  # every field checked before anything is submitted

@@ -45,7 +45,7 @@ __all__ = [
     "PreparedTask",
     "RunOverrides",
     "check_docker_engine",
-    "check_harness",
+    "check_harness_launch",
     "find_harness_root",
     "harness_install_command",
     "harness_overrides",
@@ -283,7 +283,7 @@ def _launch(name: str, options: Mapping[str, Any], instruction: str, bin_dir: Pu
         raise InvalidArgument(f"invalid options for harness {name!r}: {exc}") from None
 
 
-def check_harness(name: str, options: Mapping[str, Any], instruction: str) -> None:
+def check_harness_launch(name: str, options: Mapping[str, Any], instruction: str) -> None:
     """Dry-run the harness adapter (pure: it starts nothing) so a bad name or option fails before the stack starts.
 
     Raises:
@@ -395,7 +395,7 @@ def prepare_task(
     backend, backend_options, model_name = _backend(task, overrides, task_dir)
     harness, harness_options = _harness(task, overrides, backend)
     task["harness"] = {"name": harness, **harness_options}
-    check_harness(harness, harness_options, str(task["instruction"]))
+    check_harness_launch(harness, harness_options, str(task["instruction"]))
     # The proxy is configured with the backend; the gateway reads only ``model_name`` (the name harnesses ask for).
     task["backend"] = {"name": backend, "model_name": model_name}
 

@@ -17,8 +17,8 @@ import dataclasses
 import inspect
 from typing import TYPE_CHECKING
 
+from polar_core.export import to_padded_tensors
 from polar_train.batch import Batch, check_lag_bound
-from reconstructor.export import to_padded_tensors
 from reconstructor.trainer_example import group_advantages, grpo_loss, token_logprobs
 
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
+from polar_core.export import write_parquet
 from polar_core.records import (
     CompletionRecord,
     ReconstructionStats,
@@ -22,7 +23,6 @@ from polar_core.records import (
 )
 from reconstructor.core import ReconstructionOptions, SessionOutcome, reconstruct
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
-from reconstructor.export import write_parquet
 from reconstructor.weights import WeightingMode
 
 __all__ = ["add_parser", "load_outcomes", "run"]

@@ -6,13 +6,10 @@ The servicer and the gateway's reconstructor client use this module; domain code
 
 from __future__ import annotations
 
-from polar.common.v1 import reconstruction_pb2
 from polar.reconstructor.v1 import reconstructor_service_pb2
 
-from polar_core.convert import status_from_proto, trace_to_proto
-from polar_core.errors import InvalidArgument
+from polar_core.convert import stats_to_proto, status_from_proto, strategy_from_proto, trace_to_proto
 from polar_core.limits import chunked
-from polar_core.records import ReconstructionStats, ReconstructionStrategy
 from reconstructor.models import ReconstructionOptions, ReconstructionResult, ServiceDefaults, SessionOutcome
 from reconstructor.weights import WeightingMode
 
@@ -21,30 +18,13 @@ __all__ = [
     "outcome_from_proto",
     "response_chunks_to_proto",
     "response_to_proto",
-    "stats_to_proto",
-    "strategy_from_proto",
     "weighting_from_proto",
 ]
 
-_STRATEGIES: dict[int, ReconstructionStrategy] = {
-    reconstruction_pb2.RECONSTRUCTION_STRATEGY_PER_REQUEST: ReconstructionStrategy.PER_REQUEST,
-    reconstruction_pb2.RECONSTRUCTION_STRATEGY_PREFIX_MERGE: ReconstructionStrategy.PREFIX_MERGE,
-    reconstruction_pb2.RECONSTRUCTION_STRATEGY_EXACT: ReconstructionStrategy.EXACT,
-}
 _WEIGHTING: dict[int, WeightingMode] = {
     reconstructor_service_pb2.WEIGHTING_MODE_SESSION: WeightingMode.SESSION,
     reconstructor_service_pb2.WEIGHTING_MODE_TRACE: WeightingMode.TRACE,
 }
-
-
-def strategy_from_proto(value: int, default: ReconstructionStrategy) -> ReconstructionStrategy:
-    """Return the strategy for an enum value; UNSPECIFIED gives ``default``."""
-    if value == reconstruction_pb2.RECONSTRUCTION_STRATEGY_UNSPECIFIED:
-        return default
-    try:
-        return _STRATEGIES[value]
-    except KeyError:
-        raise InvalidArgument(f"unknown reconstruction strategy {value}") from None
 
 
 def weighting_from_proto(value: int, default: WeightingMode) -> WeightingMode:
@@ -94,18 +74,3 @@ def response_chunks_to_proto(
         replies.append(reconstructor_service_pb2.ReconstructStreamResponse())
     replies[-1].stats.CopyFrom(stats_to_proto(result.stats))
     return replies
-
-
-def stats_to_proto(stats: ReconstructionStats) -> reconstruction_pb2.ReconstructionStats:
-    """Return the ``ReconstructionStats`` message of the statistics."""
-    return reconstruction_pb2.ReconstructionStats(
-        calls=stats.calls,
-        chains=stats.chains,
-        merges=stats.merges,
-        splits_by_reason=stats.splits_by_reason,
-        mismatched_context_calls=stats.mismatched_context_calls,
-        mismatched_context_tokens=stats.mismatched_context_tokens,
-        trainable_tokens=stats.trainable_tokens,
-        total_tokens=stats.total_tokens,
-        aborted_calls=stats.aborted_calls,
-    )

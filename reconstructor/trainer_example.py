@@ -25,9 +25,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from polar_core.export import to_padded_tensors
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
 from reconstructor.core import ReconstructionOptions, SessionOutcome, reconstruct
-from reconstructor.export import to_padded_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -120,7 +120,7 @@ def grpo_loss(
 
     Args:
         new_logprobs: ``[batch, length]`` logprobs under the current parameters (see :func:`token_logprobs`).
-        batch: A batch from :func:`~reconstructor.export.to_padded_tensors`.
+        batch: A batch from :func:`~polar_core.export.to_padded_tensors`.
         advantages: ``[batch]`` advantages from :func:`group_advantages`.
         clip_eps: PPO clipping range.
         tis_cap: The truncation ``C`` of the importance weight.

@@ -17,6 +17,9 @@ step "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
+step "import contract: lint-imports ([tool.importlinter] in pyproject.toml)"
+.venv/bin/lint-imports --no-cache
+
 step "mypy --strict"
 .venv/bin/mypy
 

@@ -29,12 +29,12 @@ from typing import TypeVar
 import numpy as np
 
 from bench.reconstruct.naive import loop_starts_with, naive_prefix_merge, slice_starts_with
+from polar_core.export import write_parquet
 from polar_core.records import CompletionRecord, ReconstructionStrategy, read_jsonl, write_jsonl
 from reconstructor import ReconstructionOptions, ReconstructionResult, reconstruct, reconstruct_session
 from reconstructor.chains import prepare
 from reconstructor.core import build_chains
 from reconstructor.eot import detect_end_of_turn_ids, end_of_turn_ids_from_tokenizer
-from reconstructor.export import write_parquet
 from reconstructor.synthetic import IM_END, SyntheticSpec, growing_session, synthetic_session
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gateway.harnesses.base import HarnessAdapter, HarnessContext, HarnessLaunch, ProxyEndpoints, rebase_endpoints
 from gateway.harnesses.patch import collect_patch, init_workspace, init_workspace_argv, patch_argv
 from gateway.harnesses.pi import PROVIDER_MODES
-from gateway.harnesses.registry import adapter_names, check_harness, get_adapter
+from gateway.harnesses.registry import adapter_names, get_adapter
 
 __all__ = [
     "PROVIDER_MODES",
@@ -17,7 +17,6 @@ __all__ = [
     "HarnessLaunch",
     "ProxyEndpoints",
     "adapter_names",
-    "check_harness",
     "collect_patch",
     "get_adapter",
     "init_workspace",

@@ -16,19 +16,18 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
-from gateway.harnesses.python_agents import LITELLM_OFFLINE_ENV, VENV_OPTION, venv_python
+from gateway.harnesses.python_agents import LITELLM_OFFLINE_ENV, venv_python
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["AIDER_EDIT_FORMATS", "AiderAdapter"]
 
 AIDER_EDIT_FORMATS = ("whole", "diff", "diff-fenced", "udiff", "patch")
-_OPTIONS = ("edit_format", "test_cmd", "map_tokens", "context_window", VENV_OPTION)
 _DIR = ".aider"
 
 # Keep aider offline and out of the workspace: no update check, analytics, release notes, URL scraping or
@@ -67,7 +66,7 @@ class AiderAdapter:
     """
 
     name = "aider"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["aider"]
     artifacts = "the chat, input and raw LLM histories under $HOME/.aider."
 
     def _options(self, ctx: HarnessContext) -> tuple[str, int, int]:

@@ -10,7 +10,7 @@ runtime kind and can be unit-tested without ports.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
@@ -19,14 +19,12 @@ from gateway.models import ProxyEndpoints
 from polar_core.errors import InvalidArgument
 
 __all__ = [
-    "COMMON_OPTIONS",
     "DEFAULT_PATH",
     "HarnessAdapter",
     "HarnessContext",
     "HarnessLaunch",
     "ProxyEndpoints",
     "base_environment",
-    "check_options",
     "finish_environment",
     "rebase_endpoints",
     "require",
@@ -38,7 +36,6 @@ __all__ = [
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Options every adapter accepts: ``env`` (extra variables, applied last) and ``extra_args`` (appended to argv).
-COMMON_OPTIONS = frozenset({"env", "extra_args"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,9 +100,8 @@ class HarnessAdapter(Protocol):
 
     @property
     def option_names(self) -> frozenset[str]:
-        """The adapter's own option keys (besides :data:`COMMON_OPTIONS`), known without a session.
-
-        :func:`gateway.harnesses.registry.check_harness` refuses any other key at submission.
+        """The adapter's own option keys (besides ``COMMON_OPTIONS``): its entry in
+        :data:`polar_checks.harnesses.HARNESS_OPTIONS`, which the client and the rollout server check a task against.
         """
         ...
 
@@ -121,22 +117,6 @@ class HarnessAdapter(Protocol):
             InvalidArgument: An option is unknown or malformed, or a needed endpoint is missing.
         """
         ...
-
-
-def check_options(harness: str, options: Mapping[str, Any], allowed: Iterable[str]) -> None:
-    """Reject options the adapter does not know, so a typo in a task file fails at admission.
-
-    Raises:
-        InvalidArgument: An option key is not in ``allowed`` or :data:`COMMON_OPTIONS`.
-    """
-    known = set(allowed) | COMMON_OPTIONS
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InvalidArgument(
-            f"harness.{unknown[0]}: unknown option(s) for harness {harness!r}: {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}",
-            details={"harness": harness, "field": f"harness.{unknown[0]}"},
-        )
 
 
 def _string_map(harness: str, key: str, value: Any) -> dict[str, str]:

@@ -8,17 +8,16 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     without_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["ClaudeCodeAdapter"]
 
 _DEFAULT_TOOLS = ("Bash", "Edit", "Read", "Write")
-_OPTIONS = ("allowed_tools", "bare", "output_format", "max_turns")
 
 
 class ClaudeCodeAdapter:
@@ -32,7 +31,7 @@ class ClaudeCodeAdapter:
     """
 
     name = "claude-code"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["claude-code"]
     artifacts = "session transcripts under $HOME/.claude/projects (JSONL)."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -14,16 +14,15 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["ClineAdapter"]
 
-_OPTIONS = ("auto_approve", "retries", "compaction", "json")
 _PROVIDER = "openai-compatible"
 
 
@@ -39,7 +38,7 @@ class ClineAdapter:
     """
 
     name = "cline"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["cline"]
     artifacts = "sessions, logs and settings under $HOME/.cline/data."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -8,17 +8,16 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["CodexAdapter"]
 
-_OPTIONS = ("sandbox", "reasoning_effort", "context_window")
 _SANDBOXES = ("bypass", "read-only", "workspace-write", "danger-full-access")
 _KEY_VAR = "POLAR_API_KEY"
 
@@ -39,7 +38,7 @@ class CodexAdapter:
     """
 
     name = "codex"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["codex"]
     artifacts = "rollout transcripts under $CODEX_HOME/sessions (JSONL) and $CODEX_HOME/log."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -6,17 +6,15 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     string_list,
     with_suffix,
     without_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["CommandAdapter"]
-
-_OPTIONS = ("argv", "files", "log_paths")
 
 
 class CommandAdapter:
@@ -35,7 +33,7 @@ class CommandAdapter:
     """
 
     name = "command"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["command"]
     artifacts = "whatever options.log_paths names."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -28,17 +28,16 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["ContinueCliAdapter"]
 
-_OPTIONS = ("auto", "context_window", "max_tokens", "format")
 _CONFIG = ".continue/config.yaml"
 _OFFLINE = ".polar/continue-offline.cjs"
 # Preloaded into cn (CommonJS, before its ES module bundle): Continue's version probe has no switch.
@@ -73,7 +72,7 @@ class ContinueCliAdapter:
     """
 
     name = "continue"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["continue"]
     artifacts = "sessions under $HOME/.continue/sessions and its log in $HOME/.continue/logs/cn.log."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

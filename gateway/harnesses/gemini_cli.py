@@ -8,16 +8,14 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     without_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["GeminiCliAdapter"]
-
-_OPTIONS = ("yolo",)
 
 
 class GeminiCliAdapter:
@@ -28,7 +26,7 @@ class GeminiCliAdapter:
     """
 
     name = "gemini-cli"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["gemini-cli"]
     artifacts = "chat checkpoints and logs under $HOME/.gemini/tmp."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

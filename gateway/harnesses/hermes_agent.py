@@ -13,18 +13,17 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
 from gateway.harnesses.pyvenv import venv_python
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["HermesAgentAdapter"]
 
 VENV = "hermes-agent"
-_OPTIONS = ("toolsets", "max_turns", "context_window")
 DEFAULT_CONTEXT_WINDOW = 131072
 
 
@@ -40,7 +39,7 @@ class HermesAgentAdapter:
     """
 
     name = "hermes-agent"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["hermes-agent"]
     artifacts = "the session database, logs and trajectories under $HOME/.hermes."
 
     def _config(self, ctx: HarnessContext) -> dict[str, object]:

@@ -15,18 +15,17 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
-from gateway.harnesses.python_agents import LITELLM_OFFLINE_ENV, VENV_OPTION, venv_python
+from gateway.harnesses.python_agents import LITELLM_OFFLINE_ENV, venv_python
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["MiniSweAgentAdapter"]
 
-_OPTIONS = ("config", "step_limit", "command_timeout", VENV_OPTION)
 _CONFIG_DIR = ".config/mini-swe-agent"
 
 
@@ -67,7 +66,7 @@ class MiniSweAgentAdapter:
     """
 
     name = "mini-swe-agent"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["mini-swe-agent"]
     artifacts = "the trajectory (every message, JSON) at $HOME/.config/mini-swe-agent/trajectory.traj.json."
 
     def _config(self, ctx: HarnessContext) -> dict[str, Any]:

@@ -15,19 +15,18 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
-from gateway.harnesses.python_agents import VENV_OPTION, venv_python
+from gateway.harnesses.python_agents import venv_python
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["OPENAI_AGENTS_APIS", "OpenAIAgentsAdapter"]
 
 OPENAI_AGENTS_APIS = ("responses", "chat_completions")
-_OPTIONS = ("api", "max_turns", "command_timeout", VENV_OPTION)
 _DIR = ".polar-openai-agents"
 _PROGRAM = "openai_agents_agent.py"
 
@@ -60,7 +59,7 @@ class OpenAIAgentsAdapter:
     """
 
     name = "openai-agents"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["openai-agents"]
     artifacts = "the run's items (the SDK's input list, JSON) at $HOME/.polar-openai-agents/transcript.json."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

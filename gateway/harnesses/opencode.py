@@ -13,16 +13,15 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["OpencodeAdapter"]
 
-_OPTIONS = ("agent", "context_window", "max_tokens", "auto")
 _PROVIDER = "polar"
 
 
@@ -38,7 +37,7 @@ class OpencodeAdapter:
     """
 
     name = "opencode"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["opencode"]
     artifacts = "sessions and messages under $HOME/.local/share/opencode (SQLite) and its logs in .../log."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

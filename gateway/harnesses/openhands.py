@@ -16,20 +16,19 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
 from gateway.harnesses.pyvenv import venv_python
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["TOOLS", "OpenHandsAdapter"]
 
 VENV = "openhands"
 TOOLS = ("terminal", "file_editor", "task_tracker")
-_OPTIONS = ("tools", "max_iterations", "context_window", "max_output_tokens")
 _PROGRAM = ".polar/openhands_agent.py"
 _CONFIG = ".polar/openhands.json"
 
@@ -51,7 +50,7 @@ class OpenHandsAdapter:
     """
 
     name = "openhands"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["openhands"]
     artifacts = "the conversation's events (JSON) under $HOME/.openhands/conversations."
 
     def _config(self, ctx: HarnessContext) -> dict[str, object]:

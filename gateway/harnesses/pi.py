@@ -8,19 +8,18 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
     without_suffix,
 )
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 from polar_core.errors import InvalidArgument
 
 __all__ = ["PROVIDER_MODES", "PiAdapter"]
 
 PROVIDER_MODES = ("openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai")
-_OPTIONS = ("provider_mode", "context_window", "max_tokens")
 _PROVIDER = "polar"
 
 
@@ -35,7 +34,7 @@ class PiAdapter:
     """
 
     name = "pi"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["pi"]
     artifacts = "session transcripts under $HOME/.pi/agent/sessions (JSONL)."
 
     def _base_url(self, ctx: HarnessContext, mode: str) -> str:

@@ -8,17 +8,16 @@ from gateway.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     base_environment,
-    check_options,
     finish_environment,
     require,
     string_list,
     with_suffix,
 )
 from gateway.harnesses.qwen_shell_drain import PRELOAD_NAME, PRELOAD_SOURCE
+from polar_checks.harnesses import HARNESS_OPTIONS, check_options
 
 __all__ = ["QwenCodeAdapter"]
 
-_OPTIONS = ("yolo", "max_session_turns")
 # Loaded into the CLI with NODE_OPTIONS: it holds a shell command's "exit" until its output is read.
 _PRELOAD = f".polar/{PRELOAD_NAME}"
 
@@ -33,7 +32,7 @@ class QwenCodeAdapter:
     """
 
     name = "qwen-code"
-    option_names = frozenset(_OPTIONS)
+    option_names = HARNESS_OPTIONS["qwen-code"]
     artifacts = "chat logs and debug output under $HOME/.qwen."
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from gateway.harnesses.aider import AiderAdapter
-from gateway.harnesses.base import COMMON_OPTIONS, HarnessAdapter, check_options
+from gateway.harnesses.base import HarnessAdapter
 from gateway.harnesses.claude_code import ClaudeCodeAdapter
 from gateway.harnesses.cline import ClineAdapter
 from gateway.harnesses.codex import CodexAdapter
@@ -22,7 +21,7 @@ from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
 from polar_core.errors import InvalidArgument
 
-__all__ = ["adapter_names", "check_harness", "get_adapter"]
+__all__ = ["adapter_names", "get_adapter"]
 
 
 def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
@@ -61,24 +60,3 @@ def get_adapter(name: str) -> HarnessAdapter:
             f"unknown harness {name!r}; known: {', '.join(adapter_names())}", details={"harness": name}
         )
     return factory()
-
-
-def check_harness(name: str, options: Mapping[str, Any]) -> None:
-    """Refuse, at submission, a harness name or option key that no adapter knows; pure, needs no session.
-
-    The client's task-file loader and the rollout server's SubmitTask check call this, so a typo fails before
-    anything is recorded instead of at every session's admission. Option *values* are still checked by the
-    adapter's :meth:`~gateway.harnesses.base.HarnessAdapter.prepare` at the gateway.
-
-    Raises:
-        InvalidArgument: The name is unknown (field ``harness.name``) or an option key is not one of the
-            adapter's :attr:`~gateway.harnesses.base.HarnessAdapter.option_names` or
-            :data:`~gateway.harnesses.base.COMMON_OPTIONS` (field ``harness.<key>``).
-    """
-    factory = _factories().get(name)
-    if factory is None:
-        raise InvalidArgument(
-            f"harness.name: unknown harness {name!r}; known: {', '.join(adapter_names())}",
-            details={"field": "harness.name", "harness": name},
-        )
-    check_options(name, options, factory().option_names | COMMON_OPTIONS)

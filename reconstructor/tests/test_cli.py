@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from polar_core.export import read_parquet
 from polar_core.model_fixtures import IM_END as IM_END_TEXT
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import CompletionRecord, Trace, read_jsonl, write_jsonl
 from polar_run.cli import main
-from reconstructor.export import read_parquet
 from reconstructor.synthetic import IM_END, SyntheticSpec, synthetic_session
 from reconstructor.verify import check_trace
 

@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 import torch
 
+from polar_core.export import to_padded_tensors
 from polar_core.model_fixtures import IM_END, build_tiny_model, build_tiny_tokenizer
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
 from reconstructor import ReconstructionOptions, SessionOutcome, reconstruct
-from reconstructor.export import to_padded_tensors
 from reconstructor.trainer_example import GrpoConfig, group_advantages, grpo_loss, token_logprobs, train_step
 
 

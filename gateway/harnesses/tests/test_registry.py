@@ -1,4 +1,5 @@
-"""``check_harness``: the submission-time check of a harness name and its option keys, without a session."""
+"""``check_harness``: the submission-time check of a harness name and its option keys, without a session, against
+the catalogue the adapters declare their options from."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from gateway.harnesses import HarnessContext, ProxyEndpoints, adapter_names, check_harness, get_adapter
-from gateway.harnesses.base import COMMON_OPTIONS
+from gateway.harnesses import HarnessContext, ProxyEndpoints, adapter_names, get_adapter
+from polar_checks.harnesses import COMMON_OPTIONS, HARNESS_OPTIONS, check_harness, harness_names
 from polar_core.errors import InvalidArgument
 
 _ENDPOINTS = ProxyEndpoints(
@@ -21,6 +22,13 @@ def _context(options: dict[str, object]) -> HarnessContext:
         home=root / "home", workspace=root / "ws", tmp=root / "tmp", instruction="i", endpoints=_ENDPOINTS,
         model="m", options=options,
     )  # fmt: skip
+
+
+def test_the_catalogue_names_exactly_the_adapters_the_gateway_has() -> None:
+    # What the client and the rollout server accept is what a gateway can run, and nothing more.
+    assert sorted(harness_names()) == sorted(adapter_names())
+    for name in adapter_names():
+        assert get_adapter(name).option_names == HARNESS_OPTIONS[name]
 
 
 @pytest.mark.parametrize("name", adapter_names())

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from polar_core.errors import InvalidArgument
+from polar_core.export import read_parquet, to_padded_arrays, to_padded_tensors, write_parquet
 from polar_core.records import Trace
-from reconstructor.export import read_parquet, to_padded_arrays, to_padded_tensors, write_parquet
 
 
 def traces() -> list[Trace]:
