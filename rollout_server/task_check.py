@@ -3,10 +3,10 @@
 :class:`TaskCheck` turns the stored ``Task`` bytes back into the task file's shape and runs
 :class:`runtimes.policy.TaskAdmission` over it, so a task that names a host path outside the task roots, or whose
 runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance
-the ``swebench`` strategy could not grade (:func:`polar_client.formats.swebench.check_grading`: a missing field,
+the ``swebench`` strategy could not grade (:func:`polar_checks.swebench.check_grading`: a missing field,
 an unknown log parser).
 So is an unknown harness name or an option key its adapter does not know
-(:func:`gateway.harnesses.registry.check_harness`).
+(:func:`polar_checks.harnesses.check_harness`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from polar.common.v1 import task_pb2
 
-from gateway.harnesses.registry import check_harness
-from polar_client.formats.swebench import check_grading
+from polar_checks.harnesses import check_harness
+from polar_checks.swebench import check_grading
 from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
 from rollout_server.settings import RolloutSettings
