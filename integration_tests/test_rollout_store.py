@@ -121,6 +121,7 @@ async def test_dispatch_order_and_compare_and_set(store_factory: StoreFactory) -
     with pytest.raises(Internal):
         await store.update_sessions([(started, SessionState.DONE, 1)])
     assert [x.session_id for x in await store.in_flight_sessions()] == ["high-0"]
+    assert await store.in_flight_counts() == {"g": 1}
     backoff = SessionRecord("low-0", "low", 0, not_before=50.0, task_seq=due[2].task_seq)
     await store.update_sessions([(backoff, SessionState.PENDING, 0)])
     assert [x.session_id for x in await store.dispatchable_sessions(10.0, 10)] == ["high-1", "low-1"]

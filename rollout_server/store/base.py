@@ -85,6 +85,9 @@ class Store(Protocol):
     async def in_flight_sessions(self) -> list[SessionRecord]:
         """Return the sessions a gateway may be running (starting or running)."""
 
+    async def in_flight_counts(self) -> dict[str, int]:
+        """Count the sessions each gateway may be running (starting or running), by gateway id."""
+
     async def update_sessions(self, changes: Sequence[SessionChange]) -> list[bool]:
         """Apply compare-and-set session updates in one transaction; ``False`` where the row had moved on."""
 

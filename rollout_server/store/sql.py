@@ -387,6 +387,14 @@ class SqlStore:
             )
         return [session_from(r) for r in rows]
 
+    async def in_flight_counts(self) -> dict[str, int]:
+        """Count starting and running sessions by gateway (the database counts: no session row is read)."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT gateway_id, COUNT(*) FROM sessions WHERE state IN ('starting', 'running') GROUP BY gateway_id"
+            )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def update_sessions(self, changes: Sequence[SessionChange]) -> list[bool]:
         """Apply compare-and-set session updates in one transaction."""
         if not changes:
