@@ -235,6 +235,7 @@ class GatewayApp:
         each reports ``infra_error`` as an outage, which the rollout server runs again elsewhere without using up
         an attempt. The rollout server learns that the gateway drains first, so it does not dispatch the handed
         back sessions here again. Idempotent."""
+        self.pipeline.hand_back_all()  # before any await: a signal to the whole job also hits the sandboxes
         await self._announce_drain()
         await self.pipeline.close(grace_s=grace_s, hand_back=True)
         if self.membership is not None:

@@ -282,6 +282,14 @@ class SessionPipeline:
             await asyncio.wait(drivers, timeout=timeout_s)
         return sum(1 for s in self._sessions.values() if s.stage is not Stage.DONE)
 
+    def hand_back_all(self) -> None:
+        """The gateway is going away: refuse new sessions, and every session not yet done will end handed back
+        (``infra_error`` marked as an outage), whatever it settles on meanwhile. Call it first on shutdown."""
+        self._draining = True
+        for session in self._sessions.values():
+            if session.stage is not Stage.DONE:
+                session.handed_back = True
+
     async def close(self, grace_s: float = 30.0, *, hand_back: bool = False) -> None:
         """Refuse new sessions, cancel the running ones and wait (up to ``grace_s``) for their teardown.
 

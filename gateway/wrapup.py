@@ -84,6 +84,12 @@ class WrapUp:
     async def wrap_up(self, s: Session) -> None:
         """Tear everything down, record the result, move to DONE and report; never interrupted by a cancel."""
         await self._teardown(s)
+        if s.handed_back and not (s.status is TerminalStatus.INFRA_ERROR and s.dependency_unavailable):
+            # The gateway is going away: whatever this session settled on meanwhile is suspect (a signal to the
+            # whole job, e.g. Slurm's scancel, also reaches the agent and the runtime), so it is handed back.
+            was = f"{s.status.value}: {s.error}" if s.status is not None else "no status"
+            s.status, s.error = TerminalStatus.INFRA_ERROR, f"handed back: the gateway shut down (was {was})"
+            s.dependency_unavailable = True
         if s.status is None:
             settle(s, TerminalStatus.INFRA_ERROR, "the session ended without a status")
         if s.stage is not Stage.POSTRUN:

@@ -84,3 +84,18 @@ async def test_drain_lets_running_sessions_finish() -> None:
     assert not result.dependency_unavailable
     assert state.status is not TerminalStatus.INFRA_ERROR
     assert [r.session_id for r in sink.results] == ["s1"]
+
+
+async def test_a_session_that_ends_while_the_gateway_goes_away_is_handed_back() -> None:
+    # A signal to the whole job (Slurm's scancel) also reaches the agent: whatever the session ends with after
+    # the gateway started going away is not scored.
+    pipeline, sink = _pipeline(run_s=0.3)
+    await pipeline.start_session(_spec("s1"))
+    await asyncio.wait_for(_running(pipeline, "s1"), 10)
+    pipeline.hand_back_all()
+    result = await asyncio.wait_for(pipeline.wait_done("s1"), 30)
+    assert result.status is TerminalStatus.INFRA_ERROR
+    assert result.dependency_unavailable
+    assert "handed back" in result.error_message
+    assert [r.session_id for r in sink.results] == ["s1"]
+    await pipeline.close(grace_s=5, hand_back=True)
