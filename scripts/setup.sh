@@ -8,7 +8,8 @@
 #                bubblewrap and git; the pi CLI (scripts/setup_harnesses.sh pi).
 #   --all        besides, everything the test suite needs (scripts/test.sh runs this): the other harness CLIs
 #                and Python agents (scripts/setup_harnesses.sh), the Triton and vLLM server environments
-#                (scripts/setup_backends.sh), Docker engine, debootstrap, patchelf, Chromium and playwright-core.
+#                (scripts/setup_backends.sh), Docker engine, debootstrap, patchelf, Chromium and playwright-core,
+#                and the Ray extra (requirements-ray.lock).
 # Each piece left out names the command that installs it when a user asks for it (`polar run --harness NAME`).
 # POLAR_SETUP_MINIMAL=1 installs the Python environment and the system tools only (no harness).
 set -euo pipefail
@@ -69,6 +70,23 @@ if [ ! -f "$stamp" ]; then
   log "Python packages installed in $(( $(date +%s) - start )) s"
 else
   log "Python packages up to date"
+fi
+
+# With --all, the Ray extra (polar_run.ray_fleet: gateways on a running Ray cluster, and its test): its own lock,
+# constrained by requirements.lock (it changes no version there), so the main job's setup stays small.
+if [ "$all" = 1 ]; then
+  ray_stamp=.venv/.polar-ray-$(sha256sum requirements-ray.lock requirements.lock | sha256sum | cut -c1-16)
+  if [ ! -f "$ray_stamp" ]; then
+    log "installing the Ray extra (requirements-ray.lock)"
+    if [ -x .venv/bin/uv ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements-ray.lock \
+      -c requirements.lock; then
+      :
+    else
+      .venv/bin/python -m pip install -q -r requirements-ray.lock -c requirements.lock
+    fi
+    rm -f .venv/.polar-ray-*
+    touch "$ray_stamp"
+  fi
 fi
 
 # System tools: bubblewrap (the local runtime) and git (workspaces, patches) for the main job; with --all also the
