@@ -219,7 +219,7 @@ def load_topology(path: Path) -> Topology:
     try:
         topology = Topology.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{_field(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise InvalidArgument(f"topology {path}: {problems}") from None
     for role, file in topology.tokens.items():
         _check_token_file(path.parent, role, file)
