@@ -11,7 +11,9 @@ process are killed). Then:
 * every session ends exactly once, resolved; those of the lost gateway ran again elsewhere as an outage
   (``infra_failures`` 0: no attempt used up);
 * the supervisor replaced the lost gateway on a surviving node under a new id, and the replacement registered;
-* the token never appeared on a command line; ``RayFleet.stop`` leaves no gateway serving.
+* the token never appeared on a command line;
+* ``RayFleet.stop`` while a second task runs hands its sessions back (pending again, no attempt used up, no
+  result) and leaves no gateway serving.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ TOKEN = "ray-fleet-control-plane-token"
 TASK_ID = "rayfleet"
 SAMPLES = 6
 SESSION_IDS = [f"{TASK_ID}-{i:04d}" for i in range(SAMPLES)]
+STOP_TASK_ID = "rayfleet-stop"
 LOOPBACK = "127.0.0.1"
 # Node death: the GCS declares a node dead after this many missed health checks of this period.
 # A ``command``-harness agent: ``python3 -c AGENT CALLS PAUSE`` makes CALLS chat calls through the proxy, writes an
@@ -160,17 +163,17 @@ def ray_cluster() -> Iterator[Any]:
         cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
-def make_task() -> task_pb2.Task:
+def make_task(task_id: str = TASK_ID, samples: int = SAMPLES, pause_s: float = 5.0) -> task_pb2.Task:
     task = task_pb2.Task(
-        task_id=TASK_ID,
+        task_id=task_id,
         instruction="Answer.",
-        num_samples=SAMPLES,
-        timeout_seconds=60,
+        num_samples=samples,
+        timeout_seconds=90,
         harness=task_pb2.HarnessSpec(name="command"),
         runtime=task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
     )
-    task.harness.options.update({"argv": ["python3", "-c", AGENT, "2", "5"]})
+    task.harness.options.update({"argv": ["python3", "-c", AGENT, "2", str(pause_s)]})
     return task
 
 
@@ -283,9 +286,28 @@ async def test_a_node_removed_mid_task_loses_no_session(services: Services, ray_
         assert reply.task.statistics.sessions_dropped == 0
 
         assert token_on_a_command_line() == []
+
+        # Stopping the fleet mid-session hands the held sessions back: none ends, none uses up an attempt.
+        async with RolloutClient(services.rollout_address, token=TOKEN, timeout_s=10) as client:
+            await client.submit(make_task(STOP_TASK_ID, 2, pause_s=60.0))
+
+            async def running() -> list[Any]:
+                return [s for s in await store.task_sessions(STOP_TASK_ID) if s.state.value == "running"]
+
+            stopped = {s.session_id for s in await until("the second task running", running)}
+            members = fleet.members()
+            await asyncio.to_thread(fleet.stop, 3.0)
+
+            async def handed_back() -> list[Any]:
+                sessions = await store.task_sessions(STOP_TASK_ID)
+                back = all(s.state.value == "pending" for s in sessions)
+                return sessions if back and all(s.outages for s in sessions if s.session_id in stopped) else []
+
+            sessions = await until("the held sessions handed back", handed_back, limit_s=60.0)
+            assert all(s.infra_failures == 0 for s in sessions), sessions
+            assert list((await client.get(STOP_TASK_ID)).session_results) == []
     finally:
-        members = fleet.members()
-        await asyncio.to_thread(fleet.stop, 5.0)
+        await asyncio.to_thread(fleet.stop, 3.0)
     assert fleet.members() == []
     for member in members:
         with pytest.raises(RayActorError):

@@ -16,7 +16,7 @@ from typing import Any
 from gateway.app import GatewayApp
 from gateway.server import start_server
 from gateway.settings import GatewaySettings
-from polar_core.errors import FailedPrecondition, Unavailable
+from polar_core.errors import FailedPrecondition
 from polar_core.server import RunningService
 
 __all__ = ["GatewayActor", "GatewayStarted"]
@@ -72,22 +72,11 @@ class GatewayActor:
         """Take no new session; wait up to ``timeout_s`` for the held ones to finish; return how many still run."""
         pipeline = self._app().pipeline
         pipeline.drain()
-        if not pipeline.capacity().active:
-            return 0
-        events = pipeline.watch()  # every session's state changes: recount after each
-        try:
-            async with asyncio.timeout(timeout_s):
-                async for _ in events:
-                    if not pipeline.capacity().active:
-                        break
-        except (TimeoutError, Unavailable):  # out of time, or the watcher fell behind: report what still runs
-            pass
-        finally:
-            events.close()
-        return pipeline.capacity().active
+        return await pipeline.wait_idle(timeout_s)
 
     async def stop(self, grace_s: float) -> None:
-        """Leave the rollout server's pool, stop the sessions still held (within ``grace_s``) and the server."""
+        """Stop the sessions still held (handed back to the rollout server as outages, torn down within ``grace_s``),
+        leave its pool and stop the server."""
         running, self._running = self._running, None
         if running is not None:
             await running.stop(grace_s)

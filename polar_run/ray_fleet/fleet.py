@@ -141,8 +141,8 @@ class RayFleet:
     def stop(self, grace_s: float = 30.0) -> None:
         """Drain every gateway (held sessions get up to ``grace_s`` to finish), stop it and remove its actor.
 
-        Sessions still running after the grace end ``cancelled``; run :meth:`stop` when the trainer needs no more.
-        Idempotent.
+        Sessions still running after the grace are handed back: the rollout server runs them again on other
+        gateways without using up an attempt (or ends them with the task). Idempotent.
         """
         self._stopping.set()
         if self._thread is not None:
