@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -187,12 +187,12 @@ class Fleet:
         return [line for line in out.splitlines() if str(self.state) in line and "ps -eo" not in line]
 
 
-async def until(fleet: Fleet, what: str, check: object, limit_s: float = 120.0) -> object:
+async def until(fleet: Fleet, what: str, check: Callable[[], Awaitable[bool]], limit_s: float = 120.0) -> None:
     deadline = time.monotonic() + limit_s
     while True:
-        value = await check()  # type: ignore[operator]
+        value = await check()
         if value:
-            return value
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}\n{fleet.logs()}")
         await asyncio.sleep(0.2)

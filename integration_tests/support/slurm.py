@@ -20,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = ["PrivateSlurm", "private_slurm", "slurm_missing"]
@@ -33,13 +33,15 @@ def slurm_missing() -> str | None:
     """Why a private Slurm cannot run here (``None`` when it can)."""
     if os.geteuid() != 0:
         return "a private Slurm needs root (slurmd runs jobs as their user)"
-    missing = [name for name in (*_DAEMONS, *_CLIENTS) if shutil.which(name) is None]
-    for name in _DAEMONS:
-        if name not in missing and not Path(f"/usr/sbin/{name}").exists() and shutil.which(name) is None:
-            missing.append(name)
+    missing = [name for name in (*_DAEMONS, *_CLIENTS) if _program(name) is None]
     if missing:
         return f"Slurm is not installed (missing {', '.join(missing)}); run scripts/setup_slurm.sh as root"
     return None
+
+
+def _program(name: str) -> str | None:
+    """The path of a Slurm or munge program (daemons live in /usr/sbin, which a user's PATH may lack)."""
+    return shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
 
 
 @dataclasses.dataclass
@@ -148,9 +150,9 @@ def _conf(
     )
 
 
-def _wait(check: object, what: str, slurm: PrivateSlurm, limit_s: float = 60.0) -> None:
+def _wait(check: Callable[[], bool], what: str, slurm: PrivateSlurm, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"private Slurm: {what} did not happen\n{slurm.logs()}")
         time.sleep(0.2)
@@ -179,7 +181,7 @@ def private_slurm(*, nodes: int = 3, cpus: int = 4, memory_mb: int = 4000) -> It
     try:
         subprocess.run(
             [
-                "munged",
+                _program("munged") or "munged",
                 "--force",
                 f"--key-file={key}",
                 f"--socket={root}/munge.sock",
@@ -193,11 +195,18 @@ def private_slurm(*, nodes: int = 3, cpus: int = 4, memory_mb: int = 4000) -> It
         )
         with (root / "daemons.out").open("wb") as out:
             slurm._procs.append(
-                subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env, stdout=out, stderr=out)
+                subprocess.Popen(
+                    [_program("slurmctld") or "slurmctld", "-D", "-i", "-f", str(conf)], env=env, stdout=out, stderr=out
+                )
             )
             for node in names:
                 slurm._procs.append(
-                    subprocess.Popen(["slurmd", "-D", "-N", node, "-f", str(conf)], env=env, stdout=out, stderr=out)
+                    subprocess.Popen(
+                        [_program("slurmd") or "slurmd", "-D", "-N", node, "-f", str(conf)],
+                        env=env,
+                        stdout=out,
+                        stderr=out,
+                    )
                 )
 
         def idle() -> bool:
