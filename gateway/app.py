@@ -223,9 +223,10 @@ class GatewayApp:
         return await self.pipeline.wait_idle(self._settings.drain_timeout_s)
 
     async def _announce_drain(self) -> None:
-        """Refuse new sessions and tell the rollout server now rather than at the next heartbeat (once)."""
+        """Refuse new sessions and, while some still run, tell the rollout server now rather than at the next
+        heartbeat, so it sends none here meanwhile (once; a refused StartSession would cost no attempt either)."""
         self.pipeline.drain()
-        if self.membership is not None and not self._drain_announced:
+        if self.membership is not None and not self._drain_announced and self.pipeline.capacity().active:
             self._drain_announced = True
             await self.membership.announce(timeout_s=2.0)
 
