@@ -8,7 +8,7 @@ Unix-socket tunnel, so any attempt to reach the internet fails. Skipped when the
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +50,7 @@ def run(tmp_path: Path, tokenizer: Any) -> Run:
     return run
 
 
-def _existing_files(paths: Sequence[PurePosixPath]) -> list[Path]:
+def _existing_files(paths: Sequence[Path]) -> list[Path]:
     return [f for p in map(Path, paths) if p.exists() for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
 
 
@@ -91,8 +91,8 @@ async def test_tool_call_loop(run: Run, harness: str) -> None:
     assert "+polar-was-here" in result.patch
     assert len(result.completions) == 2, result.describe()
     assert "Done: wrote out.txt." in result.stdout, result.describe()
-    # The harness left its own transcript where the adapter says (the local runtime keeps host paths).
-    assert _existing_files(result.launch.log_paths), result.launch.log_paths
+    # The harness left its own transcript where the adapter says.
+    assert _existing_files(result.host_log_paths), result.launch.log_paths
 
     built = reconstruct_session(result.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))
     assert len(built.traces) == 1, built.stats

@@ -21,6 +21,7 @@ from integration_tests.support.harnesses import (
     BIN_DIR,
     MODEL,
     SANDBOX_PORT,
+    SANDBOX_ROOT,
     assert_tool_loop_mask,
     run_harness,
     tool_call_turn,
@@ -69,7 +70,7 @@ async def test_tool_call_loop(tmp_path: Path, tokenizer: Any, harness: str) -> N
     assert "+polar-was-here" in result.patch
     assert len(result.completions) == 2, result.describe()
     assert "Done: wrote out.txt." in result.stdout, result.describe()
-    assert any(map(_exists, result.launch.log_paths)), result.launch.log_paths
+    assert any(map(_exists, result.host_log_paths)), result.launch.log_paths
 
     built = reconstruct_session(result.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))
     assert len(built.traces) == 1, built.stats
@@ -107,7 +108,7 @@ def _kept_files(log_paths: Any) -> list[Path]:
 
 async def test_continue_contacts_only_the_proxy_and_logs_no_token(tmp_path: Path, tokenizer: Any) -> None:
     home = (tmp_path / "sessions" / "s1").absolute() / "home"
-    options = {"env": {"NODE_OPTIONS": f"--require={home}/.audit/net-audit.cjs"}}
+    options = {"env": {"NODE_OPTIONS": f"--require={SANDBOX_ROOT}/home/.audit/net-audit.cjs"}}
     turns = [tool_call_turn("continue", "echo polar-was-here > out.txt"), {"text": ANSWER}]
     result = await run_harness(
         "continue", turns, tmp=tmp_path, tokenizer=tokenizer, options=options,
@@ -126,6 +127,6 @@ async def test_continue_contacts_only_the_proxy_and_logs_no_token(tmp_path: Path
     config = json.loads(str(result.launch.files[".continue/config.yaml"]))
     token = config["models"][0]["apiKey"]
     assert len(token) >= 16
-    kept = _kept_files(result.launch.log_paths)
+    kept = _kept_files(result.host_log_paths)
     assert "cn.log" in [p.name for p in kept], kept
     assert [p for p in kept if token in p.read_text(errors="replace")] == []

@@ -23,6 +23,7 @@ import pytest
 from integration_tests.support.harnesses import (
     BIN_DIR,
     HARNESS_DIR,
+    SANDBOX_ROOT,
     HarnessRun,
     final_turn,
     run_harness,
@@ -104,7 +105,7 @@ async def _session(sessions: dict[str, Any], tokenizer: Any, harness: str) -> Ha
 
 
 async def _run(tmp: Path, tokenizer: Any, harness: str) -> HarnessRun:
-    files = (tmp / "sessions" / SESSION).absolute() / "home" / "fidelity"
+    files = SANDBOX_ROOT / "home" / "fidelity"
     options: dict[str, Any] = {}
     if harness == "aider":
         # A whole-file edit makes aider run the test command and send its output back as the next message.

@@ -19,6 +19,7 @@ from integration_tests.support.harnesses import (
     HARNESS_DIR,
     MODEL,
     SANDBOX_PORT,
+    SANDBOX_ROOT,
     HarnessRun,
     assert_tool_loop_mask,
     clis_installed,
@@ -87,9 +88,8 @@ async def _run(
     instruction: str = "Say the answer.",
 ) -> tuple[HarnessRun, list[dict[str, Any]]]:
     """Run once with the audit hook; return the run and the network events its Python made."""
-    home = (tmp / "sessions" / SESSION).absolute() / "home"
-    audit = home / _AUDIT_DIR
-    env = {"PYTHONPATH": str(audit), **options.pop("env", {})}
+    audit = (tmp / "sessions" / SESSION).absolute() / "home" / _AUDIT_DIR
+    env = {"PYTHONPATH": str(SANDBOX_ROOT / "home" / _AUDIT_DIR), **options.pop("env", {})}
     run = await run_harness(
         harness,
         turns,
@@ -155,7 +155,7 @@ async def test_tool_call_loop(tmp_path: Path, tokenizer: Any, harness: str, opti
     assert "+polar-was-here" in run.patch
     assert len(run.completions) == 2, run.describe()
     assert DONE in run.stdout, run.describe()
-    assert _all_exist(run.launch.log_paths), run.launch.log_paths
+    assert _all_exist(run.host_log_paths), run.launch.log_paths
     _assert_only_the_proxy(run, events)
 
     built = reconstruct_session(run.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))

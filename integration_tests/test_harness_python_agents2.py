@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ import pytest
 from integration_tests.support.harnesses import (
     HARNESS_DIR,
     MODEL,
+    SANDBOX_ROOT,
     HarnessRun,
     assert_tool_loop_mask,
     run_harness,
@@ -97,7 +98,7 @@ AUDIT_FILES = {".polar-audit/sitecustomize.py": AUDIT}
 AUDIT_OPTIONS = {"env": {"PYTHONPATH": "../home/.polar-audit"}}
 
 
-def _has_files(paths: Sequence[PurePosixPath]) -> bool:
+def _has_files(paths: Sequence[Path]) -> bool:
     return any(p.is_file() for log in paths for p in Path(log).rglob("*"))
 
 
@@ -135,8 +136,8 @@ async def test_tool_call_loop(run: Run, tokenizer: Any, harness: str) -> None:
     # The shell tool's output went back to the model as a tool message.
     tool_messages = [m for m in result.completions[1].request["messages"] if m.get("role") == "tool"]
     assert len(tool_messages) == 1, result.describe()
-    # The harness left its own transcript where the adapter says (the local runtime keeps host paths).
-    assert _has_files(result.launch.log_paths), result.launch.log_paths
+    # The harness left its own transcript where the adapter says.
+    assert _has_files(result.host_log_paths), result.launch.log_paths
     _no_network_errors(result)
 
     built = reconstruct_session(result.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))
@@ -168,7 +169,7 @@ async def test_openhands_tool_results_are_plain_text_with_the_sandbox_path(tmp_p
     assert "colour-marker" in text, text
     assert "polar: initial workspace" in text, text  # git's output arrived, uncoloured
     assert "\x1b" not in text, repr(text)
-    sandbox_workspace = str(tmp_path / "link" / "sessions" / "s1" / "workspace")
+    sandbox_workspace = str(SANDBOX_ROOT / "workspace")
     assert f"[Current working directory: {sandbox_workspace}]" in text, text
     assert f"\n{sandbox_workspace}\n" in text, text  # what `pwd` printed
     prompt = json.dumps(result.completions[1].request)

@@ -180,7 +180,8 @@ class LocalRuntime(SessionRuntime):
     def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
         super().__init__(spec, session_id=session_id)
         host_root = (base_dir / session_id).absolute()
-        # Inside bwrap the session directory keeps its host path, so paths in logs mean the same everywhere.
+        # Until start() chooses bubblewrap, and under the weaker isolations (no mount namespace of their own), the
+        # session directory is seen at its host path.
         self._dir = HostSessionDir(host_root, PurePosixPath(host_root))
         self._isolation: Isolation | None = None
         self._started = False
@@ -193,7 +194,12 @@ class LocalRuntime(SessionRuntime):
 
     @property
     def root(self) -> PurePosixPath:
-        """The session directory (the same path inside and outside the sandbox)."""
+        """The session directory as commands see it: ``container_root`` under bubblewrap, else its host path.
+
+        Under bubblewrap every session sees the same path, so an agent's prompts (which name its working
+        directory) are the same from session to session: a backend's prefix cache is shared across sessions, and
+        no host path reaches a trace.
+        """
         return self._dir.inner_root
 
     @property
@@ -231,6 +237,7 @@ class LocalRuntime(SessionRuntime):
                          "visible (the operator allows it)", self._session_id)  # fmt: skip
         self._isolation = isolation
         if isolation is Isolation.BWRAP:
+            self._dir = HostSessionDir(root, PurePosixPath(self._spec.container_root))
             self._disable_userns = await bwrap_disables_userns()
             self._tmpfs_size = await bwrap_sizes_tmpfs()
             _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
@@ -375,17 +382,19 @@ class LocalRuntime(SessionRuntime):
     ) -> ExecResult:
         """Run a command in the sandbox; see :meth:`runtimes.base.Runtime.exec`."""
         self._check_running()
-        inner_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
+        host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
+        inner_cwd = self.root / host_cwd.relative_to(self.host_root)
         full_env = self.environment(env)
-        wrapped = self.wrap_argv(argv, cwd=PurePosixPath(inner_cwd), env=full_env)
-        # bwrap sets the environment itself (--clearenv/--setenv); the other modes pass it directly.
-        host_env = {"PATH": _DEFAULT_PATH} if self._isolation is Isolation.BWRAP else full_env
-        host_cwd = None if self._isolation is Isolation.BWRAP else inner_cwd
+        wrapped = self.wrap_argv(argv, cwd=inner_cwd, env=full_env)
+        # bwrap sets the environment and the directory itself (--clearenv/--setenv, --chdir); the other modes
+        # pass them directly.
+        bwrap = self._isolation is Isolation.BWRAP
+        host_env = {"PATH": _DEFAULT_PATH} if bwrap else full_env
         if self._quota_breach is not None:
             raise DiskQuotaExceeded(self._quota_breach)
         process = run_process(
             wrapped,
-            cwd=host_cwd,
+            cwd=None if bwrap else host_cwd,
             env=host_env,
             timeout=timeout,
             on_start=self._live_groups.add,

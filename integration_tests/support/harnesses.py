@@ -51,6 +51,7 @@ __all__ = [
     "HARNESS_DIR",
     "MODEL",
     "SANDBOX_PORT",
+    "SANDBOX_ROOT",
     "SHELL_TOOLS",
     "HarnessRun",
     "ScriptedProxy",
@@ -66,6 +67,8 @@ HARNESS_DIR = REPO / ".harnesses"
 BIN_DIR = HARNESS_DIR / "node_modules" / ".bin"
 # The loopback port inside the sandbox where the tunnel reaches the proxy.
 SANDBOX_PORT = 18080
+SANDBOX_ROOT = PurePosixPath(RuntimeSpec().container_root)
+"""Where the session directory is inside the bubblewrap sandbox (the same for every session)."""
 MODEL = "polar-test-model"
 
 # The tool each harness offers for shell commands, and the argument holding the command line.
@@ -178,7 +181,17 @@ class HarnessRun:
     duration_s: float
     workspace: Path
     patch: str
+    host_root: Path
     completions: list[CompletionRecord] = dataclasses.field(default_factory=list)
+
+    def host_path(self, inner: str | PurePosixPath) -> Path:
+        """Where a path inside the sandbox (below :data:`SANDBOX_ROOT`) lies on the host."""
+        return self.host_root / PurePosixPath(inner).relative_to(SANDBOX_ROOT)
+
+    @property
+    def host_log_paths(self) -> list[Path]:
+        """The adapter's log paths (sandbox paths) on the host."""
+        return [self.host_path(p) for p in self.launch.log_paths]
 
     def describe(self, tail: int = 3000) -> str:
         """Exit, output tails and the calls made, for assertion messages."""
@@ -277,6 +290,7 @@ async def _run_in_sandbox(
         duration_s=duration,
         workspace=host_ws,
         patch=collect_patch(host_ws),
+        host_root=runtime.host_root,
     )
 
 

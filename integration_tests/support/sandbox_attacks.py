@@ -229,7 +229,7 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
     try:
         await victim.upload(b"victim secret\n", "secret.txt")
         victim_command = asyncio.create_task(victim.exec(["sleep", "300"], timeout=600))
-        env = {"RO_DIR": str(ro_dir), "OUTSIDER": str(outsider.pid), "OTHER": str(victim.root),
+        env = {"RO_DIR": str(ro_dir), "OUTSIDER": str(outsider.pid), "OTHER": str(victim.host_root),
                "BASE": str(base_dir / "sessions"), "SECRETS": str(secrets_dir), "HOST_TARGET": str(host_target),
                "NETWORK_PROBE": NETWORK_PROBE, "TARGETS": " ".join(targets)}  # fmt: skip
         for name, script in ATTACKS.items():
