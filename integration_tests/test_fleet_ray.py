@@ -11,7 +11,7 @@ process are killed). Then:
 * every session ends exactly once, resolved; those of the lost gateway ran again elsewhere as an outage
   (``infra_failures`` 0: no attempt used up);
 * the supervisor replaced the lost gateway on a surviving node under a new id, and the replacement registered;
-* the token never appeared on a command line;
+* the token never appeared on a command line; a fleet pointed at a rollout address nobody serves is refused;
 * ``RayFleet.stop`` while a second task runs hands its sessions back (pending again, no attempt used up, no
   result) and leaves no gateway serving.
 """
@@ -30,7 +30,9 @@ from typing import Any
 import pytest
 from polar.common.v1 import status_pb2, task_pb2
 
+from integration_tests.support.services import free_port
 from polar_client import RolloutClient
+from polar_core.errors import Unavailable
 from polar_core.server import RunningService
 
 pytestmark = [
@@ -217,6 +219,12 @@ async def test_a_node_removed_mid_task_loses_no_session(services: Services, ray_
 
     store = services.rollout.app.core.store
     head_id = ray_cluster.head_node.node_id
+    # A rollout address nobody serves: start_fleet fails within its timeout, naming the gateway and the address.
+    nobody = f"{LOOPBACK}:{free_port()}"
+    with pytest.raises(Unavailable, match=f"bad-0 on .* did not register with the rollout server at {nobody}"):
+        await asyncio.to_thread(
+            start_fleet, nobody, settings=services.gateway_settings, count=1, name="bad", start_timeout_s=5.0
+        )
     fleet = await asyncio.to_thread(
         start_fleet,
         services.rollout_address,

@@ -128,7 +128,7 @@ class RayFleet:
             # A node whose gateway just died may be dying itself (Ray declares it dead only after missed health
             # checks): place the replacements elsewhere while another node is alive.
             suspect = {m.node_id for m in dead}
-            started = self._grow([n for n in nodes if n.node_id not in suspect] or nodes)
+            started, _ = self._grow([n for n in nodes if n.node_id not in suspect] or nodes)
             self.replaced += len(started)
             return len(started)
 
@@ -165,11 +165,10 @@ class RayFleet:
         self.stop()
 
     # Internals ----------------------------------------------------------------------------------------------
-    def _fill(self, nodes: list[NodeView]) -> int:
-        """Start the first gateways; return how many of :attr:`target` are missing."""
+    def _fill(self, nodes: list[NodeView]) -> list[str]:
+        """Start the first gateways; return why each missing one did not start or register."""
         with self._turn:
-            self._grow(nodes)
-            return self.target - len(self.members())
+            return self._grow(nodes)[1]
 
     def _supervise(self) -> None:
         while not self._stopping.wait(self._check_interval_s):
@@ -178,28 +177,30 @@ class RayFleet:
             except Exception:  # the supervisor must outlive one bad turn (the cluster may be changing under it)
                 _log.exception("supervising the Ray fleet %s failed; retrying", self._name)
 
-    def _grow(self, nodes: list[NodeView]) -> list[FleetMember]:
-        """Start gateways until the fleet has :attr:`target` (each failure is logged; the next turn retries)."""
+    def _grow(self, nodes: list[NodeView]) -> tuple[list[FleetMember], list[str]]:
+        """Start gateways until the fleet has :attr:`target`; return them, and why the others did not start
+        (each failure is logged; the supervisor's next turn retries)."""
         members = self.members()
         missing = self.target - len(members)
         if missing <= 0 or not nodes:
-            return []
+            return [], []
         by_id = {n.node_id: n for n in nodes}
         held = Counter(m.node_id for m in members)
         launched = [self._launch(by_id[node_id]) for node_id in place(nodes, held, missing, self._sizing)]
-        started = []
+        started, failures = [], []
         for gateway_id, node, handle, ref in launched:
             try:
                 member = self._ready(gateway_id, node, handle, ref)
             except (RayError, Unavailable) as exc:
                 _log.warning("gateway %s on node %s did not start: %s", gateway_id, node.node_id, exc)
+                failures.append(f"{gateway_id}: {exc}")
                 with contextlib.suppress(RayError):
                     ray.kill(handle, no_restart=True)
                 continue
             with self._lock:
                 self._members.append(member)
             started.append(member)
-        return started
+        return started, failures
 
     def _launch(self, node: NodeView) -> tuple[str, NodeView, Any, Any]:
         gateway_id = f"{self._name}-{next(self._ids)}"
@@ -289,10 +290,10 @@ def start_fleet(
         start_timeout_s=start_timeout_s,
         check_interval_s=check_interval_s,
     )
-    short = fleet._fill(nodes)
-    if short:
+    failures = fleet._fill(nodes)
+    if failures:
         fleet.stop(grace_s=0.0)
-        raise Unavailable(f"{short} of {target} gateways did not start or register; see the warnings logged above")
+        raise Unavailable(f"{len(failures)} of {target} gateways did not start or register: {'; '.join(failures)}")
     fleet.start_supervisor()
     return fleet
 
