@@ -97,3 +97,21 @@ async def test_tool_call_loop(run: Run, harness: str) -> None:
     built = reconstruct_session(result.completions, ReconstructionOptions(strategy=ReconstructionStrategy.PREFIX_MERGE))
     assert len(built.traces) == 1, built.stats
     assert_tool_loop_mask(built.traces[0], *result.completions)
+
+
+@pytest.mark.parametrize("harness", ["pi", "claude-code"])
+async def test_two_sessions_send_the_same_first_prompt(tmp_path: Path, tokenizer: Any, harness: str) -> None:
+    """The sandbox shows every session its directory at the same path, so the agent's first prompt (which names
+    its working directory) is the same token for token across sessions: a backend's prefix cache serves all of
+    it, and no host path or session id reaches the trace."""
+    runs = [
+        await run_harness(harness, [{"text": ANSWER}], tmp=tmp_path / session, tokenizer=tokenizer, session_id=session)
+        for session in ("first-session", "second-session")
+    ]
+    for run in runs:
+        assert run.exit_code == 0, run.describe()
+    first, second = (run.completions[0] for run in runs)
+    assert first.prompt_token_ids == second.prompt_token_ids
+    prompt = str(first.request)
+    assert "first-session" not in prompt
+    assert str(tmp_path) not in prompt

@@ -56,11 +56,15 @@ fi
 {_SAFE_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv "$base" --
 """
 
+# A fixed date: the initial commit of the same files is the same commit (the same sha) in every session, so an
+# agent that shows git's log or status in its prompt (Claude Code does) sends every session the same prompt.
+_INITIAL_COMMIT_DATE = "2020-01-01T00:00:00+0000"
 _INIT_SCRIPT = f"""set -eu
 cd "$1"
 if [ ! -d .git ]; then {_SAFE_GIT} init -q; fi
 {_SAFE_GIT} add -A .
-{_SAFE_GIT} -c user.name=polar -c user.email=polar@localhost -c commit.gpgsign=false \\
+GIT_AUTHOR_DATE="{_INITIAL_COMMIT_DATE}" GIT_COMMITTER_DATE="{_INITIAL_COMMIT_DATE}" \\
+  {_SAFE_GIT} -c user.name=polar -c user.email=polar@localhost -c commit.gpgsign=false \\
   commit -q --allow-empty --no-verify -m "{INITIAL_COMMIT_MESSAGE}"
 {_SAFE_GIT} rev-parse HEAD
 """
