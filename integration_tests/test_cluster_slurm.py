@@ -276,7 +276,24 @@ async def test_slurm_fleet_survives_scancel_and_scale(slurm: PrivateSlurm, tmp_p
             tokens = [trainer_token, *(fleet.secret(n) for n in ("gateway", "internal", "admin"))]
             command_lines = fleet.command_lines()
 
-            # 4. Down: no job, no process, no sandbox is left.
+            # 4. Scaling down retires gateway 4 with SIGUSR1 (as Slurm's --signal=B:USR1 would): it drains and
+            # its job ends on its own.
+            retired = str(fleet.slots()["gateway-4"]["job_id"])
+            fleet.check("scale", "gateway", "3")
+
+            async def retired_gone() -> bool:
+                return retired not in slurm.job_ids()
+
+            await until(fleet, "the retired gateway's job to end", retired_gone)
+            assert "gateway-4" not in fleet.slots()
+
+            async def three_serving() -> bool:
+                serving = await fleet.gateways()
+                return sum(1 for g in serving.values() if g.live and not g.draining) == 3
+
+            await until(fleet, "three gateways taking sessions", three_serving)
+
+            # 5. Down: no job, no process, no sandbox is left.
             print(fleet.check("down"))
             supervisor.wait(timeout=60)
         finally:

@@ -138,9 +138,12 @@ class ClusterLauncher:
             others = [s.job_id for s in st.slots.values() if s.job_id and s.role != "gateway"]
             retiring = list(st.retiring)
         deadline = time.monotonic() + timeout_s
-        self.slurm.cancel(gateways + [j for j in retiring if j not in others])
-        await self._wait_gone(gateways + retiring, deadline)
-        self.slurm.cancel(others)
+        alive = self.slurm.jobs()  # scancel refuses a job that already ended
+        first = [j for j in dict.fromkeys(gateways + retiring) if j in alive and j not in others]
+        self.slurm.cancel(first)
+        await self._wait_gone(first, deadline)
+        alive = self.slurm.jobs()
+        self.slurm.cancel([j for j in others if j in alive])
         await self._wait_gone(others, deadline)
         with self.state.edit() as st:
             st.slots = {}

@@ -43,7 +43,7 @@ class Slurm:
     def __init__(self, timeout_s: float = 60.0) -> None:
         self._timeout_s = timeout_s
 
-    def _run(self, argv: Sequence[str]) -> str:
+    def _run(self, argv: Sequence[str], *, tolerate: Sequence[str] = ()) -> str:
         if shutil.which(argv[0]) is None:
             raise FailedPrecondition(f"{argv[0]} is not installed: polar cluster needs the Slurm client commands")
         try:
@@ -51,6 +51,9 @@ class Slurm:
         except subprocess.TimeoutExpired:
             raise FailedPrecondition(f"{argv[0]} did not answer in {self._timeout_s:.0f} s") from None
         if done.returncode != 0:
+            words = done.stderr + done.stdout
+            if tolerate and all(any(t in line for t in tolerate) for line in words.splitlines() if line.strip()):
+                return done.stdout
             raise FailedPrecondition(f"{' '.join(argv[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
 
@@ -94,4 +97,5 @@ class Slurm:
         argv = ["scancel"]
         if signal:
             argv += ["--batch", f"--signal={signal}"]
-        self._run([*argv, *job_ids])
+        # A job that ended meanwhile is no error: it is gone, as asked.
+        self._run([*argv, *job_ids], tolerate=("already completing or completed", "Invalid job id"))
