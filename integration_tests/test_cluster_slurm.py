@@ -35,6 +35,9 @@ from integration_tests.support.services import POLAR_ARGV, free_port
 from integration_tests.support.slurm import PrivateSlurm, private_slurm, slurm_missing
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
+from polar_run.cluster.scripts import render_script
+from polar_run.cluster.state import StateDir
+from polar_run.cluster.topology import load_topology
 
 pytestmark = [
     pytest.mark.slow,
@@ -358,3 +361,24 @@ async def test_slurm_fleet_survives_scancel_and_scale(slurm: PrivateSlurm, tmp_p
         leftovers = [p for p in (fleet.state / "data").glob("gateway-*/runtimes/*") if p.exists()]
         assert leftovers == []
     print(f"test done at {time.monotonic() - started:.1f}s")
+
+
+def test_a_gateway_job_that_cannot_reach_the_rollout_server_fails_fast(tmp_path: Path) -> None:
+    """The generated gateway script, run as Slurm would run it, ends at once when the rollout server does not
+    answer, and leaves the reason where ``polar cluster status`` reads it."""
+    topology_file = tmp_path / "e2e.toml"
+    topology_file.write_text(topology_text("sqlite:////nonexistent/never-opened.sqlite3"))
+    token = tmp_path / "trainer.token"
+    token.write_text("t")
+    token.chmod(0o600)
+    topology = load_topology(topology_file)
+    state = StateDir(topology_file)
+    state.write_secrets(topology)
+    (state.run / "rollout-1.address").write_text(f"127.0.0.1:{free_port()}\n")  # nothing listens there
+    script = state.scripts / "gateway-1.sbatch"
+    script.write_text(render_script(topology, state, "gateway", 1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")} | {"SLURM_JOB_ID": "7"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    reason = state.reported(state.failed_file("gateway-1", "7"))
+    assert reason.startswith("polar cluster: gateway-1: cannot reach the rollout server at 127.0.0.1:"), reason
