@@ -104,6 +104,7 @@ async def test_tasks_are_inserted_once_and_paged(store_factory: StoreFactory) ->
     with pytest.raises(Internal):
         await store.set_task_state("a", TaskState.COMPLETED, TaskState.RUNNING, finished_at=None, error_message="")
     assert [x.task_id for x in await store.active_tasks()] == ["a", "b", "c"]
+    assert await store.count_active_tasks() == 3
 
 
 async def test_dispatch_order_and_compare_and_set(store_factory: StoreFactory) -> None:

@@ -145,7 +145,8 @@ class RolloutCore:
             self._task_check(new.spec)  # the operator's policy: paths under the task roots, no wider sandbox
         existing = await self.store.get_task(new.task_id)
         if existing is None:
-            if len(await self.store.active_tasks()) >= self.config.max_active_tasks:
+            # Counted by the database: reading every active task (with its spec) made each submit O(active tasks).
+            if await self.store.count_active_tasks() >= self.config.max_active_tasks:
                 raise ResourceExhausted("too many active tasks; retry later", retry_after_s=5.0)
             now = self.clock()
             timeout = new.task_timeout_s or self.config.task_timeout_s

@@ -64,6 +64,9 @@ class Store(Protocol):
     async def active_tasks(self) -> list[TaskRecord]:
         """Return the tasks that are pending or running."""
 
+    async def count_active_tasks(self) -> int:
+        """Count the tasks that are pending or running."""
+
     async def state_counts(self) -> StateCounts:
         """Count tasks, sessions and deliveries by state, and in-flight sessions by gateway (metrics, overview)."""
 

@@ -326,6 +326,12 @@ class SqlStore:
             rows = await conn.fetch(f"{TASK_SELECT} WHERE state IN ('pending', 'running') ORDER BY seq")
         return [task_from(r) for r in rows]
 
+    async def count_active_tasks(self) -> int:
+        """Count pending and running tasks (no task row is read)."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch("SELECT COUNT(*) FROM tasks WHERE state IN ('pending', 'running')")
+        return int(rows[0][0])
+
     async def state_counts(self) -> StateCounts:
         """Count rows by state with one ``GROUP BY`` per table (no row is read)."""
         async with self._db.connection() as conn:
