@@ -65,6 +65,7 @@ _SERVICES: list[tuple[ModuleType, str, set[str]]] = [
             "RegisterGateway",
             "Heartbeat",
             "DrainGateway",
+            "ListGateways",
             "ReportSessionResult",
             "ReportSessionResultStream",
             "UpdatePolicy",
