@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = {"baseline": 16 * 8, "16": None, "64": None, "queued": 512}
+PHASES = {"baseline": None, "16": None, "64": None, "queued": 512}
 
 
 def _table(output: str) -> dict[str, dict[str, str]]:
@@ -37,15 +37,19 @@ def _table(output: str) -> dict[str, dict[str, str]]:
 
 
 def test_quick_fleet_bench_ends_every_session_once(tmp_path: Path) -> None:
-    run = subprocess.run(
+    bench = subprocess.Popen(
         [sys.executable, "-m", "bench.fleet_scale", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=280,
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    out = run.stdout
+    try:
+        out, err = bench.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        bench.terminate()  # the bench stops its PostgreSQL, server and gateways on SIGTERM
+        out, err = bench.communicate(timeout=50)
+    assert bench.returncode == 0, out[-3000:] + err[-3000:]
     assert "exactly once: every session ended once, none lost or delivered twice" in out, out
     rows = _table(out)
     assert set(rows) == set(PHASES), out
@@ -56,6 +60,6 @@ def test_quick_fleet_bench_ends_every_session_once(tmp_path: Path) -> None:
         sessions = int(row["sessions"].replace(",", ""))
         assert sessions > 0, row
         if expected is not None:
-            assert sessions >= expected, row
+            assert sessions == expected, row
     assert "terminal statuses: {'resolved': " in out, out
-    assert "server RSS with 512 queued" in out, out
+    assert "server RSS right after 512 were queued" in out, out

@@ -12,8 +12,9 @@ Phases, on the same server and fleet:
 * one phase per ``--levels`` value N: N sessions kept active (a new group submitted as soon as a group's worth
   of results reached the trainer) for ``--window-s``, with results of real size (one merged trace of
   ``--small-tokens`` response tokens, or for ``--large-fraction`` of them a 60-call trace set of ~3 MB);
-* ``queued``: ``--queued`` sessions submitted at once in tasks of ``--queued-task`` (the fleet runs at its
-  capacity under that backlog for ``--window-s``), then the rest cancelled (quick mode: drained instead).
+* ``queued``: ``--queued`` sessions submitted at once in tasks of ``--queued-task``; the fleet runs at its
+  capacity under that backlog for ``--window-s`` and the phase ends (quick mode: the backlog is drained, and
+  every session must end once; full mode: "lost" does not apply, duplicates are still counted).
 
 Per phase: sessions/s reaching the trainer; submit -> StartSession acknowledged p50/p99 (sessions submitted
 after the ramp; not meaningful under a backlog); gateway report -> trainer p50/p99; the rollout server's CPU ms
@@ -35,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -108,15 +110,17 @@ async def _phase(
     start = time.monotonic()
     prefix = f"{name}"
     async with _peak_rss(pid) as peak, _profiled(pid, profile, args.window_s):
+        queued_rss = 0.0
         if queued:
             await trainer.backlog(prefix, queued, args.queued_task, workload)
+            queued_rss = sample_process(pid).rss_mb
             ramped = time.time()
             await asyncio.sleep(args.window_s)
-            if not args.quick:
-                await trainer.cancel(prefix)
         else:
             ramped = await trainer.closed_loop(prefix, active, args.group, args.window_s, workload)
-        drained = await trainer.drain(args.drain_s)
+        # A full-size backlog is not waited for (hours of sessions): the phase ends after its window.
+        partial = bool(queued) and not args.quick
+        drained = partial or await trainer.drain(args.drain_s)
         rss = peak()
     wall = time.monotonic() - start
     after = sample_process(pid)
@@ -134,6 +138,8 @@ async def _phase(
         db_after=await db_size(fleet.dsn),
         load=os.getloadavg()[0],
         drained=drained,
+        partial=partial,
+        queued_rss_mb=queued_rss,
     )
 
 
@@ -161,11 +167,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, object]]:
                 if args.queued:
                     records.append(await _phase(fleet, trainer, args, "queued", 0, mixed, queued=args.queued))
                 extra["undrained"] = [r.name for r in records if not r.drained]
+                extra["queued_rss_mb"] = max((r.queued_rss_mb for r in records), default=0.0)
             finally:
                 await trainer.close()
                 events = await fleet.stop_gateways()
                 await channel.close(None)
-            extra["problems"] = check(trainer, events)
+            extra["problems"] = check(trainer, events, [r.prefix for r in records if r.partial])
             extra["refused"] = sum(int(str(e.get("refused", 0))) for e in events)
             extra["statuses"] = dict(trainer.statuses)
             if args.profile and (path := Path(args.out) / f"profile-{args.profile}.txt").exists():
@@ -202,7 +209,7 @@ def print_table(table: list[Row], extra: dict[str, object], args: argparse.Names
             f"| {_ms(r.dispatch_p50_ms)} / {_ms(r.dispatch_p99_ms)} "
             f"| {_ms(r.deliver_p50_ms)} / {_ms(r.deliver_p99_ms)} "
             f"| {r.cpu_ms:.1f} | {_ratio(r.cpu_ms, base.cpu_ms)} | {r.mb:.2f} | {r.rss_mb:,.0f} | {r.db_rows:.1f} "
-            f"| {r.db_kb:,.1f} | {r.attempts:.2f} | {r.lost} | {r.twice} | {r.load:.1f} |"
+            f"| {r.db_kb:,.1f} | {r.attempts:.2f} | {'—' if r.lost < 0 else r.lost} | {r.twice} | {r.load:.1f} |"
         )
     mixed = table[1] if len(table) > 1 else base
     per_mb = (mixed.cpu_ms - base.cpu_ms) / (mixed.mb - base.mb) if mixed.mb > base.mb else float("nan")
@@ -211,8 +218,10 @@ def print_table(table: list[Row], extra: dict[str, object], args: argparse.Names
     print(f"server RSS idle (fleet registered, nothing submitted): {idle:,.0f} MB")
     queued = [r for r in table if r.queued]
     if queued:
+        q, after = queued[0], float(str(extra["queued_rss_mb"]))
         print(
-            f"server RSS with {queued[0].queued:,} queued: {queued[0].rss_mb:,.0f} MB (+{queued[0].rss_mb - idle:,.0f})"
+            f"server RSS right after {q.queued:,} were queued: {after:,.0f} MB (+{after - idle:,.0f} over idle); "
+            f"peak while the backlog ran: {q.rss_mb:,.0f} MB"
         )
     print(f"StartSession refused (gateway full): {extra['refused']}; terminal statuses: {extra['statuses']}")
     problems = list(extra["problems"])  # type: ignore[call-overload]
@@ -235,6 +244,10 @@ def print_table(table: list[Row], extra: dict[str, object], args: argparse.Names
         print("|---|---:|---:|")
         for fn, inc, own in extra["profile"]:  # type: ignore[attr-defined]
             print(f"| `{fn}` | {inc:.1f}% | {own:.1f}% |")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -272,6 +285,8 @@ def main() -> None:
         args.settle_s = min(args.settle_s, 2.0)
     if args.capacity is None:
         args.capacity = -(-max(args.levels) // args.gateways)
+    # SIGTERM (a test's timeout) unwinds like Ctrl-C, so PostgreSQL, the server and the gateways are stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     table, extra = asyncio.run(run(args))
     if args.json:
         print(json.dumps({"rows": [dataclasses.asdict(r) for r in table], **extra}, indent=2, default=str))

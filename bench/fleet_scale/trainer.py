@@ -44,7 +44,6 @@ class Trainer:
     received_at: dict[str, float] = dataclasses.field(default_factory=dict)
     statuses: Counter[str] = dataclasses.field(default_factory=Counter)
     deliveries: Counter[str] = dataclasses.field(default_factory=Counter)
-    result_bytes: int = 0
     outstanding: int = 0
     _seen: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _watchers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
@@ -78,7 +77,6 @@ class Trainer:
                     self.received_at.setdefault(result.session_id, time.time())
                     self.deliveries[result.session_id] += 1
                     self.statuses[result.status] += 1
-                    self.result_bytes += result.ByteSize()
                     self.outstanding -= 1
                     next_index = reply.result_index + 1
                     self._seen.set()
@@ -123,17 +121,6 @@ class Trainer:
                 await self.submit(f"{prefix}-{k:06d}", per_task, workload)
 
         await asyncio.gather(*(one(k) for k in range(sessions // per_task)))
-
-    async def cancel(self, prefix: str) -> None:
-        """Cancel every task whose id starts with ``prefix`` (the rest of a backlog)."""
-        task_ids = sorted({sid.rsplit("-", 1)[0] for sid in self.submitted_at if sid.startswith(prefix + "-")})
-        limit = asyncio.Semaphore(_SUBMITTERS)
-
-        async def one(task_id: str) -> None:
-            async with limit:
-                await self.stub.CancelTask(rpb.CancelTaskRequest(task_id=task_id, reason="bench"), timeout=600)
-
-        await asyncio.gather(*(one(t) for t in task_ids))
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every watched task ended; return whether that happened within ``timeout_s``."""
