@@ -8,7 +8,6 @@ server, the registration loop; :meth:`GatewayApp.close` releases them. :mod:`gat
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -45,6 +44,7 @@ from polar_core.errors import FailedPrecondition
 from polar_core.metrics import MetricsEndpoint
 from polar_core.records import CompletionRecord
 from polar_core.roles import Role
+from polar_core.version import polar_version
 from runtimes import DefaultRuntimeFactory, Isolation
 from runtimes.local import IsolationProbe, probe_isolation
 from runtimes.policy import OperatorPolicy
@@ -208,7 +208,7 @@ class GatewayApp:
             self._clients.make(settings.rollout_address, GrpcRolloutRegistrar),
             address=_advertised(settings, port),
             labels={"runtime": settings.default_runtime, "network": settings.runtime_network},
-            version=_version(),
+            version=polar_version(),
         )
         self.membership.start()
 
@@ -361,10 +361,3 @@ def _advertised(settings: GatewaySettings, port: int) -> str:
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = socket.gethostname()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("polar-rollout")
-    except importlib.metadata.PackageNotFoundError:
-        return ""

@@ -11,6 +11,7 @@ from model_proxy.fleet import FleetPolicy
 from polar_core.channels import open_channel
 from polar_core.rpc_client import rpc
 from polar_core.tls import TlsFiles
+from polar_core.version import polar_version
 
 __all__ = ["GrpcRolloutRegistrar"]
 
@@ -44,7 +45,7 @@ class GrpcRolloutRegistrar:
 
     async def register(self, proxy_id: str, address: str, backend: str) -> FleetPolicy:
         """Call RegisterProxy."""
-        request = pb.RegisterProxyRequest(proxy_id=proxy_id, address=address, backend=backend)
+        request = pb.RegisterProxyRequest(proxy_id=proxy_id, address=address, backend=backend, version=polar_version())
         reply = await rpc(self._stub.RegisterProxy(request, timeout=self._timeout), self._target)
         return FleetPolicy(reply.policy.version, reply.policy.weights_path)
 

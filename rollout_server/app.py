@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.metrics import MetricsEndpoint, open_endpoint
 from polar_core.roles import TOKEN_DIGEST_PREFIX, Role
+from polar_core.version import polar_version
 from rollout_server.clients import CallbackSenders, GrpcGatewayClient, GrpcProxyClient
 from rollout_server.core import RolloutCore
 from rollout_server.delivery import Deliverer
@@ -139,6 +140,7 @@ class RolloutApp:
                 callback_max_attempts=settings.callback_max_attempts,
                 default_max_policy_lag=settings.default_max_policy_lag,
                 default_stale_policy=StalePolicy(settings.default_stale_policy),
+                server_version=polar_version(),
             ),
             clock=clock,
             current_policy=current_policy,
@@ -176,7 +178,10 @@ class RolloutApp:
             max_message_bytes=settings.max_message_bytes,
         )
         policy = PolicyCoordinator(
-            store, proxies, PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s), clock=clock
+            store,
+            proxies,
+            PolicyConfig(drain_timeout_s=settings.policy_drain_timeout_s, server_version=polar_version()),
+            clock=clock,
         )
         dashboard = Dashboard.from_settings(settings, store) if settings.dashboard_address else None
         return cls(

@@ -28,6 +28,7 @@ from polar_core.errors import (
     ResourceExhausted,
 )
 from polar_core.records import TerminalStatus
+from polar_core.version import check_same_version
 from rollout_server.errors import GatewaySessionUnknown, GatewayUnreachable, StaleAttempt
 from rollout_server.metrics import RolloutMetrics
 from rollout_server.models import (
@@ -267,6 +268,7 @@ class RolloutCore:
             raise InvalidArgument("gateway_id and address are required")
         if gateway.capacity < 0:
             raise InvalidArgument("capacity must not be negative")
+        check_same_version(f"gateway {gateway.gateway_id}", gateway.version, self.config.server_version)
         gateway.lease_expires_at = self.clock() + self.config.lease_ttl_s
         await self.store.upsert_gateway(gateway)
         self.dispatch_wakeup.set()

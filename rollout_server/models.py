@@ -347,6 +347,8 @@ class CoreConfig:
     watch_poll_s: float = 1.0
     default_max_policy_lag: int | None = None
     default_stale_policy: StalePolicy = StalePolicy.KEEP
+    server_version: str = ""
+    """The Polar version this server runs; a gateway of another release is refused ("" compares nothing)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -413,9 +415,12 @@ class PolicyConfig:
 
     Attributes:
         drain_timeout_s: How long a draining proxy waits for its calls in flight when the caller gives no limit.
+        server_version: The Polar version this server runs; a proxy of another release is refused ("" compares
+            nothing).
     """
 
     drain_timeout_s: float = 60.0
+    server_version: str = ""
 
 
 class PauseMode(enum.StrEnum):

@@ -40,6 +40,7 @@ from polar_core.errors import (
     PolarError,
     Unavailable,
 )
+from polar_core.version import check_same_version
 from rollout_server.models import (
     PauseMode,
     PolicyConfig,
@@ -93,7 +94,7 @@ class PolicyCoordinator:
         self._tasks: set[asyncio.Task[UpdateOutcome]] = set()
 
     # Registration and reads -----------------------------------------------------------------------------
-    async def register_proxy(self, proxy_id: str, address: str, backend: str) -> PolicyRecord:
+    async def register_proxy(self, proxy_id: str, address: str, backend: str, version: str = "") -> PolicyRecord:
         """Add or refresh a proxy and return the policy it must load before it admits a call (version 0: none).
 
         The proxy is stored first and the policy read after, so a proxy registering while an update persists a
@@ -101,11 +102,13 @@ class PolicyCoordinator:
 
         Raises:
             InvalidArgument: A missing id or address.
+            FailedPrecondition: The proxy runs another Polar release than this server.
         """
         if not proxy_id:
             raise InvalidArgument("proxy_id is required")
         if not address:
             raise InvalidArgument("address is required")
+        check_same_version(f"proxy {proxy_id}", version, self._config.server_version)
         await self._store.upsert_proxy(ProxyRecord(proxy_id, address, backend, registered_at=self._clock()))
         current = await self.current_policy()
         _log.info("proxy %s registered at %s (%s); fleet version %d", proxy_id, address, backend, current.version)

@@ -197,5 +197,5 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
         return pb.GetPolicyResponse(policy=policy_to_proto(policy), proxies=[proxy_info_to_proto(p) for p in proxies])
 
     async def RegisterProxy(self, request: pb.RegisterProxyRequest, context: Context) -> pb.RegisterProxyResponse:
-        policy = await self._policy.register_proxy(request.proxy_id, request.address, request.backend)
+        policy = await self._policy.register_proxy(request.proxy_id, request.address, request.backend, request.version)
         return pb.RegisterProxyResponse(policy=policy_to_proto(policy))

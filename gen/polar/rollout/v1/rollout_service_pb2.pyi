@@ -115,14 +115,16 @@ class GetPolicyResponse(_message.Message):
     def __init__(self, policy: _Optional[_Union[PolicyInfo, _Mapping]] = ..., proxies: _Optional[_Iterable[_Union[ProxyInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisterProxyRequest(_message.Message):
-    __slots__ = ("proxy_id", "address", "backend")
+    __slots__ = ("proxy_id", "address", "backend", "version")
     PROXY_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     proxy_id: str
     address: str
     backend: str
-    def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    version: str
+    def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class RegisterProxyResponse(_message.Message):
     __slots__ = ("policy",)
