@@ -8,7 +8,7 @@ actor per node; each registers with the rollout server by itself. A task of six 
 runs; the worker node holding a running session is removed without grace (its raylet and the gateway's worker
 process are killed). Then:
 
-* every session ends exactly once, resolved; those of the lost gateway ran again elsewhere as an outage
+* every session ends exactly once, resolved; those the lost gateway held ran again elsewhere as an outage
   (``infra_failures`` 0: no attempt used up);
 * the supervisor replaced the lost gateway on a surviving node under a new id, and the replacement registered;
 * the token never appeared on a command line; a fleet pointed at a rollout address nobody serves is refused;
@@ -19,9 +19,11 @@ process are killed). Then:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import shutil
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -80,6 +82,7 @@ class Services:
 
     rollout: RunningService[Any]
     rollout_address: str
+    rollout_db: Path
     gateway_settings: dict[str, Any]
 
 
@@ -122,6 +125,7 @@ async def services(tmp_path: Path) -> AsyncIterator[Services]:
     )
     s = Services()
     s.rollout, s.rollout_address = rollout, f"{LOOPBACK}:{rollout.port}"
+    s.rollout_db = tmp_path / "rollout" / "rollout.sqlite3"
     s.gateway_settings = {
         "auth_token": TOKEN,
         "state_dir": str(tmp_path / "gateways"),
@@ -142,27 +146,49 @@ async def services(tmp_path: Path) -> AsyncIterator[Services]:
             await service.stop(None)
 
 
-@pytest.fixture
-def ray_cluster() -> Iterator[Any]:
-    import ray
+def start_ray_cluster() -> Any:
+    """A head and two worker nodes, one CPU each; on failure the nodes started so far are removed."""
     from ray.cluster_utils import Cluster
 
-    # Ray picks this machine's own interface address for its nodes (binding them to 127.0.0.1 leaves the
-    # cluster's address pointing elsewhere); the gateways bind and advertise it, so they need the token.
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": RAY_SYSTEM_CONFIG},
-    )
+    cluster = Cluster()
     try:
+        # Ray picks this machine's own interface address for its nodes (binding them to 127.0.0.1 leaves the
+        # cluster's address pointing elsewhere); the gateways bind and advertise it, so they need the token.
+        cluster.add_node(num_cpus=1, include_dashboard=False, _system_config=RAY_SYSTEM_CONFIG)
         for _ in range(2):
             cluster.add_node(num_cpus=1)
+    except BaseException:
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+        raise
+    return cluster
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[Any]:
+    import psutil  # type: ignore[import-untyped]
+    import ray
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    try:
+        cluster = start_ray_cluster()
+    except Exception as exc:
+        # Ray waits a fixed 30 s for a new raylet to register; on a loaded two-core machine it can take longer.
+        # The failed node's processes are not tracked by the cluster: end them (our children, by pid), try again.
+        if "timed out during startup" not in str(exc):
+            raise
+        for process in me.children(recursive=True):
+            if process.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        cluster = start_ray_cluster()
+    try:
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
         yield cluster
     finally:
         ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+        cluster.shutdown()
 
 
 def make_task(task_id: str = TASK_ID, samples: int = SAMPLES, pause_s: float = 5.0) -> task_pb2.Task:
@@ -187,6 +213,13 @@ async def until(what: str, check: Any, limit_s: float = 120.0) -> Any:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
     return value
+
+
+def rollout_reports(db: Path) -> list[tuple[str, str, str]]:
+    """``(session id, status, gateway id)`` of every attempt the rollout server recorded, from its SQLite file."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT session_id, status, gateway_id FROM reports ORDER BY session_id, attempt")
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
 
 
 def token_on_a_command_line() -> list[str]:
@@ -223,7 +256,13 @@ async def test_a_node_removed_mid_task_loses_no_session(services: Services, ray_
     nobody = f"{LOOPBACK}:{free_port()}"
     with pytest.raises(Unavailable, match=f"bad-0 on .* did not register with the rollout server at {nobody}"):
         await asyncio.to_thread(
-            start_fleet, nobody, settings=services.gateway_settings, count=1, name="bad", start_timeout_s=5.0
+            start_fleet,
+            nobody,
+            settings=services.gateway_settings,
+            count=1,
+            name="bad",
+            start_timeout_s=120.0,
+            register_timeout_s=5.0,
         )
     fleet = await asyncio.to_thread(
         start_fleet,
@@ -288,8 +327,14 @@ async def test_a_node_removed_mid_task_loses_no_session(services: Services, ray_
             assert by_id[session_id].gateway_id != victim.gateway_id
             assert by_id[session_id].attempt >= 2
         sessions = {s.session_id: s for s in await store.task_sessions(TASK_ID)}
-        assert all(s.infra_failures == 0 for s in sessions.values()), sessions
-        assert all(sessions[sid].outages >= 1 for sid in held), sessions
+        # The attempts lost with the node count as outages, never as failures: a held session's infra_failures
+        # are only the ordinary infra_error reports of other gateways (under load a retried attempt may fail).
+        reports = rollout_reports(services.rollout_db)
+        for sid in held:
+            lost = [r for r in reports if r[0] == sid and r[2] == victim.gateway_id]
+            others = [r for r in reports if r[0] == sid and r[2] != victim.gateway_id and r[1] == "infra_error"]
+            assert [r[1] for r in lost] == ["infra_error"], reports
+            assert (sessions[sid].outages, sessions[sid].infra_failures) == (len(lost), len(others)), reports
         assert reply.task.sessions_done == SAMPLES
         assert reply.task.statistics.sessions_dropped == 0
 

@@ -38,6 +38,7 @@ __all__ = ["FleetMember", "RayFleet", "alive_nodes", "start_fleet"]
 
 _log = logging.getLogger(__name__)
 _PING_TIMEOUT_S = 10.0
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class RayFleet:
         target: int,
         num_cpus: float,
         start_timeout_s: float,
+        register_timeout_s: float,
         check_interval_s: float,
     ) -> None:
         self._settings = settings
@@ -96,6 +98,7 @@ class RayFleet:
         self.target = target
         self._num_cpus = num_cpus
         self._start_timeout_s = start_timeout_s
+        self._register_timeout_s = register_timeout_s
         self._check_interval_s = check_interval_s
         self._remote: Any = ray.remote(GatewayActor)
         self._ids = itertools.count()
@@ -214,16 +217,18 @@ class RayFleet:
     def _ready(self, gateway_id: str, node: NodeView, handle: Any, ref: Any) -> FleetMember:
         try:
             started: GatewayStarted = ray.get(ref, timeout=self._start_timeout_s)
-            waited = handle.wait_registered.remote(self._start_timeout_s)
-            registered = ray.get(waited, timeout=self._start_timeout_s * 2)
+            waited = handle.wait_registered.remote(self._register_timeout_s)
+            registered = ray.get(waited, timeout=self._register_timeout_s + _PING_TIMEOUT_S)
         except GetTimeoutError:
             raise Unavailable(f"gateway {gateway_id} did not start within {self._start_timeout_s:.0f} s") from None
         if not registered:
             raise Unavailable(
                 f"gateway {gateway_id} on {node.ip} did not register with the rollout server at "
-                f"{self._settings.rollout_address} within {self._start_timeout_s:.0f} s (see its Ray worker log)"
+                f"{self._settings.rollout_address} within {self._register_timeout_s:.0f} s (see its Ray worker log)"
             )
         host = self._settings.host if "host" in self._settings.model_fields_set else node.ip
+        if host in _WILDCARDS:
+            host = node.ip
         return FleetMember(started.gateway_id, node.node_id, f"{host}:{started.port}", started.pid, handle)
 
     def _member_settings(self, gateway_id: str, node: NodeView) -> dict[str, Any]:
@@ -246,6 +251,7 @@ def start_fleet(
     num_cpus: float = 0.0,
     name: str = "ray-gateway",
     start_timeout_s: float = 120.0,
+    register_timeout_s: float = 60.0,
     check_interval_s: float = 2.0,
 ) -> RayFleet:
     """Place gateways on the nodes of the Ray cluster this process is connected to, and keep them there.
@@ -262,7 +268,8 @@ def start_fleet(
         count: The number of gateways to keep; default: what the alive nodes hold by the rule above.
         num_cpus: Ray CPUs each gateway actor reserves (0: it takes none of the trainer's).
         name: Gateway ids are ``<name>-<n>``, ``n`` counting every gateway this fleet started.
-        start_timeout_s: How long a gateway may take to start, and then to register.
+        start_timeout_s: How long a gateway actor may take to start its GatewayService.
+        register_timeout_s: How long a started gateway may then take to register with the rollout server.
         check_interval_s: Seconds between the supervisor's checks.
 
     Raises:
@@ -288,6 +295,7 @@ def start_fleet(
         target=target,
         num_cpus=num_cpus,
         start_timeout_s=start_timeout_s,
+        register_timeout_s=register_timeout_s,
         check_interval_s=check_interval_s,
     )
     failures = fleet._fill(nodes)
