@@ -263,10 +263,10 @@ def main() -> None:
     parser.add_argument("--queued-task", type=int, default=1000, help="samples per task of the backlog")
     parser.add_argument("--group", type=int, default=8, help="samples per task in the active phases")
     parser.add_argument("--window-s", type=float, help="seconds each phase keeps its level")
-    parser.add_argument("--drain-s", type=float, default=900.0, help="most seconds to wait for a phase's sessions")
+    parser.add_argument("--drain-s", type=float, help="most seconds to wait for a phase's sessions")
     parser.add_argument("--median-s", type=float, help="median simulated session seconds")
     parser.add_argument("--sigma", type=float, default=0.8, help="lognormal sigma of session seconds")
-    parser.add_argument("--max-factor", type=float, default=6.0, help="longest session, in medians")
+    parser.add_argument("--max-factor", type=float, help="longest session, in medians")
     parser.add_argument("--large-fraction", type=float, default=0.05, help="results that are a 60-call trace set")
     parser.add_argument("--small-tokens", type=int, default=8000, help="response tokens of an ordinary result")
     parser.add_argument("--settle-s", type=float, default=6.0, help="idle seconds before the first phase")
@@ -274,9 +274,11 @@ def main() -> None:
     parser.add_argument("--out", default="", help="directory for profiles (default: the run's temporary one)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = parser.parse_args()
-    quick = {"gateways": 8, "processes": 2, "levels": [16, 64], "queued": 512, "window_s": 6.0, "median_s": 0.5}
-    full = {"gateways": 128, "processes": 4, "levels": [256, 1024, 4096], "queued": 100_000, "window_s": 60.0}
-    full["median_s"] = 20.0
+    quick: dict[str, object] = {"gateways": 8, "processes": 2, "levels": [16, 64], "queued": 512, "window_s": 6.0}
+    quick.update(median_s=0.5, max_factor=6.0, drain_s=180.0)
+    # The full defaults are the run in docs/scale.md.
+    full: dict[str, object] = {"gateways": 128, "processes": 4, "levels": [256, 1024, 4096], "queued": 100_000}
+    full.update(window_s=45.0, median_s=30.0, max_factor=3.0, drain_s=300.0)
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
