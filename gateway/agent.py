@@ -173,6 +173,8 @@ class HarnessAgentRunner:
             model=spec.model or "check",
             options=dict(spec.harness.options),
             bin_dir=self._bin_dir,
+            session_id=spec.session_id,
+            sample_index=spec.sample_index,
         )
         try:
             launch = self._adapters(name).prepare(ctx)

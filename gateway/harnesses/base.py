@@ -52,6 +52,8 @@ class HarnessContext:
         options: The task file's harness options (adapter-specific; unknown keys are rejected).
         bin_dir: Directory holding the installed CLIs (``.harnesses/node_modules/.bin``); prepended to ``PATH``.
         path: The rest of ``PATH`` (where ``node``, ``git`` and a shell live).
+        session_id: The session's id (only the ``command`` harness passes it on, as ``POLAR_SESSION_ID``).
+        sample_index: The session's index among its task's samples (``POLAR_SAMPLE_INDEX`` for ``command``).
     """
 
     home: PurePosixPath
@@ -63,6 +65,8 @@ class HarnessContext:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     bin_dir: PurePosixPath | None = None
     path: str = DEFAULT_PATH
+    session_id: str = ""
+    sample_index: int = 0
 
     def option(self, key: str, default: Any = None) -> Any:
         """An option's value, or ``default`` when it is absent."""

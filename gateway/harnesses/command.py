@@ -22,7 +22,9 @@ class CommandAdapter:
 
     In every argument the placeholders ``{instruction}``, ``{model}``, ``{workspace}`` and ``{home}`` are
     replaced (plain substitution, no other formatting). The environment carries ``POLAR_SESSION_TOKEN``,
-    ``POLAR_MODEL``, ``POLAR_INSTRUCTION``, ``POLAR_WORKSPACE``, ``POLAR_{ANTHROPIC,OPENAI,GOOGLE}_BASE_URL`` and
+    ``POLAR_MODEL``, ``POLAR_INSTRUCTION``, ``POLAR_WORKSPACE``, ``POLAR_SESSION_ID``, ``POLAR_SAMPLE_INDEX`` (the
+    session's index among its task's samples, e.g. to seed a program per sample),
+    ``POLAR_{ANTHROPIC,OPENAI,GOOGLE}_BASE_URL`` and
     the variables the common SDKs read (``OPENAI_BASE_URL``/``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``/
     ``ANTHROPIC_API_KEY``, ``GOOGLE_GEMINI_BASE_URL``/``GEMINI_API_KEY``).
 
@@ -58,6 +60,8 @@ class CommandAdapter:
                 "POLAR_MODEL": ctx.model,
                 "POLAR_INSTRUCTION": ctx.instruction,
                 "POLAR_WORKSPACE": str(ctx.workspace),
+                "POLAR_SESSION_ID": ctx.session_id,
+                "POLAR_SAMPLE_INDEX": str(ctx.sample_index),
                 "POLAR_ANTHROPIC_BASE_URL": ep.anthropic_base_url,
                 "POLAR_OPENAI_BASE_URL": ep.openai_base_url,
                 "POLAR_GOOGLE_BASE_URL": ep.google_base_url,

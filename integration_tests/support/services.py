@@ -32,8 +32,8 @@ POLAR_ARGV = (sys.executable, "-m", "polar_run")
 # host's proxy, writes an answer file, then sleeps PAUSE + STEP * (sample index % MOD) seconds (the index is read
 # from the session directory's name), so that sessions finish staggered and tests can kill things mid-task.
 CHAT_AGENT = """
-import json, os, re, sys, time, urllib.request
-index = int(re.findall(r"-(\\d{4})(?:/|$)", os.getcwd())[-1])
+import json, os, sys, time, urllib.request
+index = int(os.environ["POLAR_SAMPLE_INDEX"])
 calls, pause, step, mod = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 messages = []
 for i in range(calls):

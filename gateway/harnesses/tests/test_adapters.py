@@ -211,6 +211,10 @@ def test_command_adapter() -> None:
     assert launch.files == {"a.txt": "x"}
     with pytest.raises(InvalidArgument):
         get_adapter("command").prepare(make_ctx())
+    # A custom program knows which session and sample it is (the sandbox's paths no longer say it).
+    ctx = dataclasses.replace(make_ctx(argv=["a"]), session_id="t-0003", sample_index=3)
+    env = get_adapter("command").prepare(ctx).env
+    assert (env["POLAR_SESSION_ID"], env["POLAR_SAMPLE_INDEX"]) == ("t-0003", "3")
 
 
 def test_missing_endpoint_is_an_error() -> None:
