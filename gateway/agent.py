@@ -215,6 +215,8 @@ class HarnessAgentRunner:
             model=spec.model or self._default_model,
             options=dict(spec.harness.options),
             bin_dir=self._bin_dir,
+            session_id=spec.session_id,
+            sample_index=spec.sample_index,
         )
         launch = self._adapters(spec.harness.name).prepare(ctx)
         for rel, content in launch.files.items():
