@@ -85,8 +85,12 @@ def _process(
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.kill()
                     proc.wait()
+            # Whatever the server started is in its session's process group (vLLM's engine core and workers):
+            # it goes too, also when the server itself died first (a start-up that failed left them behind).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             if proc.stdout is not None:
                 proc.stdout.close()
 
