@@ -5,11 +5,14 @@ runs the fleet of one topology file as Slurm jobs: the rollout server on a priva
 backend, tiny model), a reconstructor, an evaluator and three gateways. The ``polar cluster`` commands run as the
 user runs them (subprocesses of the real CLI), and ``polar cluster supervise`` keeps the fleet at size.
 
-A task of 18 ``command``-harness sessions (two model calls through the proxy, then a pause) runs; one gateway's job
-is ``scancel``-ed while it holds sessions: it hands them back as an outage (no attempt used), the rollout server
-runs them again elsewhere, and the supervisor queues a replacement job. ``scale gateway 4`` adds a fourth. Every
-session ends exactly once (results, a watcher, the database), no token appears in a script or in Slurm's view of
-the jobs, and ``down`` leaves no job and no process of the fleet (services or sandboxes).
+A real task of 24 sessions runs (``examples/tasks/paginate``: a repository with an off-by-one bug, graded by the
+``swe`` evaluator's tests in a clean runtime), its agent a ``command``-harness program that makes two model calls
+through the proxy, applies the right fix in even-numbered sessions only, then pauses; one gateway's job is
+``scancel``-ed while it holds sessions: it hands them back as an outage (no attempt used), the rollout server runs
+them again elsewhere, and the supervisor queues a replacement job. ``scale gateway 4`` adds a fourth. Every session
+ends exactly once (results, a watcher, the database), resolved exactly where the fix is right; no token appears in
+a script or in Slurm's view of the jobs, and ``down`` leaves no job and no process of the fleet (services or
+sandboxes).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 from integration_tests.support.postgres import postgres_available, private_postgres
 from integration_tests.support.services import POLAR_ARGV, free_port
 from integration_tests.support.slurm import PrivateSlurm, private_slurm, slurm_missing
-from polar_client import RolloutClient
+from polar_client import RolloutClient, load_task
 from polar_core.channels import open_channel
 from polar_run.cluster.scripts import render_script
 from polar_run.cluster.state import StateDir
@@ -50,12 +53,13 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_ID = "slurm"
-SAMPLES = 18
+SAMPLES = 24
 PER_GATEWAY = 3
 AGENT_PAUSE_S = 4.0
 SESSION_IDS = [f"{TASK_ID}-{i:04d}" for i in range(SAMPLES)]
 
-# Two chat calls through the proxy, an answer file, then a pause (so that a gateway can be cancelled mid-session).
+# Two chat calls through the proxy, the fix in even-numbered sessions (the task's tests then pass), then a pause (so
+# that a gateway can be cancelled mid-session).
 AGENT = """
 import json, os, sys, time, urllib.request
 messages = []
@@ -68,7 +72,9 @@ for i in range(int(sys.argv[1])):
     )
     reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
     messages.append(reply["choices"][0]["message"])
-open("answer.txt", "w").write("42\\n")
+if int(os.environ["POLAR_SAMPLE_INDEX"]) % 2 == 0:
+    code = open("pagination.py").read()
+    open("pagination.py", "w").write(code.replace("return total // per_page", "return -(-total // per_page)"))
 time.sleep(float(sys.argv[2]))
 """
 
@@ -202,15 +208,12 @@ async def until(fleet: Fleet, what: str, check: Callable[[], Awaitable[bool]], l
 
 
 def make_task() -> task_pb2.Task:
-    task = task_pb2.Task(
-        task_id=TASK_ID,
-        instruction="Answer.",
-        num_samples=SAMPLES,
-        timeout_seconds=60,
-        harness=task_pb2.HarnessSpec(name="command"),
-        runtime=task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
-        evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
-    )
+    """The example task (its repository, instruction and ``swe`` grading), run by the test's agent."""
+    task = load_task(REPO / "examples" / "tasks" / "paginate" / "task.yaml")
+    task.task_id = TASK_ID
+    task.num_samples = SAMPLES
+    task.timeout_seconds = 60
+    task.harness.CopyFrom(task_pb2.HarnessSpec(name="command"))
     task.harness.options.update({"argv": ["python3", "-c", AGENT, "2", str(AGENT_PAUSE_S)]})
     return task
 
@@ -312,9 +315,12 @@ async def test_slurm_fleet_survives_scancel_and_scale(slurm: PrivateSlurm, tmp_p
             supervisor.stdout.close()
         print(supervisor_out)
 
-        # Every session ended exactly once, resolved; those of the cancelled gateway ran again elsewhere.
+        # Every session ended exactly once, resolved where the agent applied the right fix and only there; those
+        # of the cancelled gateway ran again elsewhere.
         assert sorted(r.session_id for r in results) == SESSION_IDS, fleet.logs()
-        assert {r.status for r in results} == {"resolved"}, [(r.session_id, r.status, r.error_message) for r in results]
+        statuses = {r.session_id: (r.status, r.reward) for r in results}
+        expected = {sid: ("resolved", 1.0) if i % 2 == 0 else ("unresolved", 0.0) for i, sid in enumerate(SESSION_IDS)}
+        assert statuses == expected, [(r.session_id, r.status, r.error_message) for r in results]
         assert sorted(r.session_id for r in watched) == SESSION_IDS
         conn = await asyncpg.connect(dsn)
         try:
