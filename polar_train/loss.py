@@ -1,6 +1,6 @@
 """The GRPO step: group-relative advantages over sessions, truncated importance sampling, one AdamW step.
 
-The loss itself is :func:`reconstructor.trainer_example.grpo_loss` (one place defines it); this module
+The loss itself is :func:`polar_core.grpo.grpo_loss` (one place defines it); this module
 applies it to a :class:`~polar_train.batch.Batch`. Per mask-1 token with behaviour logprob ``b`` (recorded
 by the proxy when the token was sampled, possibly by an older version) and current logprob ``n``::
 
@@ -18,8 +18,8 @@ import inspect
 from typing import TYPE_CHECKING
 
 from polar_core.export import to_padded_tensors
+from polar_core.grpo import group_advantages, grpo_loss, token_logprobs
 from polar_train.batch import Batch, check_lag_bound
-from reconstructor.trainer_example import group_advantages, grpo_loss, token_logprobs
 
 if TYPE_CHECKING:
     import torch

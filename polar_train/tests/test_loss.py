@@ -114,7 +114,7 @@ def test_one_step_on_the_tiny_model_moves_the_weights_and_rejects_stale_batches(
 def test_accumulating_one_trace_at_a_time_gives_the_batch_gradient() -> None:
     """train_on_batch's per-row accumulation (response logits only) equals the padded batch loss's gradient."""
     from polar_core.export import to_padded_tensors
-    from reconstructor.trainer_example import token_logprobs
+    from polar_core.grpo import token_logprobs
 
     tokenizer = build_tiny_tokenizer()
     pad = int(tokenizer.pad_token_id)

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from polar_core.export import to_padded_tensors
+from polar_core.grpo import group_advantages, grpo_loss, token_logprobs
 from polar_core.model_fixtures import IM_END, build_tiny_model, build_tiny_tokenizer
 from polar_core.records import CompletionRecord, ReconstructionStrategy, TerminalStatus, Trace
 from reconstructor import ReconstructionOptions, SessionOutcome, reconstruct
-from reconstructor.trainer_example import GrpoConfig, group_advantages, grpo_loss, token_logprobs, train_step
+from reconstructor.trainer_example import GrpoConfig, train_step
 
 
 def trace(session: str, task: str, reward: float, weight: float = 1.0) -> Trace:
