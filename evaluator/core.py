@@ -189,7 +189,7 @@ class EvaluatorService:
         await asyncio.shield(self._warmed)
 
     def _runtime_spec(self, params: PrepareParams) -> RuntimeSpec:
-        """The task's ``runtime`` table over the evaluator's own options (:mod:`runtimes.policy`).
+        """The task's ``runtime`` table over the evaluator's own options (:mod:`runtimes.sandbox_policy`).
 
         Raises:
             InvalidArgument: The table is malformed or widens what the evaluator's settings allow.

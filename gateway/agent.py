@@ -54,7 +54,7 @@ from polar_core.records import AgentStatus
 from polar_core.task_paths import check_task_paths
 from runtimes import ExecResult, NetworkMode, Runtime, RuntimeFactory, RuntimeSpec
 from runtimes.editable import redirect_editables
-from runtimes.policy import OperatorPolicy, apply_task_runtime
+from runtimes.sandbox_policy import OperatorPolicy, apply_task_runtime
 
 __all__ = ["HarnessAgentRunner", "PreparedHarness", "SpecRuntimeFactory"]
 
@@ -309,7 +309,7 @@ def _string_list(value: Any) -> list[str]:
 class SpecRuntimeFactory:
     """Builds each session's runtime from the operator's options narrowed by its task's ``runtime`` table.
 
-    The task's table goes through :func:`runtimes.policy.apply_task_runtime`: it may narrow what the operator
+    The task's table goes through :func:`runtimes.sandbox_policy.apply_task_runtime`: it may narrow what the operator
     allows (network, isolation, limits, paths), never widen it.
 
     Attributes:

@@ -47,7 +47,7 @@ from polar_core.roles import Role
 from polar_core.version import polar_version
 from runtimes import DefaultRuntimeFactory, Isolation
 from runtimes.local import IsolationProbe, probe_isolation
-from runtimes.policy import OperatorPolicy
+from runtimes.sandbox_policy import OperatorPolicy
 
 __all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "operator_policy", "pipeline_config", "task_roots"]
 

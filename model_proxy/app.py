@@ -19,7 +19,7 @@ from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.core import ChatRenderer, ProxyEngine, SessionRegistry, SessionStore, build_rules, create_parser
-from model_proxy.fleet import FleetMembership
+from model_proxy.fleet_membership import FleetMembership
 from model_proxy.http.app import ProxyHttp
 from model_proxy.metrics import GateView, ProxyMetrics
 from model_proxy.models import EngineConfig

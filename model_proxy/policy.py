@@ -26,7 +26,7 @@ class PolicyModel:
 def load_policy(model: str, *, with_weights: bool) -> PolicyModel:
     """Load ``smollm2``, ``tiny`` or a Hugging Face directory; weights only when ``with_weights``."""
     # Imported lazily: torch and transformers take seconds to import and gRPC-only users never need them.
-    from polar_core import model_fixtures
+    from polar_core import default_model, model_fixtures
 
     tokenizer: Any
     weights: Any = None
@@ -36,11 +36,11 @@ def load_policy(model: str, *, with_weights: bool) -> PolicyModel:
         return PolicyModel(model, tokenizer, weights)
     if model == "smollm2":
         if with_weights:
-            tokenizer, weights = model_fixtures.load_smollm2()
+            tokenizer, weights = default_model.load_smollm2()
             return PolicyModel(model, tokenizer, weights)
         from transformers import AutoTokenizer
 
-        path = model_fixtures.smollm2_gguf_path()
+        path = default_model.smollm2_gguf_path()
         return PolicyModel(model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
     directory = Path(model)
     if not directory.is_dir():

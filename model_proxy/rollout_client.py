@@ -1,4 +1,4 @@
-"""The gRPC :class:`~model_proxy.fleet.Registrar`: RegisterProxy on the rollout server."""
+"""The gRPC :class:`~model_proxy.fleet_membership.Registrar`: RegisterProxy on the rollout server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from polar.rollout.v1 import rollout_service_pb2 as pb
 from polar.rollout.v1 import rollout_service_pb2_grpc as pb_grpc
 
-from model_proxy.fleet import FleetPolicy
+from model_proxy.fleet_membership import FleetPolicy
 from polar_core.channels import open_channel
 from polar_core.rpc_client import rpc
 from polar_core.tls import TlsFiles

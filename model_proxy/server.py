@@ -10,7 +10,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.app import ProxyApp
-from model_proxy.fleet import FleetMembership
+from model_proxy.fleet_membership import FleetMembership
 from model_proxy.ports import Backend
 from model_proxy.rollout_client import GrpcRolloutRegistrar
 from model_proxy.servicer import registration

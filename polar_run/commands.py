@@ -200,7 +200,7 @@ _EMBEDDED_ONLY = ("model", "backend", "backend_option", "workers", "harness_dir"
 
 def _fleet(args: argparse.Namespace) -> Any:
     from polar_core.errors import InvalidArgument
-    from polar_run.fleet import FleetTarget
+    from polar_run.fleet_session import FleetTarget
 
     if args.server is None:
         if args.proxy:

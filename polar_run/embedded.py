@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
-from runtimes.policy import TaskAdmission
+from runtimes.sandbox_policy import TaskAdmission
 
 if TYPE_CHECKING:
     from rollout_server.dashboard import Dashboard

@@ -1,5 +1,5 @@
 """``polar generate``: offline data generation over a dataset of tasks, on the embedded stack or, with
-``--server``, on a running fleet (:mod:`polar_run.fleet`).
+``--server``, on a running fleet (:mod:`polar_run.fleet_session`).
 
 Every task is submitted at once (the rollout server schedules them onto the gateways); a session whose
 generation was empty is re-run, up to ``empty_retries`` times, as a new task ``<task_id>.retry<k>``. Output
@@ -27,7 +27,7 @@ from polar_client import task_from_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
 from polar_run.embedded import EmbeddedStack, StackOptions, context_length
-from polar_run.fleet import (
+from polar_run.fleet_session import (
     MANIFEST_FILE,
     FleetLost,
     FleetSession,

@@ -28,7 +28,7 @@ def initial_checkpoint(model: str, run_dir: Path, *, seed: int = 0) -> Path:
         from polar_core.model_fixtures import save_tiny_model
 
         return save_tiny_model(target, seed=seed)
-    from polar_core.model_fixtures import load_smollm2
+    from polar_core.default_model import load_smollm2
 
     tokenizer, weights = load_smollm2()
     save_checkpoint(_dequantized(weights), tokenizer, target)

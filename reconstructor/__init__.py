@@ -16,7 +16,7 @@ from reconstructor.eot import detect_end_of_turn_ids, end_of_turn_ids_from_token
 from reconstructor.errors import EndOfTurnUnknown, MalformedCompletions
 from reconstructor.models import ReconstructionOptions, ReconstructionResult, ServiceDefaults, SessionOutcome
 from reconstructor.ports import CompletionSource
-from reconstructor.weights import WeightingMode, trace_weights
+from reconstructor.trace_weights import WeightingMode, trace_weights
 
 __all__ = [
     "CompletionSource",

@@ -23,7 +23,7 @@ from polar_core.records import (
 )
 from reconstructor.core import ReconstructionOptions, SessionOutcome, reconstruct
 from reconstructor.eot import end_of_turn_ids_from_tokenizer
-from reconstructor.weights import WeightingMode
+from reconstructor.trace_weights import WeightingMode
 
 __all__ = ["add_parser", "load_outcomes", "run"]
 

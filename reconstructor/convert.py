@@ -11,7 +11,7 @@ from polar.reconstructor.v1 import reconstructor_service_pb2
 from polar_core.convert import stats_to_proto, status_from_proto, strategy_from_proto, trace_to_proto
 from polar_core.limits import chunked
 from reconstructor.models import ReconstructionOptions, ReconstructionResult, ServiceDefaults, SessionOutcome
-from reconstructor.weights import WeightingMode
+from reconstructor.trace_weights import WeightingMode
 
 __all__ = [
     "options_from_proto",

@@ -16,7 +16,7 @@ from reconstructor.chains import Chain, ChainBuilder, PreparedCall, prepare
 from reconstructor.eot import detect_end_of_turn_ids
 from reconstructor.errors import MalformedCompletions
 from reconstructor.models import ReconstructionOptions, ReconstructionResult, SessionOutcome
-from reconstructor.weights import trace_weights
+from reconstructor.trace_weights import trace_weights
 
 __all__ = [
     "ABORTED",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from polar_core.records import ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
-from reconstructor.weights import WeightingMode
+from reconstructor.trace_weights import WeightingMode
 
 __all__ = ["ReconstructionOptions", "ReconstructionResult", "ServiceDefaults", "SessionOutcome"]
 

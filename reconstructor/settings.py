@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from polar_core.records import ReconstructionStrategy
 from polar_core.settings import ServiceSettings
-from reconstructor.weights import WeightingMode
+from reconstructor.trace_weights import WeightingMode
 
 __all__ = ["ReconstructorSettings"]
 

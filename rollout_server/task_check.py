@@ -1,8 +1,8 @@
 """SubmitTask's policy check: a submitted task (its serialised ``Task``) against the operator's policy.
 
 :class:`TaskCheck` turns the stored ``Task`` bytes back into the task file's shape and runs
-:class:`runtimes.policy.TaskAdmission` over it, so a task that names a host path outside the task roots, or whose
-runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance
+:class:`runtimes.sandbox_policy.TaskAdmission` over it, so a task that names a host path outside the task roots,
+or whose runtime table widens what the fleet allows, is refused before anything is recorded; so is a SWE-bench instance
 the ``swebench`` strategy could not grade (:func:`polar_checks.swebench.check_grading`: a missing field,
 an unknown log parser).
 So is an unknown harness name or an option key its adapter does not know
@@ -22,7 +22,7 @@ from polar_checks.swebench import check_grading
 from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
 from rollout_server.settings import RolloutSettings
-from runtimes.policy import TaskAdmission
+from runtimes.sandbox_policy import TaskAdmission
 
 __all__ = ["TaskCheck", "task_mapping"]
 

@@ -19,7 +19,7 @@ from runtimes.errors import (
     RuntimeNotStarted,
 )
 from runtimes.factory import DefaultRuntimeFactory, RuntimeFactory, create_runtime
-from runtimes.policy import OperatorPolicy, apply_task_runtime
+from runtimes.sandbox_policy import OperatorPolicy, apply_task_runtime
 from runtimes.spec import Isolation, NetworkMode, RuntimeKind, RuntimeSpec
 
 __all__ = [

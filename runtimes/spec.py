@@ -79,7 +79,7 @@ class RuntimeSpec:
         isolation: Local runtime isolation.
         min_isolation: The weakest isolation the local runtime may use: with ``isolation: auto`` it refuses to
             start (``FailedPrecondition``) when this host offers nothing at least as strong. Set by the
-            operator's policy (:mod:`runtimes.policy`); a bare spec allows anything.
+            operator's policy (:mod:`runtimes.sandbox_policy`); a bare spec allows anything.
         read_only_paths: Extra host paths the sandbox may read, at the same path inside: bound read-only by the
             local bubblewrap sandbox (which always adds the Python in use and its prefix) and mounted
             read-only into a Docker container (e.g. installed harness CLIs and ``node``).

@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--no-generate", action="store_true", help="skip plain generate (slowest under load)")
     args = parser.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from polar_core.model_fixtures import load_smollm2
+    from polar_core.default_model import load_smollm2
 
     default_threads = torch.get_num_threads()
     tokenizer, model = load_smollm2()

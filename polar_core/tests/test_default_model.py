@@ -6,16 +6,14 @@ from typing import cast
 
 import pytest
 
-from polar_core.model_fixtures import (
+from polar_core.default_model import (
     FALLBACK_TOOLS_TEMPLATE,
     SMOLLM2_INSTALL_HINT,
     SmolLM2NotInstalledError,
-    chat_template_renders_tools,
-    generate_with_logprobs,
     load_smollm2,
     smollm2_gguf_path,
-    teacher_forced_logprobs,
 )
+from polar_core.model_fixtures import chat_template_renders_tools, generate_with_logprobs, teacher_forced_logprobs
 
 TOOL = {
     "type": "function",

@@ -9,7 +9,7 @@ import pytest
 
 from polar_core.errors import InvalidArgument
 from runtimes import Isolation, NetworkMode, RuntimeKind
-from runtimes.policy import OperatorPolicy, TaskAdmission, apply_task_runtime
+from runtimes.sandbox_policy import OperatorPolicy, TaskAdmission, apply_task_runtime
 
 _OPERATOR: dict[str, Any] = {
     "network": "proxy",
