@@ -112,7 +112,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         await rollout.stop(None)
         for server in (eval_server, recon_server, proxy_server):
             await server.stop(None)
-        await app.stop()
+        await app.close()
 
 
 async def test_registered_gateway_runs_a_submitted_task(stack: Stack) -> None:

@@ -40,4 +40,4 @@ async def test_tiny_model_behind_the_proxy(tmp_path: Path) -> None:
         # Same prompt both times (template rendering is protocol-independent for a plain user turn).
         assert session.records[0].prompt_token_ids == session.records[1].prompt_token_ids
     finally:
-        await app.stop()
+        await app.close()

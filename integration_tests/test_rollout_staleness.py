@@ -193,7 +193,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         await proxy_channel.close(None)
         for server in (trainer_server, eval_server, recon_server, proxy_server):
             await server.stop(None)
-        await app.stop()
+        await app.close()
 
 
 def _task(task_id: str, stale_policy: task_pb2.StalePolicy, trainer_port: int) -> task_pb2.Task:

@@ -87,7 +87,7 @@ async def test_one_trace_spans_reconstructor_and_proxy(otlp_receiver: OtlpReceiv
     finally:
         await recon_server.stop(None)
         await proxy_server.stop(None)
-        await app.stop()
+        await app.close()
         for provider in (trainer, recon_tp, proxy_tp):
             provider.shutdown()
 

@@ -174,7 +174,7 @@ async def test_one_trace_per_session_from_submit_to_evaluation(otlp_receiver: Ot
         await rollout.stop(None)
         for server in (eval_server, recon_server, proxy_server):
             await server.stop(None)
-        await app.stop()
+        await app.close()
         for provider in (trainer, rollout_tp, gateway_tp, proxy_tp, recon_tp, eval_tp):
             provider.shutdown()
 

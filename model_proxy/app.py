@@ -259,7 +259,3 @@ class ProxyApp:
         endpoint, self._metrics_endpoint = self._metrics_endpoint, None
         if endpoint is not None:
             endpoint.stop()
-
-    async def stop(self) -> None:
-        """The same as :meth:`close`, for callers that pair it with :meth:`start`."""
-        await self.close()

@@ -38,7 +38,6 @@ __all__ = [
     "CERT_ROLE_PREFIX",
     "CertificateIdentity",
     "RoleAuthInterceptor",
-    "TokenAuthInterceptor",
     "bearer_metadata",
     "certificate_identity",
     "identity_from_uris",
@@ -189,13 +188,6 @@ def _check_certificate(
     """The denial message for a call whose certificate leaves it no allowed role, else ``None``."""
     held = token_roles & certificate_identity(context).roles
     return None if held & allowed else _denied(name, allowed, held)
-
-
-class TokenAuthInterceptor(RoleAuthInterceptor):
-    """The single shared token of every role (kept for callers of the pre-role API)."""
-
-    def __init__(self, token: str) -> None:
-        super().__init__({token: ALL_ROLES})
 
 
 def _handler_kwargs(handler: grpc.RpcMethodHandler[Any, Any]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["IsolationProbe", "LocalRuntime", "detect_isolation", "probe_isolation"]
+__all__ = ["IsolationProbe", "LocalRuntime", "probe_isolation"]
 
 _log = logging.getLogger(__name__)
 
@@ -161,11 +161,6 @@ async def probe_isolation() -> IsolationProbe:
         return IsolationProbe(Isolation.UNSHARE, missing)
     missing[Isolation.UNSHARE] = unshare
     return IsolationProbe(Isolation.NONE, missing)
-
-
-async def detect_isolation() -> Isolation:
-    """Return the strongest isolation that works on this machine (probing with ``true``)."""
-    return (await probe_isolation()).best
 
 
 class LocalRuntime(SessionRuntime):

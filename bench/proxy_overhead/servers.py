@@ -200,7 +200,7 @@ async def _serve_proxy(fsync: bool, stub_port: int, triton_url: str, sessions: i
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     records = sum(len(app.registry.get(f"s{i}").records) for i in range(sessions))
     print(json.dumps({"records": records}), flush=True)
-    await app.stop()
+    await app.close()
     shutil.rmtree(state, ignore_errors=True)
 
 

@@ -142,7 +142,7 @@ class ScriptedProxy:
         try:
             self._server, self.grpc_port = await start_grpc_server([registration(self.app)], host="127.0.0.1", port=0)
         except BaseException:
-            await self.app.stop()
+            await self.app.close()
             raise
         return self
 
@@ -151,7 +151,7 @@ class ScriptedProxy:
     ) -> None:
         if self._server is not None:
             await self._server.stop(None)
-        await self.app.stop()
+        await self.app.close()
 
     async def list_completions(self, session_id: str) -> list[CompletionRecord]:
         """The session's completions (one page of up to 100)."""
