@@ -46,10 +46,12 @@ from integration_tests.support.harnesses import BIN_DIR, clis_installed, tool_ca
 from integration_tests.support.services import ServiceProcesses, free_port
 from polar_client.taskfile import load_task
 from polar_core.channels import open_channel
+from runtimes.spec import RuntimeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_FILE = REPO / "examples" / "tasks" / "paginate" / "task.yaml"
 SERVICES = ("proxy", "reconstructor", "evaluator", "gateway")
+_SANDBOX_ROOT = RuntimeSpec().container_root  # where a bubblewrap sandbox sees its session directory
 _TICK = os.sysconf("SC_CLK_TCK")
 _FIX = "sed -i 's|return total // per_page|return -(-total // per_page)|' pagination.py"
 _COMMANDS = ("ls", "cat pagination.py", "grep -n 'def page_count' pagination.py", "head -20 tests/test_pagination.py",
@@ -164,24 +166,46 @@ def leftover_sandboxes(root: Path) -> list[str]:
     return left
 
 
-def _sandbox_cpu(root: Path, seen: dict[tuple[str, str], tuple[str, float]], peak: list[int]) -> None:
-    """Record the CPU seconds of every live process working under ``root/gateway`` or ``root/evaluator``."""
-    live = 0
+def _sandbox_cpu(
+    root: Path, owners: Mapping[int, str], seen: dict[tuple[str, str], tuple[str, float]], peak: list[int]
+) -> None:
+    """Record the CPU seconds of every live sandbox process of the gateway or the evaluator.
+
+    A process is a sandbox's when it works in a session directory: under ``root/<owner>/runtimes`` as the host
+    sees it, or at ``container_root`` (``/polar/session``) inside a bubblewrap sandbox, where its owner is the
+    service process (``owners``: pid -> name) it descends from.
+    """
+    stats: dict[int, str] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stats[int(entry)] = Path(f"/proc/{entry}/stat").read_text()
+    parents = {pid: int(text[text.rindex(")") + 2 :].split()[1]) for pid, text in stats.items()}
+
+    def owner_of(pid: int) -> str | None:
+        for _ in range(64):
+            if pid in owners:
+                return owners[pid]
+            pid = parents.get(pid, 0)
+            if pid <= 1:
+                return None
+        return None
+
+    live = 0
+    for pid, text in stats.items():
         try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-            text = Path(f"/proc/{entry}/stat").read_text()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        for owner in ("gateway", "evaluator"):
-            if cwd.startswith(str(root / owner / "runtimes")):
-                fields = text[text.rindex(")") + 2 :].split()
-                comm = text[text.index("(") + 1 : text.rindex(")")]
-                # pid and start time name one process; its name may change (pi sets its title once started)
-                seen[(owner, f"{entry}/{fields[19]}")] = (comm, (int(fields[11]) + int(fields[12])) / _TICK)
-                live += 1
+        host = next((o for o in ("gateway", "evaluator") if cwd.startswith(str(root / o / "runtimes"))), None)
+        owner = host or (owner_of(pid) if cwd.startswith(_SANDBOX_ROOT) else None)
+        if owner not in ("gateway", "evaluator"):
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        # pid and start time name one process; its name may change (pi sets its title once started)
+        seen[(owner, f"{pid}/{fields[19]}")] = (comm, (int(fields[11]) + int(fields[12])) / _TICK)
+        live += 1
     peak[0] = max(peak[0], live)
 
 
@@ -204,7 +228,8 @@ class Sampler:
         while True:
             for name, pid in self.pids.items():
                 self.peak_fds[name] = max(self.peak_fds.get(name, 0), _fds(pid))
-            _sandbox_cpu(self.root, self.seen, self.peak_sandbox_processes)
+            owners = {pid: name for name, pid in self.pids.items()}
+            _sandbox_cpu(self.root, owners, self.seen, self.peak_sandbox_processes)
             await asyncio.sleep(0.2)
 
     def cpu(self, owner: str) -> float:

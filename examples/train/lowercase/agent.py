@@ -2,8 +2,8 @@
 
 It uses the official ``openai`` SDK, which reads ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` from the
 environment the command harness provides (the proxy's OpenAI endpoint and the session token). The sampling
-seed is derived from the session's directory name (the rollout server names sessions after their task and
-sample index), so a run with the same task ids samples the same way.
+seed is derived from the session id (``POLAR_SESSION_ID``: the rollout server names sessions after their task
+and sample index), so a run with the same task ids samples the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from openai import OpenAI
 
 def main() -> int:
     workspace = Path(os.environ["POLAR_WORKSPACE"])
-    seed = zlib.crc32(workspace.parent.name.encode()) & 0x7FFFFFFF
+    seed = zlib.crc32(os.environ["POLAR_SESSION_ID"].encode()) & 0x7FFFFFFF
     client = OpenAI(timeout=120.0, max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the harness
     reply = client.chat.completions.create(
         model=os.environ["POLAR_MODEL"],
