@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from polar.common.v1 import status_pb2, task_pb2
 
-from integration_tests.support.services import free_port
+from integration_tests.support.services import CHAT_AGENT, free_port
 from polar_client import RolloutClient
 from polar_core.errors import Unavailable
 from polar_core.server import RunningService
@@ -57,23 +57,6 @@ SESSION_IDS = [f"{TASK_ID}-{i:04d}" for i in range(SAMPLES)]
 STOP_TASK_ID = "rayfleet-stop"
 LOOPBACK = "127.0.0.1"
 # Node death: the GCS declares a node dead after this many missed health checks of this period.
-# A ``command``-harness agent: ``python3 -c AGENT CALLS PAUSE`` makes CALLS chat calls through the proxy, writes an
-# answer file, then sleeps PAUSE seconds (so that sessions are still running when a node goes). It does not read
-# its working directory, whose path inside the sandbox is the runtime's business.
-AGENT = """
-import json, os, sys, time, urllib.request
-messages = []
-for i in range(int(sys.argv[1])):
-    messages.append({"role": "user", "content": f"step {i}"})
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    messages.append(json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][0]["message"])
-open("answer.txt", "w").write("42\\n")
-time.sleep(float(sys.argv[2]))
-"""
 RAY_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
 
 
@@ -201,7 +184,8 @@ def make_task(task_id: str = TASK_ID, samples: int = SAMPLES, pause_s: float = 5
         runtime=task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_LOCAL),
         evaluator=task_pb2.EvaluatorSpec(strategy="session_completed"),
     )
-    task.harness.options.update({"argv": ["python3", "-c", AGENT, "2", str(pause_s)]})
+    # The shared fleet agent: two chat calls, an answer file, then PAUSE seconds (no per-sample stagger).
+    task.harness.options.update({"argv": ["python3", "-c", CHAT_AGENT, "2", str(pause_s), "0", "1"]})
     return task
 
 
