@@ -42,8 +42,9 @@ from rollout_server.models import (
     TaskRecord,
     TaskState,
 )
+from rollout_server.outcome import RetryReason, RetrySession, decide_outcome
 from rollout_server.ports import CurrentPolicyVersion, GatewayClient
-from rollout_server.staleness import StaleDecision, StoreCurrentPolicyVersion, decide, dropped_result, stamp_lag
+from rollout_server.staleness import StaleDecision, StoreCurrentPolicyVersion
 from rollout_server.stats import TaskSummary, summarize
 from rollout_server.store import Store
 
@@ -364,105 +365,53 @@ class RolloutCore:
     async def apply_outcome(self, session: SessionRecord, result: ResultRecord) -> bool:
         """Apply an attempt's result to a session read in ``session``'s state: retry, resample or finish.
 
-        Only ``infra_error`` is retried, while attempts remain and the task is active; model outcomes are final.
-        A result beyond the task's ``max_policy_lag`` is kept with its lag or, with ``resample``, discarded and
-        the session dispatched again (see :mod:`rollout_server.staleness`); neither uses up an attempt.
-        An attempt lost to an unreachable dependency (``dependency_unavailable``) does not use up an attempt
-        either: it is retried while the task is active (its deadline bounds it), with a backoff capped at 8 steps.
+        The decision is :func:`rollout_server.outcome.decide_outcome` (only ``infra_error`` is retried; a
+        result beyond its task's ``max_policy_lag`` is kept, resampled or dropped; outages and resamples use up
+        no attempt). This step reads its inputs, writes the decision in one transaction conditional on the
+        session's state as read (persist before act), and only then wakes the dispatcher, the deliverer and
+        watchers.
 
         Returns:
             ``False`` when the session had moved on (nothing was changed).
         """
         now = self.clock()
-        result.recorded_at = now
         task = await self.store.get_task(session.task_id)
-        active = task is not None and not task.state.terminal
-        infra = result.status is TerminalStatus.INFRA_ERROR
-        outage = infra and result.dependency_unavailable
-        failures = session.infra_failures + (1 if infra and not outage else 0)
-        outages = session.outages + (1 if outage else 0)
-        counted = session.attempt - session.stale_resamples - outages  # neither uses up attempts
-        if infra and active and counted < self.config.max_attempts:
-            steps = min(2 ** (outages - 1), 8) if outage else 2 ** (failures - 1)
-            retry = dataclasses.replace(
-                session,
-                state=SessionState.PENDING,
-                infra_failures=failures,
-                outages=outages,
-                gateway_id="",
-                not_before=now + self.config.retry_backoff_s * steps,
-                dispatched_at=None,
-                deadline=None,
-            )
-            if not await self.store.record_attempt(result, (retry, session.state, session.attempt)):
+        current = await self.current_policy.current_version() if result.policy_versions else 0
+        outcome = decide_outcome(
+            session,
+            result,
+            task,
+            current_version=current,
+            now=now,
+            max_attempts=self.config.max_attempts,
+            retry_backoff_s=self.config.retry_backoff_s,
+        )
+        change = (outcome.session, session.state, session.attempt)
+        if isinstance(outcome, RetrySession):
+            if not await self.store.record_attempt(outcome.result, change):
                 return False
-            why = "a dependency was unreachable" if outage else "infra_error"
-            self.metrics.session_retried("dependency_unavailable" if outage else "infra_error")
-            _log.info(
-                "session %s attempt %d: %s, retrying: %s",
-                session.session_id,
-                session.attempt,
-                why,
-                result.error_message,
-            )
+            self.metrics.session_retried(outcome.reason.value)
+            _log_retry(session, outcome)
             self.dispatch_wakeup.set()
             return True
-        if result.policy_versions:
-            await stamp_lag(result, self.current_policy)
-        decision = StaleDecision.FRESH
-        if task is not None and result.status.trainable:  # untrainable traces carry no loss whatever their lag
-            decision = decide(task, result.policy_lag, now=now)
-        if decision is StaleDecision.RESAMPLE:
-            return await self._resample(session, result, failures)
-        if task is not None and decision is StaleDecision.DROP:
-            result = dropped_result(result, task)
-        if decision is not StaleDecision.FRESH:
+        if outcome.staleness is not StaleDecision.FRESH:
             _log.info(
                 "session %s attempt %d: policy lag %d beyond the bound: %s",
                 session.session_id,
                 session.attempt,
-                result.policy_lag,
-                decision.value,
+                outcome.result.policy_lag,
+                outcome.staleness.value,
             )
-        done = dataclasses.replace(session, state=SessionState.DONE, infra_failures=failures, outages=outages)
-        delivery = None
-        if task is not None and task.callback is not None:
-            delivery = DeliveryRecord(result.idempotency_key, task.task_id, session.session_id, task.callback)
-            delivery.next_attempt_at = now
-        if await self.store.record_result(result, (done, session.state, session.attempt), delivery) is None:
+        if await self.store.record_result(outcome.result, change, outcome.delivery) is None:
             return False
-        self.metrics.session_finished(result)
+        self.metrics.session_finished(outcome.result)
         self._notifier.notify(session.task_id)
-        if delivery is not None:
+        if outcome.delivery is not None:
             self.delivery_wakeup.set()
         if session.state.in_flight:
             self.dispatch_wakeup.set()  # a slot freed up
-        if active:
+        if outcome.settle_task:
             self._spawn(self.settle_task(session.task_id))
-        return True
-
-    async def _resample(self, session: SessionRecord, result: ResultRecord, failures: int) -> bool:
-        """Discard a stale attempt (its report goes to the ledger only) and queue the session again at once."""
-        again = dataclasses.replace(
-            session,
-            state=SessionState.PENDING,
-            infra_failures=failures,
-            stale_resamples=session.stale_resamples + 1,
-            gateway_id="",
-            not_before=self.clock(),
-            dispatched_at=None,
-            deadline=None,
-        )
-        if not await self.store.record_attempt(result, (again, session.state, session.attempt)):
-            return False
-        self.metrics.session_retried("stale_policy")
-        _log.info(
-            "session %s attempt %d: policy lag %d is beyond the bound, sampling again",
-            session.session_id,
-            session.attempt,
-            result.policy_lag,
-        )
-        self.dispatch_wakeup.set()
         return True
 
     # Settling --------------------------------------------------------------------------------------------
@@ -585,3 +534,22 @@ class RolloutCore:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _log_retry(session: SessionRecord, outcome: RetrySession) -> None:
+    """Say why a session goes back to the queue."""
+    if outcome.reason is RetryReason.STALE_POLICY:
+        _log.info(
+            "session %s attempt %d: policy lag %d is beyond the bound, sampling again",
+            session.session_id,
+            session.attempt,
+            outcome.result.policy_lag,
+        )
+        return
+    _log.info(
+        "session %s attempt %d: %s, retrying: %s",
+        session.session_id,
+        session.attempt,
+        "a dependency was unreachable" if outcome.reason is RetryReason.DEPENDENCY_UNAVAILABLE else "infra_error",
+        outcome.result.error_message,
+    )
