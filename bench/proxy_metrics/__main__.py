@@ -45,7 +45,7 @@ async def _calls(app: ProxyApp, n: int, session_id: str) -> float:
     body = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
     started = time.perf_counter()
     for _ in range(n):
-        parsed = app.http.openai_chat.parse(dict(body), path_model=None, path_stream=False)
+        parsed = app.http.adapters["openai_chat"].parse(dict(body), path_model=None, path_stream=False)
         call = await app.engine.start_call(session, parsed.internal)
         await call.collect()
     return (time.perf_counter() - started) / n

@@ -3,11 +3,17 @@
 Routes (``<prefix>`` is anything, e.g. ``/v1`` or ``/anything/v1``):
 
 * ``HEAD /``, ``GET /`` -- liveness (Claude Code's warm-up).
-* ``POST <prefix>/messages`` (``?beta=true`` too) and ``<prefix>/messages/count_tokens`` -- Anthropic.
-* ``POST <prefix>/chat/completions`` -- OpenAI Chat Completions.
-* ``POST <prefix>/responses`` -- OpenAI Responses.
-* ``POST <prefix>/models/{model}:generateContent`` and ``:streamGenerateContent`` (``?alt=sse``) -- Google.
-* ``GET <prefix>/models`` -- model listing (OpenAI/Anthropic shape, or Google's under ``v1beta``).
+* ``GET <prefix>/models`` -- model listing, in the shape of the protocol the request is attributed to.
+* ``POST`` -- the routes each adapter in :data:`model_proxy.protocols.PROTOCOLS` declares
+  (:attr:`~model_proxy.protocols.base.ProtocolAdapter.routes`); today ``<prefix>/messages`` (``?beta=true``
+  too) and ``<prefix>/messages/count_tokens`` (Anthropic), ``<prefix>/chat/completions`` (OpenAI Chat
+  Completions), ``<prefix>/responses`` (OpenAI Responses), ``<prefix>/models/{model}:generateContent`` and
+  ``:streamGenerateContent`` (``?alt=sse``; Google). Nothing here is specific to one protocol.
+
+A request is attributed to the adapter whose route matches its path (any method), else to the first adapter
+whose path or header marks it carries (Google's ``v1beta``, ``x-goog-api-key``; Anthropic's
+``anthropic-version``), else to :data:`~model_proxy.protocols.FALLBACK_PROTOCOL`; its answer or error comes in
+that protocol's shape.
 
 The session token is the API key (``x-api-key``, ``Authorization: Bearer``, ``x-goog-api-key`` or ``?key=``);
 it is checked before the body is read, and nothing is recorded for a refused call. Every error leaves through
@@ -28,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -37,7 +43,7 @@ from opentelemetry.propagate import extract
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route as StarletteRoute
 from starlette.types import Receive, Scope, Send
 
 from model_proxy.core.engine import Call, ProxyEngine
@@ -45,20 +51,13 @@ from model_proxy.core.sessions import Session
 from model_proxy.errors import TooManyCalls
 from model_proxy.http.body import decode_json, read_body
 from model_proxy.http.errors import error_info, retry_headers
-from model_proxy.protocols import (
-    AnthropicAdapter,
-    GoogleAdapter,
-    OpenAIChatAdapter,
-    OpenAIResponsesAdapter,
-    ParsedRequest,
-    ProtocolAdapter,
-)
+from model_proxy.protocols import FALLBACK_PROTOCOL, PROTOCOLS, ParsedRequest, ProtocolAdapter, Route
 from polar_core.errors import NotFound
+from polar_core.registry import Registry
 
 __all__ = ["ProxyHttp"]
 
 _log = logging.getLogger(__name__)
-_GOOGLE = re.compile(r"/models/([^/:]+):(generateContent|streamGenerateContent)$")
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _INLINE_MAX_BYTES = 1 << 20
 """Largest body ever prepared on the event loop (decoding alone costs ~3 ms per MiB)."""
@@ -100,6 +99,7 @@ class ProxyHttp:
         model_name: str,
         max_calls_per_session: int = 8,
         offload_bytes: int = 64 * 1024,
+        protocols: Registry[Callable[[], ProtocolAdapter]] = PROTOCOLS,
     ) -> None:
         """Create the app.
 
@@ -110,6 +110,7 @@ class ProxyHttp:
             model_name: Listed by ``GET /v1/models`` besides the session's model.
             max_calls_per_session: Calls one session may have in flight (429 beyond).
             offload_bytes: Bodies at least this large are parsed, rendered and tokenised in a worker thread.
+            protocols: The protocols served: each adapter's routes, and nothing else (tests pass their own).
         """
         self.engine = engine
         self._retry_after_s = retry_after_s
@@ -118,33 +119,27 @@ class ProxyHttp:
         self._max_calls = max_calls_per_session
         self._offload = offload_bytes
         self._active = 0  # calls admitted and not yet released, all sessions together
-        self.anthropic = AnthropicAdapter()
-        self.openai_chat = OpenAIChatAdapter()
-        self.openai_responses = OpenAIResponsesAdapter()
-        self.google = GoogleAdapter()
-        self.app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=["GET", "HEAD", "POST"])])
+        self.adapters: Mapping[str, ProtocolAdapter] = {name: factory() for name, factory in protocols.items()}
+        """Protocol name → its adapter, in registry order."""
+        self._routes = tuple((route, adapter) for adapter in self.adapters.values() for route in adapter.routes)
+        self._fallback = self.adapters.get(FALLBACK_PROTOCOL) or next(iter(self.adapters.values()))
+        self.app = Starlette(routes=[StarletteRoute("/{path:path}", self._dispatch, methods=["GET", "HEAD", "POST"])])
 
     # ----- dispatch ----------------------------------------------------------------------------------
 
     async def _dispatch(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
-        adapter = self._adapter_for(request, path)
+        adapter, route, match = self._adapter_for(request, path)
         try:
             if path == "/" and request.method in ("GET", "HEAD"):
                 return Response(status_code=200) if request.method == "HEAD" else JSONResponse(self._health())
             if request.method == "GET" and (path.endswith("/models") or "/models/" in path):
-                return self._models(request, adapter, path)
-            if request.method != "POST":
+                return self._models(request, adapter)
+            if request.method != "POST" or route is None or match is None:
                 raise NotFound(f"no route for {request.method} {path}")
-            if path.endswith("/messages/count_tokens"):
-                return await self._count_tokens(request)
-            google = _GOOGLE.search(path)
-            if google is not None:
-                streaming = google.group(2) == "streamGenerateContent"
-                return await self._call(request, self.google, google.group(1), streaming)
-            if path.endswith(("/messages", "/chat/completions", "/responses")):
-                return await self._call(request, adapter, None, False)
-            raise NotFound(f"no route for POST {path}")
+            if route.count_tokens is not None:
+                return await self._count_tokens(request, adapter, route.count_tokens)
+            return await self._call(request, adapter, route, match)
         except Exception as exc:
             return self._error(adapter, exc)
 
@@ -163,18 +158,18 @@ class ProxyHttp:
             },
         }
 
-    def _adapter_for(self, request: Request, path: str) -> ProtocolAdapter:
-        if path.endswith(("/messages", "/messages/count_tokens")):
-            return self.anthropic
-        if path.endswith("/responses"):
-            return self.openai_responses
-        if path.endswith("/chat/completions"):
-            return self.openai_chat
-        if "v1beta" in path or _GOOGLE.search(path) or "x-goog-api-key" in request.headers:
-            return self.google
-        if "anthropic-version" in request.headers:
-            return self.anthropic
-        return self.openai_chat
+    def _adapter_for(self, request: Request, path: str) -> tuple[ProtocolAdapter, Route | None, re.Match[str] | None]:
+        """The adapter a request is attributed to, and the route that matched its path (if one did)."""
+        for route, adapter in self._routes:
+            match = route.match(path)
+            if match is not None:
+                return adapter, route, match
+        for adapter in self.adapters.values():
+            if any(mark in path for mark in adapter.path_marks) or any(
+                header in request.headers for header in adapter.header_marks
+            ):
+                return adapter, None, None
+        return self._fallback, None, None
 
     def _error(self, adapter: ProtocolAdapter, exc: Exception) -> Response:
         info = error_info(exc, protocol=adapter.protocol, retry_after_s=self._retry_after_s)
@@ -238,42 +233,23 @@ class ProxyHttp:
 
     # ----- endpoints ---------------------------------------------------------------------------------
 
-    def _models(self, request: Request, adapter: ProtocolAdapter, path: str) -> Response:
+    def _models(self, request: Request, adapter: ProtocolAdapter) -> Response:
         session = self._session(request)
-        names = list(dict.fromkeys([session.meta.model, self._model_name]))
-        if adapter is self.google:
-            models = [
-                {"name": f"models/{n}", "displayName": n, "supportedGenerationMethods": ["generateContent"]}
-                for n in names
-            ]
-            return JSONResponse({"models": models})
-        data = [
-            {
-                "id": n,
-                "object": "model",
-                "type": "model",
-                "created": 0,
-                "created_at": "1970-01-01T00:00:00Z",
-                "owned_by": "polar",
-                "display_name": n,
-            }
-            for n in names
-        ]
-        return JSONResponse(
-            {"object": "list", "data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
-        )
+        return JSONResponse(adapter.list_models(list(dict.fromkeys([session.meta.model, self._model_name]))))
 
-    async def _count_tokens(self, request: Request) -> Response:
+    async def _count_tokens(
+        self, request: Request, adapter: ProtocolAdapter, render: Callable[[int], dict[str, Any]]
+    ) -> Response:
         release = self._admit(self._session(request))
         try:
-            parsed, large = await self._parse(request, self.anthropic)
-            return JSONResponse({"input_tokens": await self.engine.count_tokens(parsed.internal, offload=large)})
+            parsed, large = await self._parse(request, adapter)
+            return JSONResponse(render(await self.engine.count_tokens(parsed.internal, offload=large)))
         finally:
             release()
 
-    async def _call(
-        self, request: Request, adapter: ProtocolAdapter, path_model: str | None, path_stream: bool
-    ) -> Response:
+    async def _call(self, request: Request, adapter: ProtocolAdapter, route: Route, match: re.Match[str]) -> Response:
+        groups = match.groupdict()
+        path_model, path_stream = groups.get("model"), groups.get("stream") is not None
         try:
             session = self._session(request)
             release = self._admit(session)
@@ -289,8 +265,9 @@ class ProxyHttp:
                 raise
             parent = _trace_context(session, request)
             call = await self.engine.start_call(session, parsed.internal, trace_context=parent, offload=large)
-            if adapter is self.google and path_stream and request.query_params.get("alt") != "sse":
-                # Without alt=sse Google streams a JSON array; one element holding the whole answer is valid.
+            sse_query = route.array_unless_query
+            if path_stream and sse_query is not None and request.query_params.get(sse_query[0]) != sse_query[1]:
+                # Such a stream (Google's without alt=sse) is a JSON array; one element with the whole answer is valid.
                 return JSONResponse([adapter.response(parsed, await call.collect())])
             if not parsed.internal.stream or call.was_cut:
                 # A call cut by a weight update before its stream began gets a plain retryable status (collect

@@ -1,10 +1,17 @@
-"""What every provider protocol adapter provides, and helpers they share."""
+"""What every provider protocol adapter provides, and helpers they share.
+
+An adapter declares its own HTTP endpoints (:attr:`ProtocolAdapter.routes`) and the request marks that
+attribute other requests to it (:attr:`ProtocolAdapter.header_marks`, :attr:`ProtocolAdapter.path_marks`);
+``model_proxy.http.app`` builds its dispatch from the registered adapters (``model_proxy.protocols.PROTOCOLS``)
+and holds no per-protocol routing.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterable
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -18,7 +25,9 @@ __all__ = [
     "ErrorInfo",
     "ParsedRequest",
     "ProtocolAdapter",
+    "Route",
     "internal_request",
+    "list_models",
     "malformed",
     "sse",
     "text_of_parts",
@@ -56,11 +65,51 @@ class ParsedRequest:
     internal: InternalRequest
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Route:
+    """One ``POST`` endpoint of a protocol, matched against the end of the request path (any prefix is accepted).
+
+    Attributes:
+        pattern: A regular expression searched in the path (anchor it with ``$``). A named group ``model``
+            gives the model the path names (Google's ``models/{model}:generateContent``); a named group
+            ``stream`` that matched means the path asks for a stream.
+        count_tokens: When set, the endpoint counts the prompt's tokens instead of sampling, and this renders
+            the count as the protocol's JSON answer (Anthropic's ``messages/count_tokens``).
+        array_unless_query: For a streaming path: unless the query has this ``(key, value)``, the stream is
+            answered as a JSON array holding the one complete answer (Google streams SSE only with
+            ``alt=sse``).
+    """
+
+    pattern: str
+    count_tokens: Callable[[int], dict[str, Any]] | None = None
+    array_unless_query: tuple[str, str] | None = None
+
+    def match(self, path: str) -> re.Match[str] | None:
+        """The match of :attr:`pattern` in ``path``, if any."""
+        return re.search(self.pattern, path)
+
+
 class ProtocolAdapter(Protocol):
-    """One provider protocol: wire models in, wire answers and SSE events out."""
+    """One provider protocol: its endpoints, wire models in, wire answers and SSE events out."""
 
     protocol: str
-    """The completion record's ``protocol`` value."""
+    """The completion record's ``protocol`` value, and the adapter's name in ``model_proxy.protocols.PROTOCOLS``."""
+
+    routes: tuple[Route, ...]
+    """The ``POST`` endpoints this protocol answers."""
+
+    header_marks: tuple[str, ...]
+    """Request headers only this protocol's clients send. They attribute a request no route matched (``GET
+    .../models``, an unknown path) to this protocol, so its answer or error comes in this protocol's shape; the
+    first adapter in registry order with a matching mark wins; without any, the request is answered in the shape
+    of ``model_proxy.protocols.FALLBACK_PROTOCOL`` (``openai_chat``)."""
+
+    path_marks: tuple[str, ...]
+    """Path substrings that do the same as :attr:`header_marks` (Google's ``v1beta``)."""
+
+    def list_models(self, names: Sequence[str]) -> dict[str, Any]:
+        """The ``GET .../models`` answer listing ``names``."""
+        ...
 
     def parse(self, body: Any, *, path_model: str | None, path_stream: bool) -> ParsedRequest:
         """Validate a JSON body and translate it; raises :class:`MalformedRequest`."""
@@ -81,6 +130,23 @@ class ProtocolAdapter(Protocol):
     def stream_error(self, error: ErrorInfo) -> bytes:
         """The provider's SSE error event, for errors after a stream began."""
         ...
+
+
+def list_models(names: Sequence[str]) -> dict[str, Any]:
+    """A model listing that both OpenAI's and Anthropic's SDKs read (the union of their fields)."""
+    data = [
+        {
+            "id": n,
+            "object": "model",
+            "type": "model",
+            "created": 0,
+            "created_at": "1970-01-01T00:00:00Z",
+            "owned_by": "polar",
+            "display_name": n,
+        }
+        for n in names
+    ]
+    return {"object": "list", "data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

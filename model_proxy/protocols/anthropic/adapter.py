@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,7 +16,9 @@ from model_proxy.protocols.anthropic.models import Block, MessagesRequest
 from model_proxy.protocols.base import (
     ErrorInfo,
     ParsedRequest,
+    Route,
     internal_request,
+    list_models,
     malformed,
     sse,
     text_of_parts,
@@ -197,10 +199,21 @@ class _MessagesStream:
         return sse({"type": "content_block_delta", "index": self._index, "delta": body}, "content_block_delta")
 
 
+def _token_count(tokens: int) -> dict[str, Any]:
+    return {"input_tokens": tokens}
+
+
 class AnthropicAdapter:
-    """The Anthropic Messages protocol."""
+    """The Anthropic Messages protocol: ``POST .../messages`` (``?beta=true`` too) and ``.../messages/count_tokens``."""
 
     protocol = "anthropic_messages"
+    routes: tuple[Route, ...] = (Route(r"/messages$"), Route(r"/messages/count_tokens$", count_tokens=_token_count))
+    header_marks: tuple[str, ...] = ("anthropic-version",)
+    path_marks: tuple[str, ...] = ()
+
+    def list_models(self, names: Sequence[str]) -> dict[str, Any]:
+        """The ``GET .../models`` answer (a listing OpenAI's SDKs read as well)."""
+        return list_models(names)
 
     def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
         """Validate and translate a Messages request."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -12,7 +12,7 @@ from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
-from model_proxy.protocols.base import ErrorInfo, ParsedRequest, internal_request, malformed, sse
+from model_proxy.protocols.base import ErrorInfo, ParsedRequest, Route, internal_request, malformed, sse
 from model_proxy.protocols.google.models import Content, GenerateContentRequest
 
 __all__ = ["GoogleAdapter", "lower_schema"]
@@ -117,9 +117,24 @@ def _messages(req: GenerateContentRequest, ignored: list[str]) -> list[ChatMessa
 
 
 class GoogleAdapter:
-    """Google's Generative Language protocol."""
+    """Google's Generative Language protocol: ``POST .../models/{model}:generateContent`` and ``:streamGenerate...``."""
 
     protocol = "google_generate"
+    routes: tuple[Route, ...] = (
+        Route(
+            r"/models/(?P<model>[^/:]+):(?:generateContent|(?P<stream>streamGenerateContent))$",
+            array_unless_query=("alt", "sse"),
+        ),
+    )
+    header_marks: tuple[str, ...] = ("x-goog-api-key",)
+    path_marks: tuple[str, ...] = ("v1beta",)
+
+    def list_models(self, names: Sequence[str]) -> dict[str, Any]:
+        """The ``GET .../models`` answer in Google's shape."""
+        models = [
+            {"name": f"models/{n}", "displayName": n, "supportedGenerationMethods": ["generateContent"]} for n in names
+        ]
+        return {"models": models}
 
     def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
         """Validate and translate a generateContent request."""

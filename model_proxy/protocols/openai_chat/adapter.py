@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,7 +16,9 @@ from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, Too
 from model_proxy.protocols.base import (
     ErrorInfo,
     ParsedRequest,
+    Route,
     internal_request,
+    list_models,
     malformed,
     sse,
     text_of_parts,
@@ -105,9 +107,16 @@ def openai_internal_request(
 
 
 class OpenAIChatAdapter:
-    """The OpenAI Chat Completions protocol."""
+    """The OpenAI Chat Completions protocol: ``POST .../chat/completions``."""
 
     protocol = "openai_chat"
+    routes: tuple[Route, ...] = (Route(r"/chat/completions$"),)
+    header_marks: tuple[str, ...] = ()
+    path_marks: tuple[str, ...] = ()
+
+    def list_models(self, names: Sequence[str]) -> dict[str, Any]:
+        """The ``GET .../models`` answer (a listing Anthropic's SDKs read as well)."""
+        return list_models(names)
 
     def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
         """Validate and translate a Chat Completions request."""

@@ -12,7 +12,7 @@ when the harness asks to include it, so a replay carries the exact reasoning bac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,6 +24,8 @@ from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import (
     ErrorInfo,
     ParsedRequest,
+    Route,
+    list_models,
     malformed,
     sse,
     text_of_parts,
@@ -167,9 +169,16 @@ def _messages(req: ResponsesRequest, ignored: list[str]) -> list[ChatMessage]:
 
 
 class OpenAIResponsesAdapter:
-    """The OpenAI Responses protocol."""
+    """The OpenAI Responses protocol: ``POST .../responses``."""
 
     protocol = "openai_responses"
+    routes: tuple[Route, ...] = (Route(r"/responses$"),)
+    header_marks: tuple[str, ...] = ()
+    path_marks: tuple[str, ...] = ()
+
+    def list_models(self, names: Sequence[str]) -> dict[str, Any]:
+        """The ``GET .../models`` answer (OpenAI's listing)."""
+        return list_models(names)
 
     def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
         """Validate and translate a Responses request."""
