@@ -8,9 +8,10 @@ from __future__ import annotations
 from gateway.harnesses.base import HarnessAdapter, HarnessContext, HarnessLaunch, ProxyEndpoints, rebase_endpoints
 from gateway.harnesses.patch import collect_patch, init_workspace, init_workspace_argv, patch_argv
 from gateway.harnesses.pi import PROVIDER_MODES
-from gateway.harnesses.registry import adapter_names, get_adapter
+from gateway.harnesses.registry import ADAPTERS, adapter_names, get_adapter
 
 __all__ = [
+    "ADAPTERS",
     "PROVIDER_MODES",
     "HarnessAdapter",
     "HarnessContext",

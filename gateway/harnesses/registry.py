@@ -1,4 +1,10 @@
-"""The harness adapter registry: harness name (as in task files) → adapter."""
+"""The harness adapter registry: harness name (as in task files) → adapter.
+
+Each adapter names itself (its ``name``, with its option keys from ``polar_checks.harnesses.HARNESS_OPTIONS``,
+the catalogue the client and the rollout server check tasks against); :data:`ADAPTERS` lists the adapter classes
+once. Adding a harness is an adapter module, one line in ``_ADAPTER_CLASSES`` and one in ``HARNESS_OPTIONS``
+(``docs/extending.md``); ``gateway/harnesses/tests/test_registry.py`` holds the two registries to the same names.
+"""
 
 from __future__ import annotations
 
@@ -19,44 +25,40 @@ from gateway.harnesses.opencode import OpencodeAdapter
 from gateway.harnesses.openhands import OpenHandsAdapter
 from gateway.harnesses.pi import PiAdapter
 from gateway.harnesses.qwen_code import QwenCodeAdapter
-from polar_core.errors import InvalidArgument
+from polar_core.registry import Registry
 
-__all__ = ["adapter_names", "get_adapter"]
+__all__ = ["ADAPTERS", "adapter_names", "get_adapter"]
 
+_ADAPTER_CLASSES: tuple[Callable[[], HarnessAdapter], ...] = (
+    ClaudeCodeAdapter,
+    CodexAdapter,
+    QwenCodeAdapter,
+    PiAdapter,
+    GeminiCliAdapter,
+    MiniSweAgentAdapter,
+    AiderAdapter,
+    OpenAIAgentsAdapter,
+    HermesAgentAdapter,
+    OpenHandsAdapter,
+    OpencodeAdapter,
+    ClineAdapter,
+    ContinueCliAdapter,
+    CommandAdapter,
+)
 
-def _factories() -> dict[str, Callable[[], HarnessAdapter]]:
-    return {
-        "claude-code": ClaudeCodeAdapter,
-        "codex": CodexAdapter,
-        "qwen-code": QwenCodeAdapter,
-        "pi": PiAdapter,
-        "gemini-cli": GeminiCliAdapter,
-        "mini-swe-agent": MiniSweAgentAdapter,
-        "aider": AiderAdapter,
-        "openai-agents": OpenAIAgentsAdapter,
-        "hermes-agent": HermesAgentAdapter,
-        "openhands": OpenHandsAdapter,
-        "opencode": OpencodeAdapter,
-        "cline": ClineAdapter,
-        "continue": ContinueCliAdapter,
-        "command": CommandAdapter,
-    }
+ADAPTERS: Registry[Callable[[], HarnessAdapter]] = Registry("harness", [(cls().name, cls) for cls in _ADAPTER_CLASSES])
+"""Harness name → adapter factory, in the order error messages list them."""
 
 
 def adapter_names() -> tuple[str, ...]:
     """The names :func:`get_adapter` knows."""
-    return tuple(_factories())
+    return ADAPTERS.names()
 
 
 def get_adapter(name: str) -> HarnessAdapter:
     """Return a new adapter for harness ``name``.
 
     Raises:
-        InvalidArgument: No harness has that name.
+        InvalidArgument: No harness has that name (the message lists the known ones).
     """
-    factory = _factories().get(name)
-    if factory is None:
-        raise InvalidArgument(
-            f"unknown harness {name!r}; known: {', '.join(adapter_names())}", details={"harness": name}
-        )
-    return factory()
+    return ADAPTERS.get_or_raise(name, details={"harness": name})()

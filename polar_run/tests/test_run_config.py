@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from polar_checks.harnesses import HARNESS_OPTIONS
 from polar_client import task_from_mapping
 from polar_core.errors import FailedPrecondition, InvalidArgument
 from polar_run.run import default_out_dir, prepare_out_dir
@@ -15,6 +16,7 @@ from polar_run.run_config import (
     IN_PROCESS_MAX_TOKENS,
     RunOverrides,
     find_harness_root,
+    harness_name,
     parse_backend_options,
     prepare_task,
 )
@@ -71,6 +73,13 @@ def test_harness_override_drops_the_old_options_and_accepts_underscores(tmp_path
     assert same.task["harness"] == {"name": "claude-code", "bare": True}
     other = prepare_task(path, RunOverrides(harness="pi", max_tokens=64, harness_root=root))
     assert other.task["harness"] == {"name": "pi", "max_tokens": 64}
+
+
+def test_every_registered_harness_is_read_with_underscores_for_hyphens() -> None:
+    # The rule that replaced polar run's alias table: it covers every harness, a new one included.
+    for name in HARNESS_OPTIONS:
+        assert harness_name(name) == harness_name(name.replace("-", "_")) == name
+    assert harness_name("no_such_harness") == "no-such-harness"  # refused later, under the registered spelling
 
 
 def test_the_token_cap_applies_to_the_in_process_model_only(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from gateway.harnesses import HarnessContext, ProxyEndpoints, adapter_names, get_adapter
+from gateway.harnesses import ADAPTERS, HarnessContext, ProxyEndpoints, adapter_names, get_adapter
 from polar_checks.harnesses import COMMON_OPTIONS, HARNESS_OPTIONS, check_harness, harness_names
 from polar_core.errors import InvalidArgument
 
@@ -53,3 +53,17 @@ def test_an_unknown_harness_is_refused_with_the_field() -> None:
     with pytest.raises(InvalidArgument, match="claude_code") as info:
         check_harness("claude_code", {})
     assert info.value.details == {"field": "harness.name", "harness": "claude_code"}
+
+
+def test_each_adapter_is_registered_under_its_own_name_spelled_with_hyphens() -> None:
+    for name, factory in ADAPTERS.items():
+        assert factory().name == name
+        # polar run reads `_` as `-` (polar_run.run_config.harness_name); that needs no `_` in a registered name.
+        assert "_" not in name
+
+
+def test_an_unknown_adapter_name_lists_the_known_ones() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        get_adapter("claude")
+    assert info.value.details == {"harness": "claude"}
+    assert info.value.message == f"unknown harness 'claude'; known: {', '.join(adapter_names())}"
