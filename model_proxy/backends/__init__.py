@@ -1,7 +1,8 @@
 """Inference backends of the model proxy: token IDs in, token IDs and log-probabilities out.
 
 Each implements :class:`~model_proxy.ports.Backend` (re-exported here); :func:`create_backend` builds one from
-its name and options, validated into the kind's frozen options model (:mod:`model_proxy.backends.options`).
+its name and options, validated into the kind's frozen options model (:mod:`model_proxy.backends.options`);
+:data:`BACKENDS` is the registry of kinds by name.
 
 ``TritonBackend`` and ``TransformersBackend`` are imported on first use, so importing this package needs
 neither ``tritonclient`` nor ``torch``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from model_proxy.backends.factory import BACKEND_NAMES, create_backend
+from model_proxy.backends.factory import BACKEND_NAMES, BACKENDS, BackendKind, create_backend, parse_options
 from model_proxy.backends.options import (
     BackendOptions,
     ScriptedOptions,
@@ -20,7 +21,6 @@ from model_proxy.backends.options import (
     TransformersOptions,
     TritonOptions,
     VLLMOptions,
-    parse_options,
 )
 from model_proxy.backends.pool import BackendPool
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, load_script
@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from model_proxy.backends.triton import TritonBackend, TritonTensorNames
 
 __all__ = [
+    "BACKENDS",
     "BACKEND_NAMES",
     "Backend",
+    "BackendKind",
     "BackendOptions",
     "BackendPool",
     "SGLangBackend",

@@ -18,31 +18,50 @@ scripted      ``script`` (a JSON/JSONL file) or ``turns`` (a list of turn object
 
 Every pooled kind also takes ``unhealthy_retry_s`` (see :class:`~model_proxy.backends.pool.BackendPool`).
 Each kind's options are a frozen model in :mod:`model_proxy.backends.options`.
+
+:data:`BACKENDS` registers each kind by name with its options model and its builder; adding a backend is its
+module, its options model and one line there plus its builder here (``docs/extending.md``). Builders import
+their backend module when called, so importing this package needs neither ``tritonclient`` nor ``torch``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from model_proxy.backends.options import (
+    BackendOptions,
     PooledOptions,
     ScriptedOptions,
     SGLangOptions,
     TransformersOptions,
     TritonOptions,
     VLLMOptions,
-    parse_options,
+    validate_options,
 )
 from model_proxy.backends.pool import BackendPool
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn, TextEncoder, load_script
 from model_proxy.ports import Backend
 from polar_core.errors import InvalidArgument
+from polar_core.registry import Registry
 
-__all__ = ["BACKEND_NAMES", "create_backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "BackendKind", "create_backend", "parse_options"]
 
-BACKEND_NAMES = ("triton", "vllm", "sglang", "transformers", "scripted")
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendKind:
+    """One kind of inference backend.
+
+    Attributes:
+        options: Its options model (unknown keys are refused).
+        build: ``build(options, tokenizer, weights)``: the unstarted backend (or a pool) from validated options,
+            the policy's tokenizer and its loaded weights (``None`` when none are loaded).
+    """
+
+    options: type[BackendOptions]
+    build: Callable[[Any, Any, Any | None], Backend]
 
 
 def _pooled(name: str, options: PooledOptions, make: Callable[[str], Backend]) -> Backend:
@@ -52,7 +71,7 @@ def _pooled(name: str, options: PooledOptions, make: Callable[[str], Backend]) -
     return BackendPool(replicas, unhealthy_retry_s=options.unhealthy_retry_s)
 
 
-def _triton(options: TritonOptions) -> Backend:
+def _triton(options: TritonOptions, tokenizer: Any, weights: Any | None) -> Backend:
     from model_proxy.backends.triton import TritonBackend, TritonTensorNames
 
     try:
@@ -74,7 +93,7 @@ def _triton(options: TritonOptions) -> Backend:
     )
 
 
-def _vllm(options: VLLMOptions) -> Backend:
+def _vllm(options: VLLMOptions, tokenizer: Any, weights: Any | None) -> Backend:
     from model_proxy.backends.vllm import VLLMBackend
 
     return _pooled(
@@ -91,7 +110,7 @@ def _vllm(options: VLLMOptions) -> Backend:
     )
 
 
-def _sglang(options: SGLangOptions) -> Backend:
+def _sglang(options: SGLangOptions, tokenizer: Any, weights: Any | None) -> Backend:
     from model_proxy.backends.sglang import SGLangBackend
 
     return _pooled(
@@ -108,7 +127,7 @@ def _sglang(options: SGLangOptions) -> Backend:
     )
 
 
-def _transformers(options: TransformersOptions, weights: Any | None) -> Backend:
+def _transformers(options: TransformersOptions, tokenizer: Any, weights: Any | None) -> Backend:
     from model_proxy.backends.transformers_backend import TransformersBackend
 
     model = options.model_dir if options.model_dir is not None else weights
@@ -137,7 +156,7 @@ def _turns(value: Any, what: str) -> list[ScriptTurn]:
     raise InvalidArgument(f"scripted backend: {what} must be a file path or a list of turns")
 
 
-def _scripted(options: ScriptedOptions, tokenizer: Any) -> Backend:
+def _scripted(options: ScriptedOptions, tokenizer: Any, weights: Any | None) -> Backend:
     end_of_turn_id = options.end_of_turn_id
     if end_of_turn_id is None:
         end_of_turn_id = getattr(tokenizer, "eos_token_id", None)
@@ -159,6 +178,32 @@ def _scripted(options: ScriptedOptions, tokenizer: Any) -> Backend:
     )
 
 
+BACKENDS: Registry[BackendKind] = Registry(
+    "backend",
+    [
+        ("triton", BackendKind(TritonOptions, _triton)),
+        ("vllm", BackendKind(VLLMOptions, _vllm)),
+        ("sglang", BackendKind(SGLangOptions, _sglang)),
+        ("transformers", BackendKind(TransformersOptions, _transformers)),
+        ("scripted", BackendKind(ScriptedOptions, _scripted)),
+    ],
+)
+"""Backend name (``backend.name`` in task files, ``--backend``) → its options model and builder."""
+
+BACKEND_NAMES = BACKENDS.names()
+"""The backend names, in the order error messages list them."""
+
+
+def parse_options(name: str, options: Mapping[str, Any]) -> BackendOptions:
+    """Validate ``options`` into backend ``name``'s options model.
+
+    Raises:
+        InvalidArgument: Unknown backend (the message lists the known ones), unknown option or a value of the
+            wrong type.
+    """
+    return validate_options(name, BACKENDS.get_or_raise(name).options, options)
+
+
 def create_backend(name: str, options: Mapping[str, Any], tokenizer: Any, *, weights: Any | None = None) -> Backend:
     """Create (but not start) the backend called ``name``.
 
@@ -176,14 +221,5 @@ def create_backend(name: str, options: Mapping[str, Any], tokenizer: Any, *, wei
         InvalidArgument: Unknown name, unknown option, a value of the wrong type or a missing required option.
         ValueError: A script file is malformed.
     """
-    parsed = parse_options(name, options)
-    if isinstance(parsed, TritonOptions):
-        return _triton(parsed)
-    if isinstance(parsed, VLLMOptions):
-        return _vllm(parsed)
-    if isinstance(parsed, SGLangOptions):
-        return _sglang(parsed)
-    if isinstance(parsed, TransformersOptions):
-        return _transformers(parsed, weights)
-    assert isinstance(parsed, ScriptedOptions)
-    return _scripted(parsed, tokenizer)
+    kind = BACKENDS.get_or_raise(name)
+    return kind.build(validate_options(name, kind.options, options), tokenizer, weights)

@@ -1,8 +1,9 @@
 """The typed options of each backend: one frozen model per kind, parsed once from a mapping.
 
-A task file's ``backend:`` section and ``--backend-options`` arrive as a plain mapping; :func:`parse_options`
-turns it into the backend's model, refusing unknown keys (typos fail loudly) and ill-typed values with
-:class:`~polar_core.errors.InvalidArgument`.
+A task file's ``backend:`` section and ``--backend-options`` arrive as a plain mapping;
+:func:`~model_proxy.backends.factory.parse_options` finds the backend's model in the registry
+(:data:`~model_proxy.backends.factory.BACKENDS`) and :func:`validate_options` turns the mapping into it,
+refusing unknown keys (typos fail loudly) and ill-typed values with :class:`~polar_core.errors.InvalidArgument`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ __all__ = [
     "TransformersOptions",
     "TritonOptions",
     "VLLMOptions",
-    "options_model",
-    "parse_options",
+    "validate_options",
 ]
 
 
@@ -120,34 +120,12 @@ class ScriptedOptions(BackendOptions):
     chunk_size: int = 4
 
 
-_MODELS: dict[str, type[BackendOptions]] = {
-    "triton": TritonOptions,
-    "vllm": VLLMOptions,
-    "sglang": SGLangOptions,
-    "transformers": TransformersOptions,
-    "scripted": ScriptedOptions,
-}
-
-
-def options_model(name: str) -> type[BackendOptions]:
-    """The options model of backend ``name``.
+def validate_options(name: str, model: type[BackendOptions], options: Mapping[str, Any]) -> BackendOptions:
+    """Validate ``options`` into ``model``, the options model of backend ``name``.
 
     Raises:
-        InvalidArgument: Unknown backend.
+        InvalidArgument: An unknown option or a value of the wrong type.
     """
-    model = _MODELS.get(name)
-    if model is None:
-        raise InvalidArgument(f"unknown backend {name!r}; expected one of {', '.join(_MODELS)}")
-    return model
-
-
-def parse_options(name: str, options: Mapping[str, Any]) -> BackendOptions:
-    """Validate ``options`` into backend ``name``'s model.
-
-    Raises:
-        InvalidArgument: Unknown backend, unknown option or a value of the wrong type.
-    """
-    model = options_model(name)
     known = sorted(model.model_fields)
     unknown = sorted(set(options) - set(known))
     if unknown:
