@@ -37,6 +37,7 @@ from gateway.models import (
 )
 from gateway.registration import HeartbeatReply, Lease
 from polar_core.convert import (
+    RUNTIME_KINDS,
     completion_from_proto,
     completion_to_proto,
     stats_to_proto,
@@ -87,12 +88,6 @@ __all__ = [
     "trace_to_proto",
 ]
 
-_RUNTIME_KINDS = {
-    task_pb2.RUNTIME_KIND_UNSPECIFIED: "",
-    task_pb2.RUNTIME_KIND_LOCAL: "local",
-    task_pb2.RUNTIME_KIND_DOCKER: "docker",
-    task_pb2.RUNTIME_KIND_APPTAINER: "apptainer",
-}
 _STAGES = {
     Stage.INIT: status_pb2.SESSION_STAGE_INIT,
     Stage.READY: status_pb2.SESSION_STAGE_READY,
@@ -135,7 +130,7 @@ def spec_from_proto(message: session_pb2.SessionSpec) -> SessionSpec:
         strategy = strategy_from_proto(task.builder.strategy, ReconstructionStrategy.PREFIX_MERGE)
     backend_options = struct_to_dict(task.backend.options)
     try:
-        kind = _RUNTIME_KINDS[task.runtime.kind]
+        kind = RUNTIME_KINDS[task.runtime.kind] if task.runtime.kind != task_pb2.RUNTIME_KIND_UNSPECIFIED else ""
     except KeyError:
         raise InvalidArgument(f"unknown runtime kind {task.runtime.kind}") from None
     return SessionSpec(

@@ -12,13 +12,13 @@ from polar.common.v1 import reconstruction_pb2, task_pb2
 
 from polar_checks.harnesses import check_harness
 from polar_client.formats import select_mapping
+from polar_core.convert import RUNTIME_KIND_VALUES
 from polar_core.errors import InvalidArgument
 from polar_core.git_trees import TreeCache, check_revision, is_git_repository
 from polar_core.task_paths import resolve_task_paths
 
 __all__ = ["load_task", "task_from_mapping"]
 
-_RUNTIME_KINDS = {"local": 1, "docker": 2, "apptainer": 3}
 _SCALARS = ("task_id", "instruction", "num_samples", "timeout_seconds", "priority", "early_stop_min_usable_sessions")
 _STALE_POLICIES = {"keep": task_pb2.STALE_POLICY_KEEP, "resample": task_pb2.STALE_POLICY_RESAMPLE}
 
@@ -107,10 +107,10 @@ def task_from_mapping(data: Mapping[str, Any]) -> task_pb2.Task:
         if "runtime" in data:
             kind, options = _named(data["runtime"], "kind")
             image = str(options.pop("image", ""))
-            if kind and kind not in _RUNTIME_KINDS:
-                raise InvalidArgument(f"runtime.kind must be one of {', '.join(_RUNTIME_KINDS)}")
+            if kind and kind not in RUNTIME_KIND_VALUES:
+                raise InvalidArgument(f"runtime.kind must be one of {', '.join(RUNTIME_KIND_VALUES)}")
             task.runtime.CopyFrom(
-                task_pb2.RuntimeSpec(kind=_RUNTIME_KINDS.get(kind, 0), image=image, options=_struct(options))  # type: ignore[arg-type]
+                task_pb2.RuntimeSpec(kind=RUNTIME_KIND_VALUES.get(kind, 0), image=image, options=_struct(options))  # type: ignore[arg-type]
             )
         if "backend" in data:
             name, options = _named(data["backend"], "name")

@@ -6,15 +6,19 @@ JSON records (``completions.jsonl``, ``traces.jsonl``) and the messages can neve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, cast
 
 from google.protobuf import json_format, struct_pb2
-from polar.common.v1 import completion_pb2, reconstruction_pb2, status_pb2, trace_pb2
+from polar.common.v1 import completion_pb2, reconstruction_pb2, status_pb2, task_pb2, trace_pb2
 
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord, ReconstructionStats, ReconstructionStrategy, TerminalStatus, Trace
 
 __all__ = [
+    "RUNTIME_KINDS",
+    "RUNTIME_KIND_VALUES",
     "completion_from_proto",
     "completion_to_proto",
     "dict_to_struct",
@@ -26,6 +30,19 @@ __all__ = [
     "trace_from_proto",
     "trace_to_proto",
 ]
+
+RUNTIME_KINDS: Mapping[int, str] = MappingProxyType(
+    {
+        value.number: value.name.removeprefix("RUNTIME_KIND_").lower()
+        for value in task_pb2.RuntimeKind.DESCRIPTOR.values
+        if value.number != task_pb2.RUNTIME_KIND_UNSPECIFIED
+    }
+)
+"""``RuntimeKind`` enum value → the task file's ``runtime.kind`` (``RUNTIME_KIND_DOCKER`` → ``docker``), read from
+the enum itself, so a kind added to ``task.proto`` needs no table here or in a service."""
+
+RUNTIME_KIND_VALUES: Mapping[str, int] = MappingProxyType({name: number for number, name in RUNTIME_KINDS.items()})
+"""``runtime.kind`` name → ``RuntimeKind`` enum value (the inverse of :data:`RUNTIME_KINDS`)."""
 
 # Completion message fields that CompletionRecord keeps in ``extra`` (beyond the contract's core fields).
 _EXTRA_FIELDS = ("normalization_rules_fired", "tool_call_parse_error", "sampling", "backend", "replica")

@@ -19,18 +19,12 @@ from polar.common.v1 import task_pb2
 
 from polar_checks.harnesses import check_harness
 from polar_checks.swebench import check_grading
-from polar_core.convert import struct_to_dict
+from polar_core.convert import RUNTIME_KINDS, struct_to_dict
 from polar_core.errors import InvalidArgument
 from rollout_server.settings import RolloutSettings
 from runtimes.sandbox_policy import TaskAdmission
 
 __all__ = ["TaskCheck", "task_mapping"]
-
-_KINDS = {
-    task_pb2.RUNTIME_KIND_LOCAL: "local",
-    task_pb2.RUNTIME_KIND_DOCKER: "docker",
-    task_pb2.RUNTIME_KIND_APPTAINER: "apptainer",
-}
 
 
 def _decode(spec: bytes) -> task_pb2.Task:
@@ -48,8 +42,8 @@ def task_mapping(spec: bytes) -> dict[str, Any]:
     """
     task = _decode(spec)
     runtime: dict[str, Any] = struct_to_dict(task.runtime.options)
-    if task.runtime.kind in _KINDS:
-        runtime["kind"] = _KINDS[task.runtime.kind]
+    if task.runtime.kind in RUNTIME_KINDS:
+        runtime["kind"] = RUNTIME_KINDS[task.runtime.kind]
     if task.runtime.image:
         runtime["image"] = task.runtime.image
     return {

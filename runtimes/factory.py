@@ -1,4 +1,4 @@
-"""Build runtimes from specs."""
+"""Build runtimes from specs: :data:`RUNTIMES` registers a builder per :class:`~runtimes.spec.RuntimeKind`."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
+from polar_core.registry import Registry
 from runtimes.base import Runtime
 from runtimes.spec import RuntimeKind, RuntimeSpec
 
-__all__ = ["DefaultRuntimeFactory", "RuntimeFactory", "create_runtime"]
+__all__ = ["RUNTIMES", "DefaultRuntimeFactory", "RuntimeBuilder", "RuntimeFactory", "create_runtime"]
 
 
 class RuntimeFactory(Protocol):
@@ -18,6 +19,46 @@ class RuntimeFactory(Protocol):
     def create(self, spec: RuntimeSpec, *, session_id: str) -> Runtime:
         """Return an unstarted runtime for ``session_id``."""
         ...
+
+
+class RuntimeBuilder(Protocol):
+    """Builds an unstarted runtime of one kind (see :func:`create_runtime` for the arguments)."""
+
+    def __call__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+        """Return an unstarted runtime for ``session_id``."""
+        ...
+
+
+# Each builder imports its implementation when called, so the docker SDK is needed only by those who use Docker.
+
+
+def _local(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+    from runtimes.local import LocalRuntime
+
+    return LocalRuntime(spec, session_id=session_id, base_dir=base_dir)
+
+
+def _docker(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+    from runtimes.docker import DockerRuntime
+
+    return DockerRuntime(spec, session_id=session_id, client=docker_client)
+
+
+def _apptainer(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+    from runtimes.apptainer import ApptainerRuntime
+
+    return ApptainerRuntime(spec, session_id=session_id, base_dir=base_dir)
+
+
+RUNTIMES: Registry[RuntimeBuilder] = Registry(
+    "runtime kind",
+    [
+        (RuntimeKind.LOCAL.value, _local),
+        (RuntimeKind.DOCKER.value, _docker),
+        (RuntimeKind.APPTAINER.value, _apptainer),
+    ],
+)
+"""``runtime.kind`` (a :class:`~runtimes.spec.RuntimeKind` value) → the builder of that runtime."""
 
 
 def create_runtime(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None = None) -> Runtime:
@@ -29,18 +70,8 @@ def create_runtime(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker
         base_dir: Parent of host session directories (local, apptainer).
         docker_client: A shared ``docker.DockerClient``; built from ``spec.docker_host`` when omitted.
     """
-    if spec.kind is RuntimeKind.LOCAL:
-        from runtimes.local import LocalRuntime
-
-        return LocalRuntime(spec, session_id=session_id, base_dir=base_dir)
-    if spec.kind is RuntimeKind.DOCKER:
-        # Imported lazily so the docker SDK is needed only by those who use Docker.
-        from runtimes.docker import DockerRuntime
-
-        return DockerRuntime(spec, session_id=session_id, client=docker_client)
-    from runtimes.apptainer import ApptainerRuntime
-
-    return ApptainerRuntime(spec, session_id=session_id, base_dir=base_dir)
+    build = RUNTIMES.get_or_raise(spec.kind.value)
+    return build(spec, session_id=session_id, base_dir=base_dir, docker_client=docker_client)
 
 
 @dataclasses.dataclass
