@@ -57,6 +57,7 @@ from polar_core.records import (
     ReconstructionStrategy,
     TerminalStatus,
 )
+from runtimes import RuntimeKind
 
 __all__ = [
     "agent_status_to_proto",
@@ -88,6 +89,8 @@ __all__ = [
     "trace_to_proto",
 ]
 
+_IMAGE_KINDS = frozenset(kind.value for kind in RuntimeKind if kind.runs_image)
+"""The runtime kinds whose image the evaluator is told about (it scores in the same image)."""
 _STAGES = {
     Stage.INIT: status_pb2.SESSION_STAGE_INIT,
     Stage.READY: status_pb2.SESSION_STAGE_READY,
@@ -327,7 +330,7 @@ def prepare_request(spec: SessionSpec, request_id: str) -> evaluator_service_pb2
         evaluator=evaluator,
         task_id=spec.task_id,
         session_id=spec.session_id,
-        image=spec.runtime.image if spec.runtime.kind in ("docker", "apptainer") else "",
+        image=spec.runtime.image if spec.runtime.kind in _IMAGE_KINDS else "",
         request_id=request_id,
     )
     if spec.metadata:

@@ -53,7 +53,7 @@ _RESERVED_SUFFIXES = ("_PROXY", "_BASE_URL", "_API_BASE", "_API_KEY", "_AUTH_TOK
 _NETWORK_RANK = {NetworkMode.NONE: 0, NetworkMode.PROXY: 1, NetworkMode.HOST: 2}
 _SIZES = ("memory_limit", "file_size_limit", "tmp_size")
 _COUNTS = ("pids_limit", "cpu_time_limit_s", "cpus")
-_CONTAINERS = (RuntimeKind.DOCKER, RuntimeKind.APPTAINER)
+_CONTAINERS = tuple(kind for kind in RuntimeKind if kind.runs_image)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,6 +21,15 @@ class RuntimeKind(enum.StrEnum):
     DOCKER = "docker"
     APPTAINER = "apptainer"
 
+    @property
+    def runs_image(self) -> bool:
+        """Whether this kind runs a container image: ``image`` is required, and the operator's image patterns and
+        the task's own container kind apply to it (``runtimes.sandbox_policy``)."""
+        return self in _IMAGE_KINDS
+
+
+_IMAGE_KINDS = frozenset({RuntimeKind.DOCKER, RuntimeKind.APPTAINER})
+
 
 class NetworkMode(enum.StrEnum):
     """What a sandbox can reach.
@@ -113,7 +122,7 @@ class RuntimeSpec:
     disk_limit: str | None = "4g"
 
     def __post_init__(self) -> None:
-        if self.kind in (RuntimeKind.DOCKER, RuntimeKind.APPTAINER) and not self.image:
+        if self.kind.runs_image and not self.image:
             raise InvalidArgument(f"runtime kind {self.kind.value!r} needs an image")
         if self.network is NetworkMode.PROXY and self.proxy_socket is None:
             raise InvalidArgument("network 'proxy' needs proxy_socket")
