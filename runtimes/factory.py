@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar_core.registry import Registry
 from runtimes.base import Runtime
 from runtimes.spec import RuntimeKind, RuntimeSpec
+
+if TYPE_CHECKING:
+    from runtimes.local import LocalHost
 
 __all__ = ["RUNTIMES", "DefaultRuntimeFactory", "RuntimeBuilder", "RuntimeFactory", "create_runtime"]
 
@@ -24,7 +27,15 @@ class RuntimeFactory(Protocol):
 class RuntimeBuilder(Protocol):
     """Builds an unstarted runtime of one kind (see :func:`create_runtime` for the arguments)."""
 
-    def __call__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+    def __call__(
+        self,
+        spec: RuntimeSpec,
+        *,
+        session_id: str,
+        base_dir: Path,
+        docker_client: Any | None,
+        local_host: LocalHost | None,
+    ) -> Runtime:
         """Return an unstarted runtime for ``session_id``."""
         ...
 
@@ -32,19 +43,25 @@ class RuntimeBuilder(Protocol):
 # Each builder imports its implementation when called, so the docker SDK is needed only by those who use Docker.
 
 
-def _local(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+def _local(
+    spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None, local_host: LocalHost | None
+) -> Runtime:
     from runtimes.local import LocalRuntime
 
-    return LocalRuntime(spec, session_id=session_id, base_dir=base_dir)
+    return LocalRuntime(spec, session_id=session_id, base_dir=base_dir, host=local_host)
 
 
-def _docker(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+def _docker(
+    spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None, local_host: LocalHost | None
+) -> Runtime:
     from runtimes.docker import DockerRuntime
 
     return DockerRuntime(spec, session_id=session_id, client=docker_client)
 
 
-def _apptainer(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None) -> Runtime:
+def _apptainer(
+    spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None, local_host: LocalHost | None
+) -> Runtime:
     from runtimes.apptainer import ApptainerRuntime
 
     return ApptainerRuntime(spec, session_id=session_id, base_dir=base_dir)
@@ -61,7 +78,14 @@ RUNTIMES: Registry[RuntimeBuilder] = Registry(
 """``runtime.kind`` (a :class:`~runtimes.spec.RuntimeKind` value) → the builder of that runtime."""
 
 
-def create_runtime(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None = None) -> Runtime:
+def create_runtime(
+    spec: RuntimeSpec,
+    *,
+    session_id: str,
+    base_dir: Path,
+    docker_client: Any | None = None,
+    local_host: LocalHost | None = None,
+) -> Runtime:
     """Return an unstarted runtime of ``spec.kind``.
 
     Args:
@@ -69,14 +93,15 @@ def create_runtime(spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker
         session_id: The session (names the directory or container).
         base_dir: Parent of host session directories (local, apptainer).
         docker_client: A shared ``docker.DockerClient``; built from ``spec.docker_host`` when omitted.
+        local_host: What local runtimes share about this host (each probes for itself when omitted).
     """
     build = RUNTIMES.get_or_raise(spec.kind.value)
-    return build(spec, session_id=session_id, base_dir=base_dir, docker_client=docker_client)
+    return build(spec, session_id=session_id, base_dir=base_dir, docker_client=docker_client, local_host=local_host)
 
 
 @dataclasses.dataclass
 class DefaultRuntimeFactory:
-    """A :class:`RuntimeFactory` over :func:`create_runtime`, sharing one Docker client.
+    """A :class:`RuntimeFactory` over :func:`create_runtime`, sharing one Docker client and one local host probe.
 
     Attributes:
         base_dir: Parent of host session directories.
@@ -85,7 +110,19 @@ class DefaultRuntimeFactory:
 
     base_dir: Path
     docker_client: Any | None = None
+    # What the local runtimes learn about this host (bubblewrap's flags; limits logged once), made on first use.
+    _local_host: LocalHost | None = dataclasses.field(default=None, init=False, repr=False)
 
     def create(self, spec: RuntimeSpec, *, session_id: str) -> Runtime:
         """Return an unstarted runtime for ``session_id``."""
-        return create_runtime(spec, session_id=session_id, base_dir=self.base_dir, docker_client=self.docker_client)
+        if spec.kind is RuntimeKind.LOCAL and self._local_host is None:
+            from runtimes.local import LocalHost
+
+            self._local_host = LocalHost()
+        return create_runtime(
+            spec,
+            session_id=session_id,
+            base_dir=self.base_dir,
+            docker_client=self.docker_client,
+            local_host=self._local_host,
+        )

@@ -48,7 +48,7 @@ from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["IsolationProbe", "LocalRuntime", "probe_isolation"]
+__all__ = ["IsolationProbe", "LocalHost", "LocalRuntime", "probe_isolation"]
 
 _log = logging.getLogger(__name__)
 
@@ -80,35 +80,41 @@ async def _probe(argv: Sequence[str]) -> bool:
 
 _BWRAP_PROBE = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc",
                 "/proc", "--dev", "/dev"]  # fmt: skip
-_disable_userns: bool | None = None
-_tmpfs_size: bool | None = None
-_limits_logged = False
 
 
-async def bwrap_disables_userns() -> bool:
-    """Whether this bubblewrap can disable user namespaces inside the sandbox (``--disable-userns``, 0.8+)."""
-    global _disable_userns
-    if _disable_userns is None:
-        _disable_userns = await _probe([*_BWRAP_PROBE, "--disable-userns", "true"])
-        if not _disable_userns:
-            _log.warning("bubblewrap cannot disable user namespaces here (needs 0.8+): sandboxes may create them")
-    return _disable_userns
+class LocalHost:
+    """What the local runtimes of one factory learn about this host once and share.
 
+    bubblewrap's optional flags are probed on first use, not per session, and what the resource limits cannot
+    enforce here is logged by the first session only. A :class:`runtimes.factory.DefaultRuntimeFactory` owns one
+    and hands it to every :class:`LocalRuntime` it builds; a runtime built without one gets its own.
+    """
 
-async def bwrap_sizes_tmpfs() -> bool:
-    """Whether this bubblewrap can bound a tmpfs (``--size``, 0.8+); without it ``/tmp`` is bounded by memory."""
-    global _tmpfs_size
-    if _tmpfs_size is None:
-        _tmpfs_size = await _probe([*_BWRAP_PROBE, "--size", "1048576", "--tmpfs", "/tmp", "true"])
-    return _tmpfs_size
+    def __init__(self) -> None:
+        self._disable_userns: bool | None = None
+        self._tmpfs_size: bool | None = None
+        self._limits_logged = False
 
+    async def bwrap_disables_userns(self) -> bool:
+        """Whether this bubblewrap can disable user namespaces inside the sandbox (``--disable-userns``, 0.8+)."""
+        if self._disable_userns is None:
+            self._disable_userns = await _probe([*_BWRAP_PROBE, "--disable-userns", "true"])
+            if not self._disable_userns:
+                _log.warning("bubblewrap cannot disable user namespaces here (needs 0.8+): sandboxes may create them")
+        return self._disable_userns
 
-def _log_limits_once(probe: LimitProbe) -> None:
-    global _limits_logged
-    if not _limits_logged:
-        _limits_logged = True
-        for missing in probe.not_enforced():
-            _log.warning("local runtime: not enforced on this host: %s", missing)
+    async def bwrap_sizes_tmpfs(self) -> bool:
+        """Whether this bubblewrap can bound a tmpfs (``--size``, 0.8+); without it ``/tmp`` is bounded by memory."""
+        if self._tmpfs_size is None:
+            self._tmpfs_size = await _probe([*_BWRAP_PROBE, "--size", "1048576", "--tmpfs", "/tmp", "true"])
+        return self._tmpfs_size
+
+    def log_limits_once(self, probe: LimitProbe) -> None:
+        """Log, the first time only, which resource limits this host cannot enforce."""
+        if not self._limits_logged:
+            self._limits_logged = True
+            for missing in probe.not_enforced():
+                _log.warning("local runtime: not enforced on this host: %s", missing)
 
 
 async def _probe_failure(tool: str, argv: Sequence[str], what: str) -> str | None:
@@ -170,10 +176,13 @@ class LocalRuntime(SessionRuntime):
         spec: The runtime spec (``kind`` local).
         session_id: Names the session directory (``base_dir/session_id``).
         base_dir: Parent of session directories.
+        host: What is known about this host, shared with the other runtimes of the same factory (``None``: this
+            runtime probes for itself).
     """
 
-    def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
+    def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path, host: LocalHost | None = None) -> None:
         super().__init__(spec, session_id=session_id)
+        self._host = host or LocalHost()
         host_root = (base_dir / session_id).absolute()
         # Until start() chooses bubblewrap, and under the weaker isolations (no mount namespace of their own), the
         # session directory is seen at its host path.
@@ -233,11 +242,11 @@ class LocalRuntime(SessionRuntime):
         self._isolation = isolation
         if isolation is Isolation.BWRAP:
             self._dir = HostSessionDir(root, PurePosixPath(self._spec.container_root))
-            self._disable_userns = await bwrap_disables_userns()
-            self._tmpfs_size = await bwrap_sizes_tmpfs()
+            self._disable_userns = await self._host.bwrap_disables_userns()
+            self._tmpfs_size = await self._host.bwrap_sizes_tmpfs()
             _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
                        self._spec.sandbox_gid if _is_root() else os.getgid())  # fmt: skip
-        _log_limits_once(self._limits)
+        self._host.log_limits_once(self._limits)
         try:
             self._cgroups = await asyncio.to_thread(
                 self._limits.cgroups.create,

@@ -169,3 +169,27 @@ def test_docker_archives_belong_to_the_sandbox_user(tmp_path: Path) -> None:
                  _dirs_tar(["session", "session/home"], 65534, 65534)):  # fmt: skip
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             assert {(m.uid, m.gid) for m in tar.getmembers()} == {(65534, 65534)}
+
+
+async def test_local_runtimes_of_one_factory_probe_bubblewrap_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import runtimes.local as local
+    from runtimes import DefaultRuntimeFactory
+
+    probed: list[list[str]] = []
+
+    async def probe(argv: list[str]) -> bool:
+        probed.append(list(argv))
+        return True
+
+    monkeypatch.setattr(local, "_probe", probe)
+    factory = DefaultRuntimeFactory(base_dir=tmp_path)
+    first, second = (factory.create(RuntimeSpec(), session_id=s) for s in ("a", "b"))
+    assert isinstance(first, local.LocalRuntime)
+    assert isinstance(second, local.LocalRuntime)
+    assert first._host is second._host  # one probe of this host per factory, no module state
+    for runtime in (first, second):
+        assert await runtime._host.bwrap_disables_userns()
+        assert await runtime._host.bwrap_sizes_tmpfs()
+    assert len(probed) == 2
