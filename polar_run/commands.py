@@ -157,6 +157,7 @@ def _live(args: argparse.Namespace) -> bool:
 def _run_cmd(args: argparse.Namespace) -> int:
     from polar_run.run import RunOptions, default_out_dir, run_command
     from polar_run.run_config import DEFAULT_MODEL
+    from polar_run.settings import RunSettings
 
     if args.jaeger_url and args.no_dashboard:
         from polar_core.errors import InvalidArgument
@@ -174,6 +175,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
         dashboard=not args.no_dashboard,
         metrics=args.metrics,
         jaeger_url=args.jaeger_url or "",
+        settings=RunSettings.load(),
     )
     return run_command(options, verbose=args.verbose)
 
@@ -219,6 +221,7 @@ def _fleet(args: argparse.Namespace) -> Any:
 def _generate_cmd(args: argparse.Namespace) -> int:
     from polar_run.run_config import DEFAULT_MODEL
     from polar_run.run_generate import GenerateOptions, generate_command
+    from polar_run.settings import RunSettings
 
     fleet = _fleet(args)
     options = GenerateOptions(
@@ -232,6 +235,7 @@ def _generate_cmd(args: argparse.Namespace) -> int:
         empty_retries=args.empty_retries,
         validation_fraction=args.validation_fraction,
         fleet=fleet,
+        settings=RunSettings.load(),
     )
     return generate_command(options, verbose=args.verbose)
 

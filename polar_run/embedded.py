@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 from polar_core.errors import InvalidArgument, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
+from polar_run.settings import RunSettings
 from runtimes.sandbox_policy import TaskAdmission
 
 if TYPE_CHECKING:
@@ -133,21 +134,18 @@ class StackOptions:
         )
 
 
-def context_length(value: int | None) -> int:
-    """The embedded proxy's context length: ``value`` (``--context-length``), else ``$POLAR_PROXY_CONTEXT_LENGTH``,
-    else 0 (the model's own).
+def context_length(value: int | None, settings: RunSettings) -> int:
+    """The embedded proxy's context length: ``value`` (``--context-length``), else the environment's
+    (``POLAR_PROXY_CONTEXT_LENGTH``, :attr:`RunSettings.proxy_context_length`), else 0 (the model's own).
 
     Raises:
-        InvalidArgument: Not a positive integer.
+        InvalidArgument: ``value`` is not a positive integer.
     """
-    raw: Any = value if value is not None else os.environ.get("POLAR_PROXY_CONTEXT_LENGTH", "0") or "0"
-    try:
-        tokens = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"POLAR_PROXY_CONTEXT_LENGTH must be an integer, not {raw!r}") from None
-    if tokens < 0 or (value is not None and tokens < 1):
-        raise InvalidArgument(f"--context-length must be at least 1, not {tokens}")
-    return tokens
+    if value is None:
+        return settings.proxy_context_length
+    if value < 1:
+        raise InvalidArgument(f"--context-length must be at least 1, not {value}")
+    return value
 
 
 def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ from polar_run.embedded import EmbeddedStack, StackOptions, context_length
 from polar_run.progress import ProgressDisplay, ProgressState
 from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task, task_images
 from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
+from polar_run.settings import RunSettings
 
 __all__ = [
     "EmbeddedSession",
@@ -86,6 +87,7 @@ class RunOptions:
         metrics: Serve every service's Prometheus endpoint and print them (``--metrics``; see
             :attr:`StackOptions.metrics`); None: only the proxy's, for the dashboard.
         jaeger_url: The dashboard's link to Jaeger (``--jaeger-url``); needs the dashboard.
+        settings: What the command read from the environment (read now when not given).
     """
 
     task_file: Path
@@ -98,6 +100,7 @@ class RunOptions:
     dashboard: bool = True
     metrics: int | None = None
     jaeger_url: str = ""
+    settings: RunSettings = dataclasses.field(default_factory=RunSettings.load)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -310,7 +313,7 @@ def _stack_options(prepared: PreparedTask, options: RunOptions, state_dir: Path)
         backend_options=prepared.backend_options,
         harness_bin_dir=prepared.harness_bin_dir,
         running_workers=default_workers(prepared.backend, options.workers),
-        context_length=context_length(options.overrides.context_length),
+        context_length=context_length(options.overrides.context_length, options.settings),
         task_roots=(prepared.task_dir.absolute(), *options.overrides.task_roots),
         allowed_images=task_images(prepared.task),
         dashboard=options.dashboard,

@@ -57,6 +57,7 @@ from polar_run.run import (
 )
 from polar_run.run_config import DEFAULT_MODEL, PreparedTask, RunOverrides, prepare_task, task_images
 from polar_run.run_output import session_row, trace_rows, write_session_files
+from polar_run.settings import RunSettings
 
 __all__ = ["GenerateOptions", "generate", "generate_command", "write_parquet"]
 
@@ -78,6 +79,7 @@ class GenerateOptions:
         empty_retries: Re-runs of a session whose generation was empty.
         validation_fraction: Share of repositories in the validation split.
         fleet: Run on this fleet instead of the embedded stack (``--server``).
+        settings: What the command read from the environment (read now when not given).
     """
 
     dataset: Path
@@ -90,6 +92,7 @@ class GenerateOptions:
     empty_retries: int = 1
     validation_fraction: float = 0.1
     fleet: FleetTarget | None = None
+    settings: RunSettings = dataclasses.field(default_factory=RunSettings.load)
 
 
 class _Sessions(Protocol):
@@ -204,7 +207,7 @@ def _stack_options(options: GenerateOptions, prepared: Sequence[PreparedTask]) -
         backend_options=first.backend_options,
         harness_bin_dir=next(iter(bin_dirs)) if bin_dirs else None,
         running_workers=default_workers(first.backend, options.workers),
-        context_length=context_length(options.overrides.context_length),
+        context_length=context_length(options.overrides.context_length, options.settings),
         task_roots=tuple(roots),
         allowed_images=tuple(sorted({image for p in prepared for image in task_images(p.task)})),
     )

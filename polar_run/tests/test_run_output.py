@@ -14,6 +14,7 @@ from polar_core.errors import InvalidArgument
 from polar_run.embedded import context_length
 from polar_run.progress import STAGES, ProgressDisplay, ProgressState
 from polar_run.run_output import print_summary, session_row, summarize, write_run_directory
+from polar_run.settings import RunSettings
 
 
 def _result(
@@ -182,13 +183,16 @@ def test_what_each_agent_did_is_kept_in_its_folder(tmp_path: Path) -> None:
 
 def test_context_length_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("POLAR_PROXY_CONTEXT_LENGTH", raising=False)
-    assert context_length(None) == 0
-    assert context_length(8192) == 8192
+    assert context_length(None, RunSettings.load()) == 0
+    assert context_length(8192, RunSettings.load()) == 8192
     monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", "16384")
-    assert context_length(None) == 16384
-    assert context_length(8192) == 8192
+    assert context_length(None, RunSettings.load()) == 16384
+    assert context_length(8192, RunSettings.load()) == 8192
     with pytest.raises(InvalidArgument):
-        context_length(0)
-    monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", "lots")
-    with pytest.raises(InvalidArgument):
-        context_length(None)
+        context_length(0, RunSettings.load())
+    monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", "")
+    assert context_length(None, RunSettings.load()) == 0
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("POLAR_PROXY_CONTEXT_LENGTH", bad)
+        with pytest.raises(InvalidArgument, match="POLAR_PROXY_CONTEXT_LENGTH"):
+            RunSettings.load()
