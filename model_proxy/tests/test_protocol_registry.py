@@ -33,7 +33,7 @@ async def echo_client(app: ProxyApp) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def test_every_registered_adapter_is_named_by_its_protocol_and_declares_routes() -> None:
-    assert set(PROTOCOLS) == {"anthropic_messages", "openai_chat", "openai_responses", "google_generate"}
+    assert {"anthropic_messages", "openai_chat", "openai_responses", "google_generate"} <= set(PROTOCOLS)
     assert FALLBACK_PROTOCOL in PROTOCOLS
     for name, factory in PROTOCOLS.items():
         adapter = factory()

@@ -13,7 +13,7 @@ from runtimes.local import LocalRuntime
 def test_every_kind_of_the_contract_has_a_builder() -> None:
     # task.proto's RuntimeKind (read by polar_core.convert) == runtimes.RuntimeKind == the registry.
     assert set(RUNTIME_KINDS.values()) == {kind.value for kind in RuntimeKind} == set(RUNTIMES)
-    assert dict(RUNTIME_KIND_VALUES) == {"local": 1, "docker": 2, "apptainer": 3}
+    assert {"local": 1, "docker": 2, "apptainer": 3}.items() <= RUNTIME_KIND_VALUES.items()
 
 
 def test_create_runtime_uses_the_builder_of_the_spec_kind(tmp_path: Path) -> None:
