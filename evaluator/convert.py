@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from google.protobuf import json_format
 from polar.evaluator.v1 import evaluator_service_pb2 as pb
 
@@ -42,7 +40,7 @@ def agent_status_from_proto(value: int) -> AgentStatus:
     return _AGENT_STATUS.get(value, AgentStatus.COMPLETED)
 
 
-def prepare_params_from_proto(request: Any) -> PrepareParams:
+def prepare_params_from_proto(request: pb.PrepareRequest) -> PrepareParams:
     """Convert a ``PrepareRequest``.
 
     Raises:
@@ -62,12 +60,12 @@ def prepare_params_from_proto(request: Any) -> PrepareParams:
     )
 
 
-def timeout_from_proto(request: Any) -> float | None:
+def timeout_from_proto(request: pb.EvaluateRequest) -> float | None:
     """The ``timeout`` of an ``EvaluateRequest`` in seconds, or ``None`` when it is unset."""
     return seconds(request.timeout) if request.HasField("timeout") else None
 
 
-def artifacts_from_proto(msg: Any) -> Artifacts:
+def artifacts_from_proto(msg: pb.EvaluationArtifacts) -> Artifacts:
     """Convert ``EvaluationArtifacts``."""
     which = msg.WhichOneof("patch")
     patch: bytes | None = None
@@ -88,7 +86,7 @@ def artifacts_from_proto(msg: Any) -> Artifacts:
     )
 
 
-def result_to_proto(result: EvaluationResult) -> Any:
+def result_to_proto(result: EvaluationResult) -> pb.EvaluateResponse:
     """Convert an :class:`EvaluationResult` to ``EvaluateResponse``."""
     response = pb.EvaluateResponse(
         reward=result.reward,

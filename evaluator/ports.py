@@ -6,13 +6,11 @@ A strategy (``evaluator.strategies``) is what the evaluation service runs at Pre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from evaluator.eval_context import EvalContext
+from evaluator.models import Artifacts, EvaluationResult
 from runtimes import Runtime, RuntimeFactory
-
-if TYPE_CHECKING:
-    from evaluator.models import Artifacts, EvaluationResult
-    from evaluator.strategies.base import EvalContext
 
 __all__ = ["Runtime", "RuntimeFactory", "Strategy"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from polar.evaluator.v1 import evaluator_service_pb2 as pb
 from polar.evaluator.v1 import evaluator_service_pb2_grpc as pb_grpc
 
@@ -18,8 +19,10 @@ from polar_core.errors import InvalidArgument
 
 __all__ = ["EvaluatorServicer"]
 
+Context = grpc.aio.ServicerContext[Any, Any]
 
-class EvaluatorServicer(pb_grpc.EvaluatorServiceServicer):  # type: ignore[misc]
+
+class EvaluatorServicer(pb_grpc.EvaluatorServiceServicer):
     """Serves an :class:`EvaluatorService`.
 
     Args:
@@ -29,11 +32,11 @@ class EvaluatorServicer(pb_grpc.EvaluatorServiceServicer):  # type: ignore[misc]
     def __init__(self, service: EvaluatorService) -> None:
         self._service = service
 
-    async def Prepare(self, request: Any, context: Any) -> Any:
+    async def Prepare(self, request: pb.PrepareRequest, context: Context) -> pb.PrepareResponse:
         """Prepare an evaluation; see the proto."""
         return pb.PrepareResponse(handle=await self._service.prepare(prepare_params_from_proto(request)))
 
-    async def Evaluate(self, request: Any, context: Any) -> Any:
+    async def Evaluate(self, request: pb.EvaluateRequest, context: Context) -> pb.EvaluateResponse:
         """Evaluate artifacts; see the proto."""
         if not request.handle:
             raise InvalidArgument("handle is required")
@@ -42,6 +45,6 @@ class EvaluatorServicer(pb_grpc.EvaluatorServiceServicer):  # type: ignore[misc]
         )
         return result_to_proto(result)
 
-    async def Release(self, request: Any, context: Any) -> Any:
+    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
         """Release an evaluation; see the proto."""
         return pb.ReleaseResponse(released=await self._service.release(request.handle))

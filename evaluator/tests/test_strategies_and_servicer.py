@@ -118,16 +118,16 @@ async def test_servicer_round_trip(service) -> None:
         pb.PrepareRequest(
             evaluator=task_pb2.EvaluatorSpec(strategy="session_completed", options=options), request_id="a"
         ),
-        None,
+        None,  # type: ignore[arg-type]
     )
     request = pb.EvaluateRequest(
         handle=prepared.handle,
         artifacts=pb.EvaluationArtifacts(patch_text="", agent_status=pb.AGENT_STATUS_TIMEOUT),
     )
-    response = await servicer.Evaluate(request, None)
+    response = await servicer.Evaluate(request, None)  # type: ignore[arg-type]
     assert response.terminal_status == status_pb2.TERMINAL_STATUS_AGENT_TIMEOUT
     assert response.log_ref
-    assert (await servicer.Release(pb.ReleaseRequest(handle=prepared.handle), None)).released
+    assert (await servicer.Release(pb.ReleaseRequest(handle=prepared.handle), None)).released  # type: ignore[arg-type]
 
 
 def test_proto_conversions() -> None:
