@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration_tests.test_polar_run import AGENT, FIX_SCRIPT, PAGINATE, write_script
+from integration_tests.support.polar_cli import AGENT, FIX_SCRIPT, PAGINATE, write_script
 from polar_client import RolloutClient, task_from_mapping
 from polar_run.embedded import EmbeddedStack, StackOptions
 from polar_run.run_config import RunOverrides, prepare_task

@@ -222,12 +222,12 @@ async def test_the_embedded_stack_serves_every_metrics_endpoint_and_the_jaeger_l
 
 @pytest.mark.slow
 def test_polar_run_plain_prints_the_dashboard_link_and_needs_no_browser(tmp_path: Path) -> None:
-    from integration_tests.test_polar_run import FIX_SCRIPT, _command_task, run_polar, write_script
+    from integration_tests.support.polar_cli import FIX_SCRIPT, command_task, run_polar, write_script
 
     script = write_script(tmp_path / "fix.jsonl", FIX_SCRIPT)
     out = tmp_path / "run"
     proc = run_polar(
-        "run", str(_command_task(tmp_path)), "--out", str(out), "--plain", "--backend", "scripted",
+        "run", str(command_task(tmp_path)), "--out", str(out), "--plain", "--backend", "scripted",
         "--backend-option", f"script={script}", "--model", "tiny", "--samples", "1",
         "--metrics", "--jaeger-url", "http://127.0.0.1:16686",
         cwd=tmp_path, timeout_s=150,

@@ -276,7 +276,7 @@ async def test_json_rewards_and_the_verifier_timeout(service, built) -> None:
     assert result.reward == 0.0
 
 
-# The scripted model writes the file with the shell tool, then answers (the agent of test_polar_run.py).
+# The scripted model writes the file with the shell tool, then answers (the AGENT of support/polar_cli.py).
 _SOLVE = f"echo '{HELLO}' > /app/hello.txt && cat /app/seed.txt"
 _SCRIPT = [
     {"text": "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": _SOLVE}}) + "\n</tool_call>"},
@@ -288,7 +288,7 @@ _SCRIPT = [
     "flags", [pytest.param([], id="dockerfile"), pytest.param(["--build-missing-images"], id="tb2-missing-image")]
 )
 def test_polar_run_on_a_harbor_directory(docker_env, tmp_path: Path, flags: list[str]) -> None:
-    from integration_tests.test_polar_run import AGENT
+    from integration_tests.support.polar_cli import AGENT
 
     daemon, _, _ = docker_env
     agent = json.dumps(["python3", "-c", AGENT])  # a JSON array of strings is a TOML array too

@@ -206,7 +206,7 @@ async def test_through_the_gateway(tmp_path: Path, tokenizer: Any) -> None:
 @_venv("openai-agents")
 def test_polar_run_with_a_python_agent(tmp_path: Path) -> None:
     """``polar run --harness openai-agents`` end to end: the example task fixed through the agent's shell tool."""
-    from integration_tests.test_polar_run import PAGINATE, run_polar, write_script
+    from integration_tests.support.polar_cli import PAGINATE, run_polar, write_script
 
     fix = "sed -i 's|return total // per_page|return -(-total // per_page)|' pagination.py"
     script = write_script(tmp_path / "fix.jsonl", [tool_call_turn("openai-agents", fix), {"text": "Fixed it."}])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.test_polar_run import FIX_SCRIPT, HARNESS_BIN, REPO, read_jsonl, run_polar, write_script
+from integration_tests.support.polar_cli import FIX_SCRIPT, HARNESS_BIN, REPO, read_jsonl, run_polar, write_script
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for workspaces"),

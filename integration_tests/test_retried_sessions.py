@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
+from integration_tests.support.polar_cli import AGENT, FIX_SCRIPT, PAGINATE, read_jsonl, run_polar, write_script
 from integration_tests.support.services import Service
 from integration_tests.test_generate_fleet import TOKEN, Fleet, generate_argv, run_env
-from integration_tests.test_polar_run import AGENT, FIX_SCRIPT, PAGINATE, read_jsonl, run_polar, write_script
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for workspaces"),

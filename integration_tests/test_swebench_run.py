@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from integration_tests.support.polar_cli import AGENT, read_jsonl, run_polar, write_script
 from integration_tests.support.swebench import INSTANCE_ID, make_instance
-from integration_tests.test_polar_run import AGENT, read_jsonl, run_polar, write_script
 
 _FIX = "sed -i 's|bool: lambda v: unicode(v),|bool: lambda v: unicode(v).lower(),|' src/toml/encoder.py"
 _SCRIPT = [

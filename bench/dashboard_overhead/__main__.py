@@ -1,7 +1,7 @@
 """Benchmark: what the live dashboard costs a ``polar run``.
 
 The same task (``examples/tasks/paginate`` with the scripted backend and the ``command`` agent of
-``integration_tests/test_polar_run.py``, ``--samples`` sessions) runs as a user runs it, ``polar run --plain`` in
+``integration_tests/support/polar_cli.py``, ``--samples`` sessions) runs as a user runs it, ``polar run --plain`` in
 a subprocess, in three modes, interleaved run by run so machine load hits them alike:
 
 * ``off``: ``--no-dashboard``;
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from integration_tests.test_polar_run import AGENT, FIX_SCRIPT, PAGINATE, write_script
+from integration_tests.support.polar_cli import AGENT, FIX_SCRIPT, PAGINATE, write_script
 
 MODES = ("off", "on", "watched")
 
