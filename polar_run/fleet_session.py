@@ -15,7 +15,8 @@ task, follow its results, read a session's completion records), against services
 
 Every call to the rollout server is retried while it is unreachable (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``),
 for up to :data:`RECONNECT_LIMIT_S` of continuous outage; a server unreachable when the command starts, or
-one that refuses the token, is a usage error.
+one that refuses the token, is a usage error. A failed call becomes a :mod:`polar_core.errors` error through the
+one client-side mapper, :func:`polar_core.rpc_client.error_from_rpc`; nothing here reads a status code.
 """
 
 from __future__ import annotations
@@ -38,7 +39,18 @@ from polar.rollout.v1 import rollout_service_pb2
 
 from polar_client import RolloutClient, task_from_mapping
 from polar_core.channels import open_channel
-from polar_core.errors import FailedPrecondition, InvalidArgument, PolarError, Unauthenticated
+from polar_core.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    PermissionDenied,
+    PolarError,
+    Unauthenticated,
+    Unavailable,
+)
+from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.task_paths import resolve_task_paths
 from polar_core.tls import TlsFiles
 from polar_run.generate import DatasetTask
@@ -64,9 +76,9 @@ MANIFEST_FILE = "fleet.json"
 RECONNECT_LIMIT_S = 300.0
 # How long the server may take to answer the first call before the command calls it unreachable.
 _STARTUP_LIMIT_S = 10.0
-_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-# A stream cut by a dying server may also end INTERNAL ("Socket closed") or UNKNOWN.
-_STREAM_TRANSIENT = _TRANSIENT | {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+_TRANSIENT = (Unavailable, DeadlineExceeded)
+# A stream cut by a dying server may also end INTERNAL ("Socket closed") or UNKNOWN (both map to Internal).
+_STREAM_TRANSIENT = (*_TRANSIENT, Internal)
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 # A watch that keeps failing while the server answers other calls is a fault, not an outage.
 _STREAM_FAILURES = 20
@@ -190,13 +202,12 @@ class FleetSession:
             policy = await self._call(lambda: self.client.get_policy(), "GetPolicy", limit_s=_STARTUP_LIMIT_S)
         except FleetLost:
             raise InvalidArgument(f"cannot reach the rollout server at {server} (is it running?)") from None
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                raise Unauthenticated(
-                    f"the rollout server at {server} refused the token ({exc.code().name}); pass --token or set "
-                    "POLAR_TOKEN"
-                ) from None
-            answer = f"{exc.code().name}: {exc.details()}"
+        except (Unauthenticated, PermissionDenied) as exc:
+            raise Unauthenticated(
+                f"the rollout server at {server} refused the token ({exc.code_name}); pass --token or set POLAR_TOKEN"
+            ) from None
+        except PolarError as exc:
+            answer = f"{exc.code_name}: {exc.message.removeprefix('GetPolicy: ')}"
             raise InvalidArgument(f"the rollout server at {server} answered {answer}") from None
         self._add_proxies([p.address for p in policy.proxies if p.address])
         self._add_proxies(list(self.target.proxies))
@@ -216,19 +227,17 @@ class FleetSession:
 
         Raises:
             FleetLost: Still unreachable after ``limit_s``.
-            grpc.aio.AioRpcError: Any other failure.
+            PolarError: Any other failure (:func:`~polar_core.rpc_client.error_from_rpc`'s error).
         """
         deadline = time.monotonic() + limit_s
         attempt = 0
         while True:
             try:
-                return await call()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _TRANSIENT:
-                    raise
+                return await rpc(call(), what)
+            except _TRANSIENT as exc:
                 if time.monotonic() > deadline:
                     raise FleetLost(f"{what}: the rollout server at {self.target.server} stayed unreachable") from None
-                _log.info("%s: %s; retrying", what, exc.code().name)
+                _log.info("%s: %s; retrying", what, exc.code_name)
             await asyncio.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
             attempt += 1
 
@@ -238,17 +247,17 @@ class FleetSession:
         Raises:
             InvalidArgument: The server holds a different task under this id, or rejects the task.
         """
+        what = f"SubmitTask {task.task_id}"
         try:
-            reply = await self._call(lambda: self.client.submit(task), f"SubmitTask {task.task_id}")
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
-                raise InvalidArgument(
-                    f"task {task.task_id} is on the server with other content (the dataset or options changed "
-                    "since this --out was started); pass --overwrite or another --out"
-                ) from None
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise InvalidArgument(f"the rollout server rejected task {task.task_id}: {exc.details()}") from None
-            raise
+            reply = await self._call(lambda: self.client.submit(task), what)
+        except AlreadyExists:
+            raise InvalidArgument(
+                f"task {task.task_id} is on the server with other content (the dataset or options changed "
+                "since this --out was started); pass --overwrite or another --out"
+            ) from None
+        except InvalidArgument as exc:
+            reason = exc.message.removeprefix(f"{what}: ")
+            raise InvalidArgument(f"the rollout server rejected task {task.task_id}: {reason}") from None
         if reply.already_existed:
             _log.info("task %s is already on the server; following it", reply.task_id)
         return reply.task_id
@@ -258,6 +267,7 @@ class FleetSession:
 
         Raises:
             FleetLost: The server stayed unreachable for longer than :data:`RECONNECT_LIMIT_S`.
+            PolarError: The watch failed otherwise, or kept failing while the server answered.
         """
         seen: set[str] = set()
         next_index = 0
@@ -275,10 +285,11 @@ class FleetSession:
                     yield self._finished(result)
                 break
             except grpc.aio.AioRpcError as exc:
+                error = error_from_rpc(exc, f"WatchTask {task_id}")
                 failures += 1
-                if exc.code() not in _STREAM_TRANSIENT or failures > _STREAM_FAILURES:
-                    raise
-                _log.info("WatchTask %s: %s; resuming at result %d", task_id, exc.code().name, next_index)
+                if not isinstance(error, _STREAM_TRANSIENT) or failures > _STREAM_FAILURES:
+                    raise error from None
+                _log.info("WatchTask %s: %s; resuming at result %d", task_id, error.code_name, next_index)
             await asyncio.sleep(0.5)
             await self.task_info(task_id)  # waits (up to RECONNECT_LIMIT_S) for the server to answer again
         info = await self.task_info(task_id)
@@ -310,10 +321,8 @@ class FleetSession:
         session_id = result.session_id
         found: list[list[dict[str, Any]]] = []
         for address, channel in self._proxies.items():
-            try:
-                rows = await list_completions(channel, session_id, attempt=result.attempt)
-            except grpc.aio.AioRpcError as exc:
-                raise PolarError(f"ListCompletions {session_id} at proxy {address}: {exc.code().name}") from None
+            what = f"ListCompletions {session_id} at proxy {address}"
+            rows = await rpc(list_completions(channel, session_id, attempt=result.attempt), what)
             if rows:
                 found.append(rows)
         wanted = self._call_ids.get(session_id)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from polar.common.v1 import session_pb2
+from polar.common.v1 import session_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2
 
-from polar_core.errors import InvalidArgument
+from polar_core.errors import InvalidArgument, NotFound, Unauthenticated
 from polar_run.cli import _build_parser
 from polar_run.commands import _fleet
 from polar_run.fleet_session import MANIFEST_FILE, FleetSession, FleetTarget, load_or_create_run_id, prepare_fleet_task
@@ -95,9 +95,14 @@ def test_embedded_options_are_refused_with_a_server(argv: tuple[str, ...], messa
         _fleet(_args(*argv))  # type: ignore[arg-type]
 
 
-class _DroppedStream(grpc.aio.AioRpcError):
+class _RpcError(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, "")
+
+
+class _DroppedStream(_RpcError):
     def __init__(self) -> None:
-        super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "server went away", "")
+        super().__init__(grpc.StatusCode.UNAVAILABLE, "server went away")
 
 
 class _FakeClient:
@@ -141,3 +146,54 @@ async def test_results_resume_after_a_dropped_stream_and_are_reconciled(lost: st
     assert sorted(seen) == ["t-0000", "t-0001", "t-0002"]
     assert len(seen) == len(set(seen))
     assert fake.watches == [0, 1]  # resumed at the next result index
+
+
+class _Answers:
+    """A rollout server whose SubmitTask and GetPolicy fail with the given codes, in turn, then answer."""
+
+    def __init__(self, *codes: grpc.StatusCode) -> None:
+        self.codes = list(codes)
+        self.calls = 0
+
+    def _next(self) -> None:
+        self.calls += 1
+        if self.codes:
+            raise _RpcError(self.codes.pop(0), "no")
+
+    async def submit(self, task: task_pb2.Task) -> rollout_service_pb2.SubmitTaskResponse:
+        self._next()
+        return rollout_service_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def get_policy(self) -> rollout_service_pb2.GetPolicyResponse:
+        self._next()
+        return rollout_service_pb2.GetPolicyResponse()
+
+    async def close(self) -> None:
+        return None
+
+
+async def _session(answers: _Answers) -> FleetSession:
+    session = FleetSession(FleetTarget(server="127.0.0.1:1", proxies=("p:1",)), ProgressState(1), lambda: None)
+    await session.client.close()
+    session.client = answers  # type: ignore[assignment]
+    return session
+
+
+async def test_failed_calls_go_through_the_client_error_mapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    import polar_run.fleet_session as fleet_session
+
+    monkeypatch.setattr(fleet_session, "_BACKOFF_S", (0.0,))
+    task = task_pb2.Task(task_id="run.t")
+    unreachable_once = _Answers(grpc.StatusCode.UNAVAILABLE)
+    assert await (await _session(unreachable_once)).submit(task) == "run.t"
+    assert unreachable_once.calls == 2  # retried while unreachable
+    with pytest.raises(InvalidArgument, match="is on the server with other content"):
+        await (await _session(_Answers(grpc.StatusCode.ALREADY_EXISTS))).submit(task)
+    with pytest.raises(InvalidArgument, match=r"rejected task run\.t: no$"):
+        await (await _session(_Answers(grpc.StatusCode.INVALID_ARGUMENT))).submit(task)
+    with pytest.raises(NotFound, match=r"SubmitTask run\.t: no"):
+        await (await _session(_Answers(grpc.StatusCode.NOT_FOUND))).submit(task)
+    with pytest.raises(Unauthenticated, match=r"refused the token \(PERMISSION_DENIED\)"):
+        await (await _session(_Answers(grpc.StatusCode.PERMISSION_DENIED)))._connect()
+    with pytest.raises(InvalidArgument, match=r"answered INTERNAL: no$"):
+        await (await _session(_Answers(grpc.StatusCode.INTERNAL)))._connect()
