@@ -2,15 +2,17 @@
 
 :class:`StageObserver` is the one place a session changes stage (checked against
 :data:`gateway.models.TRANSITIONS`); each change ends the old stage's span, starts the next one's, adds the time
-spent to the session's timings and publishes a :class:`~gateway.models.SessionEvent` to watchers.
+spent to the session's timings and publishes a :class:`~gateway.models.SessionEvent` to watchers. It calls
+nothing of the pipeline's: the driver tells it what happened, and the steps run their calls in its
+:meth:`StageObserver.stage_context`.
 
 Domain code only: no grpc, no protobuf.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
-from typing import TypeVar
+import contextlib
+from collections.abc import Callable, Collection, Iterator
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,8 +25,6 @@ from polar_core.errors import Internal
 from polar_core.records import TerminalStatus
 
 __all__ = ["StageObserver"]
-
-_T = TypeVar("_T")
 
 
 class StageObserver:
@@ -86,16 +86,18 @@ class StageObserver:
             key = s.stage.value
             s.timings[key] = s.timings.get(key, 0.0) + now - s.stage_entered_at
 
-    async def traced(self, s: Session, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Run ``call`` with the session's current stage span (else its StartSession context) as the parent."""
+    @contextlib.contextmanager
+    def stage_context(self, s: Session) -> Iterator[None]:
+        """Make the session's current stage span (else its StartSession context) the parent of what runs inside."""
         parent = s.trace_context
         if s.stage_span is not None:
             parent = trace.set_span_in_context(s.stage_span, parent)
         if parent is None:
-            return await call()
+            yield
+            return
         token = otel_context.attach(parent)
         try:
-            return await call()
+            yield
         finally:
             otel_context.detach(token)
 

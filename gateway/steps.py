@@ -1,8 +1,10 @@
 """The session pipeline's side effects: each an idempotent step with its own time limit, retried when UNAVAILABLE.
 
 :class:`SessionSteps` runs every call the pipeline makes to its ports (proxy, evaluator, reconstructor,
-runtime) inside the session's stage span, and holds the steps both the POSTRUN work and the teardown need
-(close the proxy session, list completions, stop the runtime, prepare and release the evaluation, reconstruct).
+runtime) inside the session's stage span (:meth:`gateway.observer.StageObserver.stage_context`), and holds the
+steps both the POSTRUN work and the teardown need (close the proxy session, list completions, stop the runtime,
+prepare and release the evaluation, reconstruct). Callers hand :meth:`SessionSteps.run` the port call itself
+(``functools.partial``), so nothing of theirs runs inside a step.
 
 Domain code only: no grpc, no protobuf.
 """
@@ -10,6 +12,7 @@ Domain code only: no grpc, no protobuf.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -51,9 +54,9 @@ class SessionSteps:
         clock: Callable[[], float],
     ) -> None:
         self._config = config
-        self.proxy = proxy
+        self._proxy = proxy
         self._reconstructor = reconstructor
-        self.evaluator = evaluator
+        self._evaluator = evaluator
         self._observer = observer
         self._clock = clock
 
@@ -83,7 +86,8 @@ class SessionSteps:
                     budget, bounded = left, True
             try:
                 async with asyncio.timeout(budget):
-                    return await self._observer.traced(s, call)
+                    with self._observer.stage_context(s):
+                        return await call()
             except TimeoutError:
                 if bounded:
                     raise SessionDeadlinePassed(
@@ -105,7 +109,9 @@ class SessionSteps:
         await self.run(
             s,
             "proxy.close_session",
-            lambda: self.proxy.close_session(s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s),
+            functools.partial(
+                self._proxy.close_session, s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s
+            ),
             self._config.step_timeout_s,
             deadline=False,
         )
@@ -116,7 +122,9 @@ class SessionSteps:
         records = await self.run(
             s,
             "proxy.list_completions",
-            lambda: self.proxy.list_completions(s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s),
+            functools.partial(
+                self._proxy.list_completions, s.spec.proxy_session_id, timeout_s=self._config.step_timeout_s
+            ),
             self._config.step_timeout_s,
             deadline=False,
         )
@@ -137,14 +145,16 @@ class SessionSteps:
 
     async def prepare_evaluation(self, s: Session) -> str:
         """Build the session's evaluation environment and return its handle."""
-        evaluator = self.evaluator
+        evaluator = self._evaluator
         if evaluator is None:
             raise Internal("evaluation without an evaluator client")
         request_id = f"{s.spec.session_id}/{s.spec.attempt}"
         return await self.run(
             s,
             "evaluator.prepare",
-            lambda: evaluator.prepare(s.spec, request_id=request_id, timeout_s=self._config.runtime_start_timeout_s),
+            functools.partial(
+                evaluator.prepare, s.spec, request_id=request_id, timeout_s=self._config.runtime_start_timeout_s
+            ),
             self._config.runtime_start_timeout_s,
             deadline=False,
         )
@@ -160,12 +170,11 @@ class SessionSteps:
             if not s.prewarm.cancelled() and s.prewarm.exception() is None:
                 s.eval_handle = s.prewarm.result()
             s.prewarm = None
-        if s.eval_handle and self.evaluator is not None:
-            evaluator, handle = self.evaluator, s.eval_handle
+        if s.eval_handle and self._evaluator is not None:
             await self.run(
                 s,
                 "evaluator.release",
-                lambda: evaluator.release(handle, timeout_s=self._config.step_timeout_s),
+                functools.partial(self._evaluator.release, s.eval_handle, timeout_s=self._config.step_timeout_s),
                 self._config.step_timeout_s,
                 deadline=False,
             )
@@ -179,13 +188,13 @@ class SessionSteps:
         """
         if not s.completions or self._reconstructor is None or (s.status is None and not provisional):
             return
-        reconstructor = self._reconstructor
         status = TerminalStatus.UNRESOLVED if provisional or s.status is None else s.status
         reward = 0.0 if provisional else s.reward
         s.reconstruction = await self.run(
             s,
             "reconstructor.reconstruct",
-            lambda: reconstructor.reconstruct(
+            functools.partial(
+                self._reconstructor.reconstruct,
                 s.completions,
                 task_id=s.spec.task_id,
                 reward=reward,

@@ -1,15 +1,17 @@
 """The end of every session: salvage what a failed one captured, tear down, record the result, report it.
 
-:meth:`WrapUp.wrap_up` runs once per session however it ended (the pipeline shields it from cancellation):
+:meth:`WrapUp.finish` runs once per session however it ended (the driver shields it from cancellation):
 it releases the evaluation environment, closes the proxy session and stops the runtime (each failure only
-logged), settles a missing status as ``infra_error``, moves the session to DONE with its
-:class:`~gateway.models.SessionResult` and delivers that to the result sink.
+logged), settles a missing status as ``infra_error`` and moves the session to DONE with its
+:class:`~gateway.models.SessionResult`; :meth:`WrapUp.report` then delivers that to the result sink. The driver
+(:mod:`gateway.driver`) calls both; nothing here calls back into it.
 
 Domain code only: no grpc, no protobuf.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -45,7 +47,6 @@ class WrapUp:
         steps: Runs the teardown's side effects.
         observer: Moves sessions to DONE.
         sink: Receives every result; ``None`` keeps results only for GetSession and watchers.
-        on_done: Called with each session once it is DONE (the pipeline's retention of finished sessions).
         clock: Unix time.
     """
 
@@ -56,14 +57,12 @@ class WrapUp:
         steps: SessionSteps,
         observer: StageObserver,
         sink: ResultSink | None,
-        on_done: Callable[[Session], None],
         clock: Callable[[], float],
     ) -> None:
         self._config = config
         self._steps = steps
         self._observer = observer
         self._sink = sink
-        self._on_done = on_done
         self._clock = clock
         self.mean_session_s = 0.0
         """Moving average of session durations (for the retry delay of a full gateway)."""
@@ -81,8 +80,8 @@ class WrapUp:
         except (PolarError, TimeoutError) as exc:
             _log.warning("session %s: could not salvage its completions: %s", s.spec.session_id, exc)
 
-    async def wrap_up(self, s: Session) -> None:
-        """Tear everything down, record the result, move to DONE and report; never interrupted by a cancel."""
+    async def finish(self, s: Session) -> SessionResult:
+        """Tear everything down, settle the status and move to DONE with the session's result (returned)."""
         await self._teardown(s)
         if s.handed_back and not (s.status is TerminalStatus.INFRA_ERROR and s.dependency_unavailable):
             # The gateway is going away: whatever this session settled on meanwhile is suspect (a signal to the
@@ -101,8 +100,7 @@ class WrapUp:
         self.mean_session_s = total if not self.mean_session_s else 0.9 * self.mean_session_s + 0.1 * total
         self._observer.transition(s, Stage.DONE, result=s.result)
         self._observer.finished(s.result.status)
-        self._on_done(s)
-        await self._report(s, s.result)
+        return s.result
 
     def _result(self, s: Session) -> SessionResult:
         status = s.status or TerminalStatus.INFRA_ERROR
@@ -139,13 +137,14 @@ class WrapUp:
             except (PolarError, TimeoutError, OSError) as exc:
                 _log.warning("session %s: teardown step %s failed: %s", s.spec.session_id, name, exc)
 
-    async def _report(self, s: Session, result: SessionResult) -> None:
+    async def report(self, s: Session, result: SessionResult) -> None:
+        """Deliver ``result`` to the result sink; a failure is only logged (the sink retries delivery)."""
         sink = self._sink
         if sink is None:
             return
         try:
             await self._steps.run(
-                s, "sink.report", lambda: sink.report(result), self._config.step_timeout_s, deadline=False
+                s, "sink.report", functools.partial(sink.report, result), self._config.step_timeout_s, deadline=False
             )
         except (PolarError, TimeoutError, OSError) as exc:
             # The result stays readable through GetSession and WatchSessions; delivery is the sink's retry.
