@@ -23,7 +23,6 @@ from evaluator.models import (
 from evaluator.ports import Strategy
 from evaluator.settings import EvaluatorSettings
 from evaluator.strategies import CustomEvaluation, CustomResult
-from evaluator.task_files import evaluator_spec_from_task, load_task_file
 from polar_core.records import AgentStatus
 
 __all__ = [
@@ -45,6 +44,4 @@ __all__ = [
     "TestStatus",
     "UnknownStrategy",
     "evaluator_config",
-    "evaluator_spec_from_task",
-    "load_task_file",
 ]

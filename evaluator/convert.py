@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from google.protobuf import json_format
+from polar.common.v1 import task_pb2
 from polar.evaluator.v1 import evaluator_service_pb2 as pb
 
 from evaluator.models import Artifacts, EvaluationResult, EvaluatorSpec, PrepareParams, TestStatus
@@ -14,6 +15,7 @@ from polar_core.records import AgentStatus
 __all__ = [
     "agent_status_from_proto",
     "artifacts_from_proto",
+    "evaluator_spec_from_proto",
     "prepare_params_from_proto",
     "result_to_proto",
     "timeout_from_proto",
@@ -40,17 +42,25 @@ def agent_status_from_proto(value: int) -> AgentStatus:
     return _AGENT_STATUS.get(value, AgentStatus.COMPLETED)
 
 
+def evaluator_spec_from_proto(spec: task_pb2.EvaluatorSpec) -> EvaluatorSpec:
+    """Convert a task's ``EvaluatorSpec`` (as ``polar_client.load_task`` reads it from a task file).
+
+    Raises:
+        InvalidArgument: It names no strategy.
+    """
+    if not spec.strategy:
+        raise InvalidArgument("evaluator.strategy is required")
+    return EvaluatorSpec(strategy=spec.strategy, options=json_format.MessageToDict(spec.options))
+
+
 def prepare_params_from_proto(request: pb.PrepareRequest) -> PrepareParams:
     """Convert a ``PrepareRequest``.
 
     Raises:
         InvalidArgument: The request names no strategy.
     """
-    options = json_format.MessageToDict(request.evaluator.options) if request.HasField("evaluator") else {}
-    if not request.evaluator.strategy:
-        raise InvalidArgument("evaluator.strategy is required")
     return PrepareParams(
-        spec=EvaluatorSpec(strategy=request.evaluator.strategy, options=options),
+        spec=evaluator_spec_from_proto(request.evaluator),
         task_id=request.task_id,
         session_id=request.session_id,
         repository_snapshot=request.repository_snapshot,

@@ -1,4 +1,4 @@
-"""Vectorised token-sequence comparisons used by the merge strategies.
+"""Vectorised token-sequence comparisons used by the merge strategies (:mod:`reconstructor.chains`).
 
 Token sequences are held as contiguous ``int32`` numpy arrays, converted once per completion (see
 :class:`reconstructor.chains.PreparedCall`), so that each prefix test is one vectorised comparison instead of
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TokenArray", "as_tokens", "common_prefix_length", "equal_tokens", "find_first_of", "is_prefix"]
+__all__ = ["TokenArray", "as_tokens", "equal_tokens"]
 
 TokenArray = npt.NDArray[np.int32]
 
@@ -38,41 +38,3 @@ def as_tokens(ids: Sequence[int] | Iterable[int] | TokenArray) -> TokenArray:
 def equal_tokens(a: TokenArray, b: TokenArray) -> bool:
     """Return whether two ``int32`` arrays of the same length are equal (one vectorised pass)."""
     return bool((a == b).all())
-
-
-def is_prefix(prefix: TokenArray, seq: TokenArray, *, strict: bool = False) -> bool:
-    """Return whether ``prefix`` equals the first ``len(prefix)`` tokens of ``seq``.
-
-    Args:
-        prefix: The candidate prefix.
-        seq: The sequence it should start.
-        strict: Also require ``seq`` to be longer than ``prefix``.
-
-    Returns:
-        True when ``seq[:len(prefix)] == prefix`` (and, with ``strict``, ``len(seq) > len(prefix)``).
-    """
-    n = prefix.shape[0]
-    if n > seq.shape[0] or (strict and n == seq.shape[0]):
-        return False
-    if n == 0:
-        return True
-    # Cheap rejections first: sequences that diverge usually differ at the start, the end or the middle.
-    if prefix[0] != seq[0] or prefix[n - 1] != seq[n - 1] or prefix[n >> 1] != seq[n >> 1]:
-        return False
-    return equal_tokens(prefix, seq[:n])
-
-
-def common_prefix_length(a: TokenArray, b: TokenArray) -> int:
-    """Return the length of the longest common prefix of ``a`` and ``b``."""
-    n = min(a.shape[0], b.shape[0])
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
-
-
-def find_first_of(seq: TokenArray, ids: TokenArray) -> int:
-    """Return the index of the first token of ``seq`` that is in ``ids``, or -1 when there is none."""
-    if seq.shape[0] == 0 or ids.shape[0] == 0:
-        return -1
-    hits = seq == ids[0] if ids.shape[0] == 1 else np.isin(seq, ids)
-    found = np.flatnonzero(hits)
-    return int(found[0]) if found.size else -1

@@ -22,12 +22,11 @@ from evaluator import (
     TestStatus,
     UnknownStrategy,
     evaluator_config,
-    evaluator_spec_from_task,
-    load_task_file,
 )
-from evaluator.convert import artifacts_from_proto, result_to_proto
+from evaluator.convert import artifacts_from_proto, evaluator_spec_from_proto, result_to_proto
 from evaluator.servicer import EvaluatorServicer
 from evaluator.strategies import build_strategy
+from polar_client import load_task
 from polar_core.records import TerminalStatus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -48,14 +47,14 @@ def test_example_task_files_resolve_their_repository() -> None:
     tasks = sorted(EXAMPLES.glob("*/task.yaml"))
     assert len(tasks) >= 5
     for path in tasks:
-        task = load_task_file(path)
-        spec = evaluator_spec_from_task(task, path.parent)
+        task = load_task(path)  # the one task-file reader; the evaluator gets its EvaluatorSpec
+        spec = evaluator_spec_from_proto(task.evaluator)
         assert spec.strategy == "swe"
         assert Path(spec.options["repo"]).is_dir()
         assert spec.options["fail_to_pass"]
         assert spec.options["pass_to_pass"]
         assert (path.parent / "fix.patch").is_file()
-        assert task["runtime"]["kind"] == "local"
+        assert task.runtime.kind == task_pb2.RUNTIME_KIND_LOCAL
 
 
 @pytest.fixture

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.app import evaluator_config
+from evaluator.convert import evaluator_spec_from_proto
 from evaluator.core import EvaluatorService
 from evaluator.models import Artifacts, EvaluationResult, EvaluatorSpec, PrepareParams
 from evaluator.settings import EvaluatorSettings
-from evaluator.task_files import evaluator_spec_from_task, load_task_file
+from polar_client import load_task
 from runtimes import DefaultRuntimeFactory, Runtime, RuntimeSpec
 
 __all__ = [
@@ -48,7 +49,7 @@ def example_names() -> list[str]:
 def example_spec(name: str) -> tuple[EvaluatorSpec, bytes]:
     """The evaluator spec of an example task and its reference fix."""
     task_dir = EXAMPLE_TASKS_DIR / name
-    spec = evaluator_spec_from_task(load_task_file(task_dir / "task.yaml"), task_dir)
+    spec = evaluator_spec_from_proto(load_task(task_dir / "task.yaml").evaluator)
     return spec, (task_dir / "fix.patch").read_bytes()
 
 

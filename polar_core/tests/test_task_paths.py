@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evaluator.task_files import evaluator_spec_from_task
+from evaluator.convert import evaluator_spec_from_proto
 from polar_client import load_task
 from polar_core.errors import InvalidArgument
 from polar_core.task_paths import resolve_task_paths
@@ -54,7 +54,7 @@ def test_the_client_and_the_evaluator_read_the_same_paths(tmp_path: Path, monkey
     folder = str(path.parent.resolve())
     assert task.evaluator.options["repo"] == f"{folder}/repo"
     assert task.evaluator.options["test_patch"] == f"{folder}/tests.diff"
-    spec = evaluator_spec_from_task(yaml.safe_load(path.read_text()), path.parent)
+    spec = evaluator_spec_from_proto(task.evaluator)  # what the evaluator gets from the gateway
     assert spec.options == {"repo": f"{folder}/repo", "test_patch": f"{folder}/tests.diff"}
 
 
