@@ -135,7 +135,7 @@ def test_polar_run_and_submit_build_a_missing_image_only_with_the_flag(docker_en
 
 
 def test_a_directory_of_harbor_tasks_is_a_generate_dataset(docker_env, tmp_path: Path, monkeypatch) -> None:
-    from polar_run.generate import load_dataset
+    from polar_run.dataset import load_dataset
     from polar_run.run_config import RunOverrides, prepare_task
     from polar_run.run_generate import GenerateOptions, _stack_options
 

@@ -2,7 +2,7 @@
 
 * :class:`EmbeddedStack` (:mod:`polar_run.embedded`) starts all five services in one process;
 * ``polar run`` (:mod:`polar_run.run`: one task file to a run directory) and ``polar generate``
-  (:mod:`polar_run.run_generate` over :mod:`polar_run.generate`: a dataset to SFT records) run on it, with
+  (:mod:`polar_run.run_generate` over :mod:`polar_run.dataset`: a dataset to SFT records) run on it, with
   :mod:`polar_run.run_config` (task files and overrides), :mod:`polar_run.run_output` (the run directory) and
   :mod:`polar_run.progress` (the live table);
 * ``polar serve`` (:mod:`polar_run.serve`) starts services by name and wires them to each other;

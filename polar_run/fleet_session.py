@@ -53,7 +53,7 @@ from polar_core.errors import (
 from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.task_paths import resolve_task_paths
 from polar_core.tls import TlsFiles
-from polar_run.generate import DatasetTask
+from polar_run.dataset import DatasetTask
 from polar_run.progress import ProgressState
 from polar_run.run import list_completions
 from polar_run.run_config import PreparedTask, RunOverrides, check_harness_launch, harness_overrides

@@ -26,16 +26,7 @@ from rich.table import Table
 from polar_client import task_from_mapping
 from polar_core.errors import InvalidArgument
 from polar_core.records import write_jsonl
-from polar_run.embedded import EmbeddedStack, StackOptions, context_length
-from polar_run.fleet_session import (
-    MANIFEST_FILE,
-    FleetLost,
-    FleetSession,
-    FleetTarget,
-    load_or_create_run_id,
-    prepare_fleet_task,
-)
-from polar_run.generate import (
+from polar_run.dataset import (
     DatasetTask,
     Ledger,
     SampleOutcome,
@@ -44,6 +35,15 @@ from polar_run.generate import (
     load_dataset,
     sft_record,
     split_repositories,
+)
+from polar_run.embedded import EmbeddedStack, StackOptions, context_length
+from polar_run.fleet_session import (
+    MANIFEST_FILE,
+    FleetLost,
+    FleetSession,
+    FleetTarget,
+    load_or_create_run_id,
+    prepare_fleet_task,
 )
 from polar_run.progress import ProgressDisplay, ProgressState
 from polar_run.run import (
@@ -69,7 +69,7 @@ class GenerateOptions:
     """Everything ``polar generate`` was asked to do.
 
     Attributes:
-        dataset: A JSONL file of tasks or a directory (see :func:`polar_run.generate.load_dataset`).
+        dataset: A JSONL file of tasks or a directory (see :func:`polar_run.dataset.load_dataset`).
         out: Output directory.
         overrides: Command-line overrides applied to every task.
         model: Policy model.

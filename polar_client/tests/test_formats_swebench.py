@@ -13,7 +13,7 @@ from polar_client.formats import FORMATS, select_mapping, split_selector
 from polar_client.formats.swebench import official_image, task_mappings
 from polar_core.convert import struct_to_dict
 from polar_core.errors import InvalidArgument
-from polar_run.generate import load_dataset
+from polar_run.dataset import load_dataset
 from polar_run.run_config import load_task_mapping
 
 _EVAL = "cd /testbed\n: '>>>>> Start Test Output'\npytest -rA tests/test_a.py\n: '>>>>> End Test Output'\n"

@@ -15,8 +15,8 @@ from polar.rollout.v1 import rollout_service_pb2
 from polar_core.errors import InvalidArgument, NotFound, Unauthenticated
 from polar_run.cli import _build_parser
 from polar_run.commands import _fleet
+from polar_run.dataset import DatasetTask, load_dataset
 from polar_run.fleet_session import MANIFEST_FILE, FleetSession, FleetTarget, load_or_create_run_id, prepare_fleet_task
-from polar_run.generate import DatasetTask, load_dataset
 from polar_run.progress import ProgressState
 from polar_run.run_config import RunOverrides
 from polar_run.run_generate import _prepare_fleet_out

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_core.errors import InvalidArgument
-from polar_run.generate import (
+from polar_run.dataset import (
     LedgerRow,
     SampleOutcome,
     build_ledger,

@@ -1,4 +1,6 @@
-"""Pure parts of ``polar generate``: datasets, the attempt ledger, SFT records and the repository split.
+"""The datasets of ``polar generate`` (pure; the command is :mod:`polar_run.run_generate`): the task dataset it
+reads, the SFT dataset it writes (records and the train/validation split by repository), and the ledger that
+accounts for every sample in between.
 
 A *dataset* is a file or directory in a format of :mod:`polar_client.formats` (SWE-bench records, a Harbor task
 directory or a directory of them), a JSONL file of tasks (one task mapping a line, paths relative to the file), or a
