@@ -267,7 +267,7 @@ class SlowLoad(GrpcProxyClient):
         self.loading = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+    async def load_weights(self, address: str, policy_version: int, weights_path: str) -> float:
         self.loading.set()
         await self.release.wait()
         return await super().load_weights(address, policy_version, weights_path)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
 from polar_core.metrics import TOKEN_BUCKETS, InstrumentKind, MetricSpec, make_instrument
+from polar_core.policy_version import parse_version
 
 __all__ = ["PROXY_METRICS", "CallMeasurement", "GateView", "ProxyMetrics"]
 
@@ -89,7 +90,10 @@ _IN_FLIGHT = MetricSpec("polar.proxy.calls.in_flight", _G, "{call}", "Calls betw
 _PAUSED = MetricSpec("polar.proxy.calls.paused", _G, "{call}", "Calls held at the gate by a pause.")
 _GATE = MetricSpec("polar.proxy.generation.paused", _G, "1", "1 while generation is paused (weight update).")
 _VERSION = MetricSpec(
-    "polar.proxy.policy.version", _G, "{version}", "The policy version stamped on new calls (integer versions)."
+    "polar.proxy.policy.version",
+    _G,
+    "{version}",
+    "The policy version stamped on new calls (a label counts as the initial version, 0).",
 )
 
 PROXY_METRICS = (_CALLS, _DURATION, _TTFT, _PER_TOKEN, _BACKEND_DURATION, _TOKENS, _BACKEND_ERRORS, _RECORD_WRITE,
@@ -209,5 +213,4 @@ class ProxyMetrics:
         return lambda options: [Observation(read())]
 
     def _observe_version(self, options: CallbackOptions) -> Iterable[Observation]:
-        version = self.view.policy_version()
-        return [Observation(int(version))] if version.isdigit() else []
+        return [Observation(parse_version(self.view.policy_version()))]

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from polar_client.tensors import as_trace
 from polar_core.durations import seconds
+from polar_core.policy_version import version_key
 from polar_core.records import write_jsonl
 
 __all__ = [
@@ -58,7 +59,7 @@ def session_row(result: session_pb2.SessionResult) -> dict[str, Any]:
     """One ``sessions.jsonl`` object: the contract fields, then per-session statistics."""
     traces = list(result.traces)
     stats = result.statistics
-    versions = sorted({v for t in traces for v in t.policy_versions})
+    versions = sorted({v for t in traces for v in t.policy_versions}, key=version_key)
     return {
         "session_id": result.session_id,
         "task_id": result.task_id,

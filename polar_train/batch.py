@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from polar_client.tensors import as_trace
+from polar_core.policy_version import INITIAL, parse_version
 from polar_core.records import Trace
 
 __all__ = ["Batch", "LagBoundViolated", "SessionSample", "build_batch", "check_lag_bound", "trace_lag"]
@@ -54,21 +55,13 @@ class SessionSample:
         return cls(result.task_id, result.session_id, result.status, float(result.reward), traces, lags)
 
 
-def _version_number(version: str) -> int:
-    """A call's version as an integer: a decimal string is itself; anything else is the initial policy, 0.
-
-    Treating an unknown version as 0 (the oldest) can only over-estimate a lag, never hide one.
-    """
-    return int(version) if version.isdecimal() else 0
-
-
 def trace_lag(trace: Trace, current_version: int, reported: int = 0) -> int:
     """How many versions the trace's oldest call is behind ``current_version`` (at least ``reported``).
 
     The trainer recomputes the lag at training time from the versions the proxy stamped on the calls, since
     the fleet may have moved on since the rollout server recorded the result.
     """
-    versions = [_version_number(v) for v in trace.policy_versions] or [0]
+    versions = [parse_version(v) for v in trace.policy_versions] or [INITIAL]
     return max(reported, current_version - min(versions), 0)
 
 

@@ -33,6 +33,7 @@ from polar.common.v1 import session_pb2
 from polar_client import RolloutClient
 from polar_client.policy import PauseModeName
 from polar_core.errors import FailedPrecondition
+from polar_core.policy_version import parse_version
 from polar_train.batch import Batch, SessionSample, build_batch
 from polar_train.checkpoints import checkpoint_dir, save_checkpoint
 from polar_train.config import TrainConfig
@@ -234,7 +235,7 @@ def _metrics(
     for s in batch.sessions:
         if s.status not in ("infra_error", "cancelled"):
             by_group[s.task_id].append(s.reward)
-    versions = sorted({int(v) if v.isdecimal() else 0 for t in batch.traces for v in t.policy_versions})
+    versions = sorted({parse_version(v) for t in batch.traces for v in t.policy_versions})
     return StepMetrics(
         step=step,
         version=batch.current_version,

@@ -27,6 +27,7 @@ from polar_core import errors
 from polar_core.channels import StubPool
 from polar_core.durations import duration, timestamp
 from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES
+from polar_core.policy_version import format_version
 from polar_core.rpc_client import error_from_rpc, rpc
 from polar_core.tls import TlsFiles
 from rollout_server.convert import (
@@ -294,9 +295,11 @@ class GrpcProxyClient:
         reply = await rpc(call, address)
         return reply.in_flight, reply.aborted
 
-    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+    async def load_weights(self, address: str, policy_version: int, weights_path: str) -> float:
         """Call LoadWeights; return the backend's load seconds."""
-        request = model_proxy_service_pb2.LoadWeightsRequest(policy_version=policy_version, weights_path=weights_path)
+        request = model_proxy_service_pb2.LoadWeightsRequest(
+            policy_version=format_version(policy_version), weights_path=weights_path
+        )
         reply = await rpc(self._stub(address).LoadWeights(request, timeout=self._load_timeout), address)
         return reply.load_seconds
 

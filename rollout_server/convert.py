@@ -15,6 +15,7 @@ from polar.rollout.v1 import rollout_service_pb2
 from polar_core.durations import seconds, timestamp
 from polar_core.errors import InvalidArgument
 from polar_core.limits import chunked
+from polar_core.policy_version import parse_version
 from polar_core.records import TerminalStatus
 from rollout_server.models import (
     CallbackTarget,
@@ -434,4 +435,4 @@ def proxy_info_to_proto(proxy: ProxyRecord) -> rollout_service_pb2.ProxyInfo:
 
 def proxy_policy_from_proto(reply: model_proxy_service_pb2.GetPolicyResponse) -> ProxyPolicyView:
     """A proxy's GetPolicy answer as the coordinator reads it."""
-    return ProxyPolicyView(reply.policy_version, reply.weights_path, reply.paused, reply.in_flight)
+    return ProxyPolicyView(parse_version(reply.policy_version), reply.weights_path, reply.paused, reply.in_flight)

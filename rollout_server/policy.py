@@ -129,8 +129,9 @@ class PolicyCoordinator:
             view = await self._proxies.get_policy(proxy.address)
         except PolarError as exc:
             return dataclasses.replace(proxy, error=proxy.error or f"unreachable: {exc.message}")
-        version = int(view.policy_version) if view.policy_version.isdecimal() else 0
-        return dataclasses.replace(proxy, version=version, paused=view.paused, error=proxy.error if view.paused else "")
+        return dataclasses.replace(
+            proxy, version=view.policy_version, paused=view.paused, error=proxy.error if view.paused else ""
+        )
 
     # Updates ----------------------------------------------------------------------------------------------
     async def update_policy(
@@ -282,7 +283,7 @@ class PolicyCoordinator:
             _, aborted = await self._proxies.pause(
                 address, abort_in_flight=mode is PauseMode.ABORT, drain_timeout_s=drain_s
             )
-            load_s = await self._proxies.load_weights(address, str(policy.version), policy.weights_path)
+            load_s = await self._proxies.load_weights(address, policy.version, policy.weights_path)
             await self._proxies.resume(address)
         except PolarError as exc:
             error = exc.message

@@ -113,9 +113,9 @@ class CallbackSender(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProxyPolicyView:
-    """A model proxy's policy as it reports it (ModelProxyService.GetPolicy)."""
+    """A model proxy's policy as it reports it (ModelProxyService.GetPolicy), its version read back as a number."""
 
-    policy_version: str
+    policy_version: int
     weights_path: str
     paused: bool
     in_flight: int
@@ -134,7 +134,7 @@ class ProxyClient(Protocol):
     async def pause(self, address: str, *, abort_in_flight: bool, drain_timeout_s: float) -> tuple[int, int]:
         """Pause generation; return (calls in flight when it began, calls aborted)."""
 
-    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+    async def load_weights(self, address: str, policy_version: int, weights_path: str) -> float:
         """Load a checkpoint (generation paused) and set the version; return the load's seconds."""
 
     async def resume(self, address: str) -> int:

@@ -1,11 +1,12 @@
 """Staleness: how far behind the fleet's policy a session was sampled, and what a task does about it.
 
-The fleet's policy version is an integer (``UpdatePolicy`` sets it; 0 means none was set). Proxies stamp
-``policy_version = str(version)`` on every call, so a call's lag is ``current - int(call.policy_version)``; a
-version that is not a decimal integer has no lag (0). A session's lag is that of its oldest call, measured when
-its result is recorded. Past the task's ``max_policy_lag`` the task's :class:`StalePolicy` decides: keep the
-session (the lag travels with every trace, for importance-sampling correction) or discard the attempt and sample
-the session again (see ``docs/rollout.md``, "Staleness").
+The fleet's policy version is an integer (``UpdatePolicy`` sets it; 0 means none was set). Proxies stamp its wire
+form on every call, so a call's lag is ``current - parse_version(call.policy_version)``; a version that is not
+decimal digits is the initial policy, 0 (the one rule of :mod:`polar_core.policy_version`, so it can over-estimate
+a lag but never hide one). A session's lag is that of its oldest call, measured when its result is recorded. Past
+the task's ``max_policy_lag`` the task's :class:`StalePolicy` decides: keep the session (the lag travels with every
+trace, for importance-sampling correction) or discard the attempt and sample the session again (see
+``docs/rollout.md``, "Staleness").
 
 The current version comes through the :class:`~rollout_server.ports.CurrentPolicyVersion` port;
 :class:`StoreCurrentPolicyVersion` (the default) reads the version ``UpdatePolicy`` stored.
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Iterable
 
+from polar_core.policy_version import INITIAL, parse_version
 from polar_core.records import TerminalStatus
 from rollout_server.models import ResultRecord, StalePolicy, TaskRecord
 from rollout_server.ports import CurrentPolicyVersion
@@ -28,27 +29,15 @@ __all__ = [
     "StoreCurrentPolicyVersion",
     "decide",
     "dropped_result",
-    "int_version",
     "policy_lag",
     "stamp_lag",
 ]
 
-_DECIMAL = re.compile(r"[0-9]+")
-
-
-def int_version(version: str) -> int | None:
-    """The version as an integer when it is a decimal integer (``"3"``), else ``None`` (``"v3"``, ``""``)."""
-    return int(version) if _DECIMAL.fullmatch(version) else None
-
-
-def _numeric(versions: Iterable[str]) -> list[int]:
-    return [v for v in (int_version(s) for s in versions) if v is not None]
-
 
 def policy_lag(current: int, versions: Iterable[str]) -> int:
-    """Versions the oldest of ``versions`` is behind ``current``; 0 when none is numeric or it is not behind."""
-    numeric = _numeric(versions)
-    return max(0, current - min(numeric)) if numeric else 0
+    """Versions the oldest of ``versions`` is behind ``current``; 0 when there is none or it is not behind."""
+    numbers = [parse_version(v) for v in versions]
+    return max(0, current - min(numbers)) if numbers else 0
 
 
 def fleet_version(current: int, versions: Iterable[str]) -> int:
@@ -57,7 +46,7 @@ def fleet_version(current: int, versions: Iterable[str]) -> int:
     A call cannot be sampled under a version the fleet has not reached, so a port that lags behind (the default
     one reads past results) is corrected by the session's own calls.
     """
-    return max([current, *_numeric(versions)])
+    return max([current, *(parse_version(v) for v in versions)])
 
 
 async def stamp_lag(result: ResultRecord, current: CurrentPolicyVersion) -> None:
@@ -115,7 +104,7 @@ class StoreCurrentPolicyVersion:
         self._store = store
 
     async def current_version(self) -> int:
-        """The fleet's current version (0 when none was set and no result carried a decimal-integer version)."""
+        """The fleet's current version (the initial one, 0, when none was set and no result carried a later one)."""
         policy = await self._store.current_policy()
-        seen = max(_numeric(await self._store.policy_versions()), default=0)
-        return max(policy.version if policy is not None else 0, seen)
+        seen = max((parse_version(v) for v in await self._store.policy_versions()), default=INITIAL)
+        return max(policy.version if policy is not None else INITIAL, seen)

@@ -2,7 +2,8 @@
 
 Policy age is measured in policy versions, not optimiser steps (the server does not see the trainer's steps):
 a session's age is how many distinct versions newer than its *oldest* version the server has seen in any
-result. Versions are ordered naturally (``v2 < v10``; digits compare as numbers).
+result. Versions are read with :func:`polar_core.policy_version.parse_version`: by number, and a version that is
+not a number is the initial policy, 0.
 
 Policy *lag* is the fleet's measure (see :mod:`rollout_server.staleness`): how many versions a session's oldest
 call was behind the fleet's current integer version when its result was recorded; it is stored with the result.
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
+from polar_core.policy_version import parse_version
 from polar_core.records import TerminalStatus
 from rollout_server.models import (
     DeliveryState,
@@ -26,7 +27,7 @@ from rollout_server.models import (
     TaskRecord,
 )
 
-__all__ = ["Distribution", "PolicyAgeBucket", "TaskStatistics", "TaskSummary", "policy_version_key", "summarize"]
+__all__ = ["Distribution", "PolicyAgeBucket", "TaskStatistics", "TaskSummary", "summarize"]
 
 _TRUNCATED = frozenset({TerminalStatus.AGENT_TIMEOUT, TerminalStatus.EVAL_TIMEOUT})
 
@@ -98,20 +99,14 @@ class TaskSummary:
     statistics: TaskStatistics
 
 
-def policy_version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Natural sort key: runs of digits compare as numbers (``step-9 < step-10``)."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p)
-
-
 def _policy_ages(results: Sequence[ResultRecord], known: Sequence[str]) -> dict[str, int]:
-    ordered = sorted(set(known), key=policy_version_key)
+    ordered = sorted({parse_version(v) for v in known})
     position = {v: i for i, v in enumerate(ordered)}
     ages: dict[str, int] = {}
     for r in results:
-        versions = [v for v in r.policy_versions if v in position]
+        versions = [position[n] for n in (parse_version(v) for v in r.policy_versions) if n in position]
         if versions:
-            oldest = min(position[v] for v in versions)
-            ages[r.session_id] = len(ordered) - 1 - oldest
+            ages[r.session_id] = len(ordered) - 1 - min(versions)
     return ages
 
 

@@ -58,9 +58,9 @@ def test_gauges_read_the_gate_at_collection() -> None:
     assert m.value("polar.proxy.calls.paused") == 2
     assert m.value("polar.proxy.generation.paused") == 1
     assert m.value("polar.proxy.policy.version") == 12
-    paused[0], version[0] = False, "v7"  # a version that is no integer is not exported
+    paused[0], version[0] = False, "base"  # a configured label is the initial version, 0
     assert m.value("polar.proxy.generation.paused") == 0
-    assert not m.points("polar.proxy.policy.version")
+    assert m.value("polar.proxy.policy.version") == 0
 
 
 def test_metrics_off_is_a_no_op_the_engine_can_skip() -> None:

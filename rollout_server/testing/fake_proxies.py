@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 
 from polar_core.errors import FailedPrecondition, Unavailable
+from polar_core.policy_version import format_version, parse_version
 from rollout_server.ports import ProxyPolicyView
 
 __all__ = ["FakeProxy", "FakeProxyClient"]
@@ -16,7 +17,7 @@ class FakeProxy:
     """One fake proxy's state and behaviour.
 
     Attributes:
-        policy_version: The version it stamps.
+        policy_version: The version it stamps, in its wire form.
         weights_path: What it loaded last.
         paused: Whether its gate is closed.
         down: Every call fails with ``Unavailable``.
@@ -68,7 +69,7 @@ class FakeProxyClient:
         self._get(address, "pause").paused = True
         return 0, 0
 
-    async def load_weights(self, address: str, policy_version: str, weights_path: str) -> float:
+    async def load_weights(self, address: str, policy_version: int, weights_path: str) -> float:
         """Load (waiting on ``load_gate``), unless ``fail_load`` is set or the proxy went down meanwhile."""
         proxy = self._get(address, "load")
         if not proxy.paused:
@@ -80,9 +81,10 @@ class FakeProxyClient:
             raise Unavailable(f"{address}: connection reset")
         if proxy.fail_load:
             raise FailedPrecondition(f"{address}: {proxy.fail_load}")
-        if (proxy.policy_version, proxy.weights_path) != (policy_version, weights_path):
+        stamp = format_version(policy_version)
+        if (proxy.policy_version, proxy.weights_path) != (stamp, weights_path):
             proxy.loads += 1
-            proxy.policy_version, proxy.weights_path = policy_version, weights_path
+            proxy.policy_version, proxy.weights_path = stamp, weights_path
         return 0.25
 
     async def resume(self, address: str) -> int:
@@ -93,7 +95,7 @@ class FakeProxyClient:
     async def get_policy(self, address: str) -> ProxyPolicyView:
         """Report the state."""
         proxy = self._get(address, "get")
-        return ProxyPolicyView(proxy.policy_version, proxy.weights_path, proxy.paused, 0)
+        return ProxyPolicyView(parse_version(proxy.policy_version), proxy.weights_path, proxy.paused, 0)
 
     async def close(self) -> None:
         """Nothing to close."""

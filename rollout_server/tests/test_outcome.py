@@ -214,11 +214,11 @@ _CASES: list[tuple[str, dict[str, Any], ResultRecord, TaskRecord | None, Retry |
         Finish(TerminalStatus.RESOLVED, StaleDecision.KEEP, policy_lag=4),
     ),
     (
-        "versions that are not integers have no lag",
+        "a version that is not a number is the initial one, 0",
         {},
         _result(policy_versions=["v1"]),
         _task(max_policy_lag=0),
-        Finish(TerminalStatus.RESOLVED),
+        Finish(TerminalStatus.RESOLVED, StaleDecision.KEEP, policy_lag=5),
     ),
 ]
 

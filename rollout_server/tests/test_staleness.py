@@ -37,7 +37,6 @@ from rollout_server.staleness import (
     StoreCurrentPolicyVersion,
     decide,
     fleet_version,
-    int_version,
     policy_lag,
 )
 from rollout_server.store.sql import SqlStore, schema
@@ -113,10 +112,10 @@ def new_task(task_id: str, n: int = 1, **kw: Any) -> NewTask:
     )
 
 
-def test_lag_is_measured_from_the_oldest_integer_version() -> None:
-    assert [int_version(v) for v in ("3", "0", "v3", "", "-1", "2.0")] == [3, 0, None, None, None, None]
+def test_lag_is_measured_from_the_oldest_version() -> None:
     assert policy_lag(5, ["3", "5", "4"]) == 2
-    assert policy_lag(5, ["v1", "step-2"]) == 0  # nothing numeric: unknown, so 0
+    assert policy_lag(5, ["v1", "step-2"]) == 5  # not a number: the initial policy, 0 (never a hidden lag)
+    assert policy_lag(5, ["4", ""]) == 5
     assert policy_lag(5, []) == 0
     assert policy_lag(2, ["4"]) == 0  # never negative
     # A call proves the fleet reached its version even when the port has not heard of it yet.
@@ -258,10 +257,10 @@ async def test_every_trace_carries_its_own_lag() -> None:
     pb.traces.append(trace_pb2.Trace(policy_versions=["v7"]))
     record = result_from_proto(pb)
     assert record.policy_versions == ["1", "2", "3", "v7"]
-    record.fleet_version, record.policy_lag = 3, 2
+    record.fleet_version, record.policy_lag = 3, 3
     back = result_to_proto(record)
-    assert back.policy_lag == 2
-    assert [t.policy_lag for t in back.traces] == [2, 1, 0]
+    assert back.policy_lag == 3
+    assert [t.policy_lag for t in back.traces] == [2, 1, 3]  # "v7" is not a number: the initial policy, 0
 
 
 def test_submitted_bounds_are_checked() -> None:

@@ -16,7 +16,7 @@ from rollout_server.convert import (
     split_result,
 )
 from rollout_server.models import ResultRecord, SessionRecord, SessionState, TaskRecord, TaskState
-from rollout_server.stats import Distribution, policy_version_key, summarize
+from rollout_server.stats import Distribution, summarize
 
 
 def _result(sid: str, status: TerminalStatus, reward: float, versions: list[str]) -> ResultRecord:
@@ -25,23 +25,22 @@ def _result(sid: str, status: TerminalStatus, reward: float, versions: list[str]
     )
 
 
-def test_distribution_and_natural_version_order() -> None:
+def test_distribution() -> None:
     d = Distribution.of([1.0, 2.0, 3.0, 4.0, 100.0])
     assert (d.count, d.mean, d.p50, d.p90, d.max) == (5, 22.0, 3.0, 100.0, 100.0)
     assert Distribution.of([]) == Distribution()
-    assert sorted(["step-10", "step-9", "step-100"], key=policy_version_key) == ["step-9", "step-10", "step-100"]
 
 
 def test_summary_reports_policy_age_next_to_reward() -> None:
     task = TaskRecord("t", b"", "h", 4, 0, 0, 60.0, None, TaskState.RUNNING, 0.0, 100.0)
     sessions = [SessionRecord(f"s{i}", "t", i, SessionState.DONE, attempt=1 + (i == 3)) for i in range(4)]
     results = [
-        _result("s0", TerminalStatus.RESOLVED, 1.0, ["v3"]),
-        _result("s1", TerminalStatus.UNRESOLVED, 0.0, ["v1", "v3"]),
-        _result("s2", TerminalStatus.AGENT_TIMEOUT, 0.0, ["v2"]),
+        _result("s0", TerminalStatus.RESOLVED, 1.0, ["10"]),
+        _result("s1", TerminalStatus.UNRESOLVED, 0.0, ["base", "10"]),  # a label is the initial policy, 0
+        _result("s2", TerminalStatus.AGENT_TIMEOUT, 0.0, ["9"]),
         _result("s3", TerminalStatus.INFRA_ERROR, 0.0, []),
     ]
-    summary = summarize(task, sessions, results, ["v1", "v2", "v3"], {})
+    summary = summarize(task, sessions, results, ["0", "9", "10", "base"], {})
     st = summary.statistics
     assert summary.sessions_usable == 3
     assert summary.mean_reward == pytest.approx(1 / 3)
