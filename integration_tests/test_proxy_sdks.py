@@ -294,8 +294,13 @@ async def test_grpc_session_lifecycle_and_errors(stack: ProxyStack) -> None:
     client = stack.keep(openai.AsyncOpenAI(base_url=opened.openai_base_url, api_key="wrong", max_retries=0))
     with pytest.raises(openai.AuthenticationError):
         await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
-    previous = await stack.stub.SetPolicyVersion(pb.SetPolicyVersionRequest(policy_version="v2"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # a label would read back as the initial version
+        await stack.stub.SetPolicyVersion(pb.SetPolicyVersionRequest(policy_version="v2"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    previous = await stack.stub.SetPolicyVersion(pb.SetPolicyVersionRequest(policy_version="2"))
     assert previous.previous_policy_version == "0"
+    policy = await stack.stub.GetPolicy(pb.GetPolicyRequest())
+    assert policy.policy_version == "2"
     watch = stack.stub.WatchCompletions(pb.WatchCompletionsRequest(session_id="life", from_seq=0))
     client = stack.keep(
         openai.AsyncOpenAI(base_url=opened.openai_base_url, api_key=opened.session_token, max_retries=0)
@@ -304,7 +309,7 @@ async def test_grpc_session_lifecycle_and_errors(stack: ProxyStack) -> None:
     closed = await stack.stub.CloseSession(pb.CloseSessionRequest(session_id="life"))
     assert closed.completions == 1
     seen = [item.completion async for item in watch]
-    assert [c.policy_version for c in seen] == ["v2"]
+    assert [c.policy_version for c in seen] == ["2"]
     with pytest.raises(openai.AuthenticationError):
         await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(grpc.aio.AioRpcError) as info:

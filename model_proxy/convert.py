@@ -12,6 +12,7 @@ from polar_core.convert import completion_to_proto, struct_to_dict
 from polar_core.durations import seconds
 from polar_core.errors import InvalidArgument
 from polar_core.limits import DEFAULT_PAGE_BYTES, within_budget
+from polar_core.policy_version import is_wire_version, parse_version
 from polar_core.records import CompletionRecord
 
 __all__ = [
@@ -87,6 +88,18 @@ def drain_timeout_from_proto(request: pb.PauseGenerationRequest) -> float | None
         return None
     drain = seconds(request.drain_timeout)
     return drain if drain > 0 else None
+
+
+def policy_version_from_proto(text: str) -> int:
+    """The version a SetPolicyVersion or LoadWeights request names.
+
+    Raises:
+        InvalidArgument: ``text`` is not the wire form of a version (decimal digits): a label such as ``"v2"``
+            would read back as the initial policy wherever a lag is measured.
+    """
+    if not is_wire_version(text):
+        raise InvalidArgument(f"policy_version must be a non-negative integer in decimal digits, not {text!r}")
+    return parse_version(text)
 
 
 def served_policy_to_proto(served: ServedPolicy) -> pb.GetPolicyResponse:

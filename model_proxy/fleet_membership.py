@@ -129,7 +129,7 @@ class FleetMembership:
         self.policy = policy
         # An update may have reached this proxy since it registered; never go back from a newer version.
         if policy.version > 0 and self._weights.version_number < policy.version:
-            await self._weights.load(str(policy.version), policy.weights_path)
+            await self._weights.load(policy.version, policy.weights_path)
         self._gate.resume()
         _log.info(
             "proxy %s joined the fleet at %s serving policy version %s",

@@ -12,7 +12,6 @@ from polar.proxy.v1 import model_proxy_service_pb2_grpc as pb_grpc
 
 from model_proxy import convert
 from model_proxy.app import ProxyApp
-from polar_core.errors import InvalidArgument
 from polar_core.server import ServiceRegistration
 
 __all__ = ["ModelProxyServicer", "registration"]
@@ -63,11 +62,8 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
     async def SetPolicyVersion(
         self, request: pb.SetPolicyVersionRequest, context: Context
     ) -> pb.SetPolicyVersionResponse:
-        """Set the policy version stamped on new calls."""
-        if not request.policy_version:
-            raise InvalidArgument("policy_version must not be empty")
-        previous = self._app.engine.policy_version
-        self._app.engine.policy_version = request.policy_version
+        """Set the policy version stamped on new calls (through the weight manager, after any load)."""
+        previous = await self._app.weights.set_version(convert.policy_version_from_proto(request.policy_version))
         return pb.SetPolicyVersionResponse(previous_policy_version=previous)
 
     async def PauseGeneration(self, request: pb.PauseGenerationRequest, context: Context) -> pb.PauseGenerationResponse:
@@ -90,7 +86,8 @@ class ModelProxyServicer(pb_grpc.ModelProxyServiceServicer):
 
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context: Context) -> pb.LoadWeightsResponse:
         """Load a checkpoint (generation paused), then set the version."""
-        previous, load_s = await self._app.weights.load(request.policy_version, request.weights_path)
+        version = convert.policy_version_from_proto(request.policy_version)
+        previous, load_s = await self._app.weights.load(version, request.weights_path)
         return pb.LoadWeightsResponse(previous_policy_version=previous, load_seconds=load_s)
 
     async def GetPolicy(self, request: pb.GetPolicyRequest, context: Context) -> pb.GetPolicyResponse:

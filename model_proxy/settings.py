@@ -23,7 +23,9 @@ class ProxySettings(ServiceSettings):
         context_length: The model's context in tokens; 0 asks the backend (``context_length``) or the
             tokenizer (``model_max_length``), else 32768.
         default_max_tokens: Output limit when the harness gives none; 0 means "up to the context".
-        policy_version: The policy version stamped on calls until ``SetPolicyVersion`` changes it.
+        policy_version: The policy version stamped on calls until an update (``LoadWeights``, ``SetPolicyVersion``)
+            changes it: decimal digits, or a label for the startup weights, which counts as the initial policy, 0
+            (:mod:`polar_core.policy_version`).
         backend_timeout_s: Limit on one backend call, first token to last.
         drain_timeout_s: How long ``PauseGeneration`` waits for in-flight calls to finish.
         retry_after_s: Retry hint sent with 503/529 answers when the backend gives none.

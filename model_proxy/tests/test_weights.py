@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from model_proxy import convert
 from model_proxy.app import ProxyApp
 from model_proxy.fleet_membership import FleetMembership, FleetPolicy
 from model_proxy.tests.conftest import FakeBackend
@@ -38,26 +39,62 @@ async def test_load_needs_a_pause_sets_the_version_after_loading_and_is_idempote
     app: ProxyApp, backend: FakeBackend
 ) -> None:
     with pytest.raises(InvalidArgument):
-        await app.weights.load("", "/ckpt/v1")
+        await app.weights.load(-1, "/ckpt/v1")
+    with pytest.raises(InvalidArgument):
+        await app.weights.load(1, "")
     with pytest.raises(InvalidArgument):
         await app.weights.check("")
     with pytest.raises(FailedPrecondition, match="not paused"):
-        await app.weights.load("1", "/ckpt/v1")
+        await app.weights.load(1, "/ckpt/v1")
     assert app.engine.policy_version == "0"
     await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
-    previous, _ = await app.weights.load("1", "/ckpt/v1")
+    previous, _ = await app.weights.load(1, "/ckpt/v1")
     assert previous == "0"
     assert backend.loaded == ["/ckpt/v1"]
     assert app.weights.served().policy_version == "1"
     assert app.weights.served().weights_path == "/ckpt/v1"
     assert app.weights.served().paused
-    assert await app.weights.load("1", "/ckpt/v1") == ("1", 0.0)
+    assert await app.weights.load(1, "/ckpt/v1") == ("1", 0.0)
     assert backend.loaded == ["/ckpt/v1"]  # not loaded twice
     backend.load_error = FailedPrecondition("checkpoint '/ckpt/v2' does not fit the served model")
     with pytest.raises(FailedPrecondition, match="does not fit"):
-        await app.weights.load("2", "/ckpt/v2")
+        await app.weights.load(2, "/ckpt/v2")
     assert (app.engine.policy_version, app.weights.weights_path) == ("1", "/ckpt/v1")
     assert app.engine.gate.paused
+
+
+async def test_setting_the_version_waits_for_a_load_and_keeps_the_weights(app: ProxyApp, backend: FakeBackend) -> None:
+    with pytest.raises(InvalidArgument):
+        await app.weights.set_version(-1)
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    await app.weights.load(1, "/ckpt/v1")
+    release = asyncio.Event()
+    real_load = backend.load_weights
+
+    async def slow_load(path: str) -> None:
+        await release.wait()
+        await real_load(path)
+
+    backend.load_weights = slow_load  # type: ignore[method-assign]
+    loading = asyncio.create_task(app.weights.load(2, "/ckpt/v2"))
+    await asyncio.sleep(0)
+    setting = asyncio.create_task(app.weights.set_version(3))
+    await asyncio.sleep(0.01)
+    assert not setting.done()  # the load holds the weights' lock
+    release.set()
+    assert (await loading)[0] == "1"
+    assert await setting == "2"
+    served = app.weights.served()
+    assert (served.policy_version, served.weights_path) == ("3", "/ckpt/v2")
+    assert app.weights.version_number == 3
+    assert await app.weights.set_version(3) == "3"  # idempotent
+
+
+@pytest.mark.parametrize("text", ["", "v2", "07", "-1", "2.0"])
+def test_a_requested_version_must_be_decimal_digits(text: str) -> None:
+    with pytest.raises(InvalidArgument, match="decimal digits"):
+        convert.policy_version_from_proto(text)
+    assert convert.policy_version_from_proto("12") == 12
 
 
 def _membership(app: ProxyApp, registrar: FakeRegistrar) -> FleetMembership:

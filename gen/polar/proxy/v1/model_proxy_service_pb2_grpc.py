@@ -128,8 +128,11 @@ class ModelProxyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetPolicyVersion(self, request, context):
-        """SetPolicyVersion sets the policy version recorded on new completions, after a weight update.
-        Returns INVALID_ARGUMENT for an empty version. Idempotent.
+        """SetPolicyVersion sets the policy version recorded on new completions without loading weights, for
+        weights synced into the backend outside Polar (pause generation around the sync so no call straddles
+        it). It waits for a LoadWeights in progress and keeps the weights path last loaded. A fleet's proxies
+        are moved by the rollout server's UpdatePolicy instead. Returns INVALID_ARGUMENT for a version that is
+        not a non-negative integer in decimal digits. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,7 +166,8 @@ class ModelProxyServiceServicer:
 
     def LoadWeights(self, request, context):
         """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
-        paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+        paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
+        empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
         weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
         policy_version and weights_path: loading what is already loaded returns at once.
         """

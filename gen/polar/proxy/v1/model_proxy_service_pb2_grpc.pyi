@@ -54,8 +54,11 @@ class ModelProxyServiceStub:
     (read-only).
     """
     SetPolicyVersion: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.SetPolicyVersionRequest, _model_proxy_service_pb2.SetPolicyVersionResponse]
-    """SetPolicyVersion sets the policy version recorded on new completions, after a weight update.
-    Returns INVALID_ARGUMENT for an empty version. Idempotent.
+    """SetPolicyVersion sets the policy version recorded on new completions without loading weights, for
+    weights synced into the backend outside Polar (pause generation around the sync so no call straddles
+    it). It waits for a LoadWeights in progress and keeps the weights path last loaded. A fleet's proxies
+    are moved by the rollout server's UpdatePolicy instead. Returns INVALID_ARGUMENT for a version that is
+    not a non-negative integer in decimal digits. Idempotent.
     """
     PauseGeneration: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.PauseGenerationRequest, _model_proxy_service_pb2.PauseGenerationResponse]
     """PauseGeneration holds new model calls (harnesses wait) so weights can be updated; it optionally
@@ -72,7 +75,8 @@ class ModelProxyServiceStub:
     """
     LoadWeights: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.LoadWeightsRequest, _model_proxy_service_pb2.LoadWeightsResponse]
     """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
-    paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+    paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
+    empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
     weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
     policy_version and weights_path: loading what is already loaded returns at once.
     """
@@ -107,8 +111,11 @@ class ModelProxyServiceAsyncStub(ModelProxyServiceStub):
     (read-only).
     """
     SetPolicyVersion: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.SetPolicyVersionRequest, _model_proxy_service_pb2.SetPolicyVersionResponse]  # type: ignore[assignment]
-    """SetPolicyVersion sets the policy version recorded on new completions, after a weight update.
-    Returns INVALID_ARGUMENT for an empty version. Idempotent.
+    """SetPolicyVersion sets the policy version recorded on new completions without loading weights, for
+    weights synced into the backend outside Polar (pause generation around the sync so no call straddles
+    it). It waits for a LoadWeights in progress and keeps the weights path last loaded. A fleet's proxies
+    are moved by the rollout server's UpdatePolicy instead. Returns INVALID_ARGUMENT for a version that is
+    not a non-negative integer in decimal digits. Idempotent.
     """
     PauseGeneration: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.PauseGenerationRequest, _model_proxy_service_pb2.PauseGenerationResponse]  # type: ignore[assignment]
     """PauseGeneration holds new model calls (harnesses wait) so weights can be updated; it optionally
@@ -125,7 +132,8 @@ class ModelProxyServiceAsyncStub(ModelProxyServiceStub):
     """
     LoadWeights: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.LoadWeightsRequest, _model_proxy_service_pb2.LoadWeightsResponse]  # type: ignore[assignment]
     """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
-    paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+    paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
+    empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
     weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
     policy_version and weights_path: loading what is already loaded returns at once.
     """
@@ -187,8 +195,11 @@ class ModelProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _model_proxy_service_pb2.SetPolicyVersionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_model_proxy_service_pb2.SetPolicyVersionResponse, _abc.Awaitable[_model_proxy_service_pb2.SetPolicyVersionResponse]]:
-        """SetPolicyVersion sets the policy version recorded on new completions, after a weight update.
-        Returns INVALID_ARGUMENT for an empty version. Idempotent.
+        """SetPolicyVersion sets the policy version recorded on new completions without loading weights, for
+        weights synced into the backend outside Polar (pause generation around the sync so no call straddles
+        it). It waits for a LoadWeights in progress and keeps the weights path last loaded. A fleet's proxies
+        are moved by the rollout server's UpdatePolicy instead. Returns INVALID_ARGUMENT for a version that is
+        not a non-negative integer in decimal digits. Idempotent.
         """
 
     @_abc_1.abstractmethod
@@ -229,7 +240,8 @@ class ModelProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_model_proxy_service_pb2.LoadWeightsResponse, _abc.Awaitable[_model_proxy_service_pb2.LoadWeightsResponse]]:
         """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
-        paused. Returns FAILED_PRECONDITION when generation is not paused, when the backend cannot load
+        paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
+        empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
         weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
         policy_version and weights_path: loading what is already loaded returns at once.
         """
