@@ -22,6 +22,7 @@ from rollout_server.policy import PolicyCoordinator
 from rollout_server.ports import CallbackSender, CurrentPolicyVersion, GatewayClient, ProxyClient
 from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
+from rollout_server.staleness import StoreCurrentPolicyVersion
 from rollout_server.store import Store, open_store
 from rollout_server.task_check import TaskCheck
 
@@ -61,8 +62,8 @@ class RolloutApp:
         policy: PolicyCoordinator | None = None,
         dashboard: Dashboard | None = None,
         *,
+        overview: OverviewLoop,
         metrics_endpoint: MetricsEndpoint | None = None,
-        overview_interval_s: float = 5.0,
     ) -> None:
         self.store = store
         self.core = core
@@ -73,10 +74,10 @@ class RolloutApp:
         self._closers = closers
         self._loops: list[asyncio.Task[None]] = []
         self.metrics_endpoint = metrics_endpoint
-        self.overview = OverviewLoop(store, core.current_policy, core.clock, interval_s=overview_interval_s)
-        """The latest counts by state, gateway load and policy version (the gauges' source); refreshed in the
-        background while the metrics endpoint is on, or on demand with ``overview.refresh()``."""
-        core.metrics.overview = lambda: self.overview.latest
+        self.overview = overview
+        """The latest counts by state, gateway load and policy version (the gauges' source, given to the core's
+        metrics when :meth:`open` built them); refreshed in the background while the metrics endpoint is on, or on
+        demand with ``overview.refresh()``."""
 
     @property
     def metrics_port(self) -> int:
@@ -110,7 +111,11 @@ class RolloutApp:
         endpoint, meter_provider = open_endpoint(
             "polar-rollout", settings.metrics_host, settings.metrics_port, token=settings.metrics_token
         )
-        metrics = RolloutMetrics(meter_provider)
+        # The fleet's policy version and the overview are built before the core and its metrics, which both
+        # take them: nothing is wired into an object after it is made.
+        policy_version = current_policy or StoreCurrentPolicyVersion(store)
+        overview = OverviewLoop(store, policy_version, clock, interval_s=settings.metrics_refresh_s)
+        metrics = RolloutMetrics(meter_provider, overview=lambda: overview.latest)
         token, callback_token = _outgoing_tokens(settings)
         gateways = gateway_client or GrpcGatewayClient(
             auth_token=token,
@@ -143,7 +148,7 @@ class RolloutApp:
                 server_version=polar_version(),
             ),
             clock=clock,
-            current_policy=current_policy,
+            current_policy=policy_version,
             task_check=TaskCheck.from_settings(settings),
             metrics=metrics,
         )
@@ -192,8 +197,8 @@ class RolloutApp:
             [gateways, sender, proxies],
             policy,
             dashboard,
+            overview=overview,
             metrics_endpoint=endpoint,
-            overview_interval_s=settings.metrics_refresh_s,
         )
 
     async def start(self) -> None:

@@ -95,11 +95,19 @@ _S = TypeVar("_S", bound=StrEnum)
 
 
 class RolloutMetrics:
-    """Records the rollout server's events; its gauges read :attr:`overview` (set by the app's loop)."""
+    """Records the rollout server's events; its gauges read :attr:`overview`.
 
-    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+    Args:
+        meter_provider: Where the instruments live (a no-op provider by default).
+        overview: Returns the latest overview the gauges report (the app passes its
+            :class:`~rollout_server.overview.OverviewLoop`'s; by default an empty one, so gauges observe nothing).
+    """
+
+    def __init__(
+        self, meter_provider: MeterProvider | None = None, *, overview: Callable[[], RolloutOverview] = RolloutOverview
+    ) -> None:
         meter = (meter_provider or NoOpMeterProvider()).get_meter("polar.rollout")
-        self.overview: Callable[[], RolloutOverview] = RolloutOverview
+        self.overview = overview
         make_instrument(meter, _TASKS, self._states(TaskState, lambda o: o.tasks))
         make_instrument(meter, _SESSIONS, self._states(SessionState, lambda o: o.sessions))
         make_instrument(meter, _DELIVERIES, self._states(DeliveryState, lambda o: o.deliveries))
