@@ -22,7 +22,7 @@ import enum
 
 from polar_core.records import TerminalStatus
 from rollout_server.models import DeliveryRecord, ResultRecord, SessionRecord, SessionState, TaskRecord
-from rollout_server.staleness import StaleDecision, decide, dropped_result, fleet_version, policy_lag
+from rollout_server.staleness import StaleDecision, decide, dropped_result, with_lag
 
 __all__ = ["FinishSession", "Outcome", "RetryReason", "RetrySession", "decide_outcome"]
 
@@ -109,8 +109,7 @@ def decide_outcome(
         reason = RetryReason.DEPENDENCY_UNAVAILABLE if outage else RetryReason.INFRA_ERROR
         return RetrySession(result, again, reason)
     if result.policy_versions:
-        fleet = fleet_version(current_version, result.policy_versions)
-        result = dataclasses.replace(result, fleet_version=fleet, policy_lag=policy_lag(fleet, result.policy_versions))
+        result = with_lag(result, current_version)
     staleness = StaleDecision.FRESH
     if task is not None and result.status.trainable:  # untrainable traces carry no loss whatever their lag
         staleness = decide(task, result.policy_lag, now=now)

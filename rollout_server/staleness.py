@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from polar_core.policy_version import INITIAL, parse_version
 from polar_core.records import TerminalStatus
 from rollout_server.models import ResultRecord, StalePolicy, TaskRecord
-from rollout_server.ports import CurrentPolicyVersion
 from rollout_server.store import Store
 
 __all__ = [
@@ -30,7 +29,7 @@ __all__ = [
     "decide",
     "dropped_result",
     "policy_lag",
-    "stamp_lag",
+    "with_lag",
 ]
 
 
@@ -49,10 +48,10 @@ def fleet_version(current: int, versions: Iterable[str]) -> int:
     return max([current, *(parse_version(v) for v in versions)])
 
 
-async def stamp_lag(result: ResultRecord, current: CurrentPolicyVersion) -> None:
-    """Set ``result.fleet_version`` and ``result.policy_lag`` from the fleet's current version."""
-    result.fleet_version = fleet_version(await current.current_version(), result.policy_versions)
-    result.policy_lag = policy_lag(result.fleet_version, result.policy_versions)
+def with_lag(result: ResultRecord, current: int) -> ResultRecord:
+    """``result`` with its ``fleet_version`` and ``policy_lag``, given the fleet's ``current`` version."""
+    fleet = fleet_version(current, result.policy_versions)
+    return dataclasses.replace(result, fleet_version=fleet, policy_lag=policy_lag(fleet, result.policy_versions))
 
 
 class StaleDecision(enum.Enum):
