@@ -6,9 +6,9 @@ wire), :mod:`~polar_core.records` (the completion record, the trace and the othe
 ``RunningService``, ``ServiceApp``), :mod:`~polar_core.rpc_client` and :mod:`~polar_core.grpc_errors` (the
 client and server sides of the error mapping), :mod:`~polar_core.channels`, :mod:`~polar_core.auth`,
 :mod:`~polar_core.tls`, :mod:`~polar_core.tracing`, :mod:`~polar_core.convert` and
-:mod:`~polar_core.durations` (protobuf conversions of the shared records, seconds ↔ ``Duration``) and
-:mod:`~polar_core.task_paths`. Only the gRPC-free errors and records are re-exported here, so importing the
-package loads no gRPC.
+:mod:`~polar_core.durations` (protobuf conversions of the shared records, seconds ↔ ``Duration``),
+:mod:`~polar_core.task_paths` and :mod:`~polar_core.registry` (the registry by name every extension point is).
+Only the gRPC-free errors and records are re-exported here, so importing the package loads no gRPC.
 """
 
 from __future__ import annotations
