@@ -2,7 +2,9 @@
 
 :meth:`ProxyApp.open` builds everything from :class:`~model_proxy.settings.ProxySettings` (the policy's
 tokenizer, the backend, the session store, the engine and its typed :class:`~model_proxy.models.EngineConfig`)
-and starts it; ``model_proxy.server`` registers :class:`~model_proxy.servicer.ModelProxyServicer` over it.
+and starts it; ``model_proxy.server`` registers :class:`~model_proxy.servicer.ModelProxyServicer` over it and
+tells the app its gRPC port (:meth:`ProxyApp.serving`), from which the app joins its rollout server's fleet.
+Every collaborator is built once, in the constructor, and handed to the objects that use it.
 Tests and embedders that bring their own backend construct :class:`ProxyApp` and call :meth:`ProxyApp.start`.
 """
 
@@ -25,10 +27,12 @@ from model_proxy.metrics import GateView, ProxyMetrics
 from model_proxy.models import EngineConfig
 from model_proxy.policy import load_policy, make_backend
 from model_proxy.ports import Backend
+from model_proxy.rollout_client import GrpcRolloutRegistrar
 from model_proxy.settings import ProxySettings
 from model_proxy.weights import WeightManager
 from polar_core.errors import FailedPrecondition
-from polar_core.metrics import MetricsEndpoint, open_endpoint
+from polar_core.metrics import MetricsEndpoint
+from polar_core.roles import Role
 
 __all__ = ["ProxyApp", "engine_config", "resolve_context_length", "stop_token_ids"]
 
@@ -101,8 +105,13 @@ class ProxyApp:
         """
         self.settings = settings
         self.backend = backend
-        self._metrics_endpoint: MetricsEndpoint | None = None
-        self.metrics = ProxyMetrics(NoOpMeterProvider())
+        self._tracer_provider = tracer_provider
+        # The endpoint's provider exists from here (the instruments are made once); start() binds its port.
+        endpoint = MetricsEndpoint(service_name="polar-proxy") if settings.metrics_port >= 0 else None
+        self._metrics_endpoint = endpoint
+        self.metrics = (
+            ProxyMetrics(endpoint.meter_provider, self._gate_view()) if endpoint else ProxyMetrics(NoOpMeterProvider())
+        )
         store = SessionStore(settings.state_dir / "proxy", fsync=settings.fsync)
         self.registry = SessionRegistry(
             store,
@@ -122,7 +131,7 @@ class ProxyApp:
             metrics=self.metrics,
         )
         self.weights = WeightManager(self.engine, backend)
-        self.membership: FleetMembership | None = None  # set by model_proxy.server when rollout_address is set
+        self.membership: FleetMembership | None = None  # started by serving() when rollout_address is set
         self.http = ProxyHttp(
             self.engine,
             retry_after_s=settings.retry_after_s,
@@ -137,25 +146,28 @@ class ProxyApp:
         self.http_port = 0
         self.metrics_port = -1
 
-    def _start_metrics(self) -> None:
-        """Serve ``/metrics`` per the settings and meter the engine on it (before the first call)."""
-        endpoint, provider = open_endpoint(
-            "polar-proxy",
-            self.settings.metrics_host,
-            self.settings.metrics_port,
-            token=self.settings.metrics_token,
-        )
-        if endpoint is None:
-            return
-        gate = self.engine.gate
-        view = GateView(
-            in_flight=lambda: gate.in_flight,
-            paused_calls=lambda: gate.held,
-            paused=lambda: gate.paused,
+    def _gate_view(self) -> GateView:
+        """What the gauges read at each scrape: the engine's gate and stamped version (read then, not now)."""
+        return GateView(
+            in_flight=lambda: self.engine.gate.in_flight,
+            paused_calls=lambda: self.engine.gate.held,
+            paused=lambda: self.engine.gate.paused,
             policy_version=lambda: self.engine.policy_version,
         )
-        self._metrics_endpoint, self.metrics_port = endpoint, endpoint.port
-        self.metrics = self.engine.metrics = ProxyMetrics(provider, view)
+
+    def _start_metrics(self) -> None:
+        """Serve ``/metrics`` per the settings (before the first call); nothing when metrics are off."""
+        endpoint = self._metrics_endpoint
+        if endpoint is None:
+            return
+        try:
+            self.metrics_port = endpoint.start(
+                self.settings.metrics_host, self.settings.metrics_port, token=self.settings.metrics_token
+            )
+        except BaseException:
+            self._metrics_endpoint = None
+            endpoint.stop()
+            raise
 
     @classmethod
     async def open(
@@ -244,6 +256,31 @@ class ProxyApp:
         self._main = asyncio.create_task(server.main_loop())
         return self.http_port
 
+    def serving(self, port: int) -> None:
+        """The gRPC server listens on ``port``: join the rollout server's fleet when ``rollout_address`` is set.
+
+        The gate must be paused (:meth:`open` pauses it): calls are held until the fleet's policy is served.
+        """
+        settings = self.settings
+        if not settings.rollout_address or self.membership is not None:
+            return
+        address = settings.advertise_address or _advertised(settings.host, port)
+        registrar = GrpcRolloutRegistrar(
+            settings.rollout_address,
+            auth_token=settings.presented_token(Role.INTERNAL),
+            tracer_provider=self._tracer_provider,
+            tls=settings.tls(),
+        )
+        self.membership = FleetMembership(
+            self.weights,
+            self.engine.gate,
+            registrar,
+            proxy_id=settings.proxy_id or f"proxy-{address}",
+            address=address,
+            backend=settings.backend,
+        )
+        self.membership.start()
+
     async def close(self) -> None:
         """Leave the fleet, stop the HTTP server and close the backend (idempotent)."""
         membership, self.membership = self.membership, None
@@ -259,3 +296,9 @@ class ProxyApp:
         endpoint, self._metrics_endpoint = self._metrics_endpoint, None
         if endpoint is not None:
             endpoint.stop()
+
+
+def _advertised(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

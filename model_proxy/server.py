@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from model_proxy.app import ProxyApp
-from model_proxy.fleet_membership import FleetMembership
 from model_proxy.ports import Backend
-from model_proxy.rollout_client import GrpcRolloutRegistrar
 from model_proxy.servicer import registration
 from model_proxy.settings import ProxySettings
-from polar_core.roles import Role
 from polar_core.server import RunningService, run_until_signal, serve_app
 from polar_core.tracing import create_tracer_provider
 
-__all__ = ["create_server", "join_fleet", "main", "start_server"]
+__all__ = ["create_server", "main", "start_server"]
 
 
 async def start_server(
@@ -32,7 +28,7 @@ async def start_server(
     """Open the :class:`ProxyApp` (policy, backend, HTTP API), then serve it over gRPC.
 
     With ``settings.rollout_address`` set, the proxy joins that rollout server's fleet once its gRPC port is
-    known (:func:`join_fleet`); its calls are held until it serves the fleet's policy.
+    known (:meth:`ProxyApp.serving`); its calls are held until it serves the fleet's policy.
 
     Args:
         settings: Proxy settings.
@@ -45,8 +41,7 @@ async def start_server(
     """
     app = await ProxyApp.open(settings, tracer_provider=tracer_provider, backend=backend, tokenizer=tokenizer)
     running = await serve_app(app, [registration(app)], settings, tracer_provider=tracer_provider)
-    if settings.rollout_address:
-        app.membership = join_fleet(app, settings, running.port, tracer_provider=tracer_provider)
+    app.serving(running.port)
     return running
 
 
@@ -56,35 +51,6 @@ async def create_server(
     """Start the proxy (:func:`start_server`); return its gRPC server, whose ``stop`` closes the app, and port."""
     running = await start_server(settings, tracer_provider=tracer_provider)
     return running.as_grpc_server(), running.port
-
-
-def join_fleet(
-    app: ProxyApp, settings: ProxySettings, port: int, *, tracer_provider: TracerProvider | None = None
-) -> FleetMembership:
-    """Start registering with ``settings.rollout_address`` (the app's gate must be paused)."""
-    address = settings.advertise_address or _advertised(settings.host, port)
-    registrar = GrpcRolloutRegistrar(
-        settings.rollout_address,
-        auth_token=settings.presented_token(Role.INTERNAL),
-        tracer_provider=tracer_provider,
-        tls=settings.tls(),
-    )
-    membership = FleetMembership(
-        app.weights,
-        app.engine.gate,
-        registrar,
-        proxy_id=settings.proxy_id or f"proxy-{address}",
-        address=address,
-        backend=settings.backend,
-    )
-    membership.start()
-    return membership
-
-
-def _advertised(host: str, port: int) -> str:
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = socket.gethostname()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def main() -> None:
