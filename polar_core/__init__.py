@@ -7,7 +7,8 @@ wire), :mod:`~polar_core.records` (the completion record, the trace and the othe
 client and server sides of the error mapping), :mod:`~polar_core.channels`, :mod:`~polar_core.auth`,
 :mod:`~polar_core.tls`, :mod:`~polar_core.tracing`, :mod:`~polar_core.convert` and
 :mod:`~polar_core.durations` (protobuf conversions of the shared records, seconds ↔ ``Duration``),
-:mod:`~polar_core.task_paths` and :mod:`~polar_core.registry` (the registry by name every extension point is).
+:mod:`~polar_core.task_paths`, :mod:`~polar_core.registry` (the registry by name every extension point is) and
+:mod:`~polar_core.policy_version` (the policy version's one parser and its rule for the initial version).
 Only the gRPC-free errors and records are re-exported here, so importing the package loads no gRPC.
 """
 
