@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from polar_core.policy_version import INITIAL, format_version
 from polar_core.records import CompletionRecord
 
 __all__ = ["ASSISTANT", "IM_END", "IM_START", "SyntheticSpec", "growing_session", "synthetic_session"]
@@ -155,7 +156,7 @@ def _turn(
                 response_logprobs=[-round(rng.uniform(0.0, 5.0), 4) for _ in response],
                 protocol="openai_chat",
                 model="synthetic",
-                policy_version="v0",
+                policy_version=format_version(INITIAL),
                 parent_call_id=thread.parent if spec.parent_ids else None,
                 finish_reason="length" if truncated else "stop",
                 extra={"synthetic_segment": segment if i == chosen else f"{segment}:leaf{seq + i}"},
@@ -206,7 +207,7 @@ def growing_session(
                 response_logprobs=[-round(rng.uniform(0.0, 5.0), 4) for _ in response],
                 protocol="openai_chat",
                 model="synthetic",
-                policy_version="v0",
+                policy_version=format_version(INITIAL),
                 finish_reason="stop",
             )
         )
