@@ -18,7 +18,7 @@ command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || have_npm=0
 
 src=gateway/harnesses/npm
 dest=.harnesses
-stamp="$dest/.polar-stamp-$(sha256sum "$src/package.json" "$src/package-lock.json" | sha256sum | cut -c1-16)"
+stamp="$dest/.polar-stamp-$(sha256sum "$src/package.json" "$src/package-lock.json" scripts/patch_opencode.py | sha256sum | cut -c1-16)"
 
 # The npm harnesses: task-file name, npm package (as in $src/package.json), the executable it puts in .bin.
 NPM_HARNESSES=(
@@ -50,6 +50,7 @@ npm_bin() { local e; e=$(npm_entry "$1"); echo "${e##* }"; }
 # package) and pick it in a postinstall script that npm does not run. Do what those scripts do, locally only:
 # opencode's bin/opencode.exe is a stub until the binary is linked there (the AVX2-less "baseline" build when the
 # CPU lacks AVX2); cline's wrapper finds bin/.cline first (it would otherwise search node_modules at every start).
+# opencode's executable is patched first so its shell tool waits for a command's output (scripts/patch_opencode.py).
 link_platform_binaries() {
   local arch variant oc
   arch=$(node -p 'process.arch')
@@ -58,6 +59,7 @@ link_platform_binaries() {
   if [ -d "$dest/node_modules/opencode-ai" ]; then
     oc="$dest/node_modules/opencode-linux-$arch$variant/bin/opencode"
     if [ -x "$oc" ]; then
+      python3 scripts/patch_opencode.py "$oc" >/dev/null
       ln -f "$oc" "$dest/node_modules/opencode-ai/bin/opencode.exe"
     else
       log "warning: $oc missing; opencode will not run"

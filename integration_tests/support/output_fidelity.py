@@ -163,12 +163,21 @@ def _pi(output: str, shown: str) -> str | None:
 
 
 def _opencode(output: str, shown: str) -> str | None:
-    # The bash tool keeps the last 2,000 lines or 50 KB, whole lines, and names the file holding all of it.
+    # The bash tool keeps the last 2,000 lines or 50 KB, whole lines, and names the file holding all of it. It
+    # cuts what it still holds: the chunks it read, of which it keeps only the newest up to twice its byte limit
+    # (102,400 bytes, dropping whole chunks from the front). When dropping one leaves less than 50 KB, that rest
+    # is shown whole, from wherever the chunk began (mid-line): a shorter tail, still the output's end, still
+    # behind the notice. Where the chunks fall depends on how the pipe was read, so either form is opencode's.
     kept = _last_lines(output.split("\n"))
     if kept is None:
         return output
     path = re.search(r"Full output saved to: (\S+)\n", shown)
-    return f"...output truncated...\n\nFull output saved to: {path and path[1]}\n\n" + "\n".join(kept)
+    head = f"...output truncated...\n\nFull output saved to: {path and path[1]}\n\n"
+    tail = "\n".join(kept)
+    body = shown.removeprefix(head)
+    if body != shown and len(body) < len(tail) and body and output.endswith(body):
+        return head + body  # the shorter tail of opencode's chunk ring
+    return head + tail
 
 
 def _gemini_cli(output: str, shown: str) -> str | None:
