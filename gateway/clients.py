@@ -8,6 +8,7 @@ Each client owns one channel (opened with tracing and the control-plane token), 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -116,8 +117,11 @@ class GrpcProxyClient(_Client):
             tls=tls,
             max_message_bytes=max_message_bytes,
         )
-        self._stub = model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._channel)
         self._page_size = page_size
+
+    @functools.cached_property
+    def _stub(self) -> model_proxy_service_pb2_grpc.ModelProxyServiceAsyncStub:
+        return model_proxy_service_pb2_grpc.ModelProxyServiceStub(self._channel)
 
     async def open_session(self, spec: SessionSpec, model: str, *, timeout_s: float) -> ProxyEndpoints:
         """Call OpenSession (idempotent by session id)."""
@@ -157,23 +161,9 @@ class GrpcReconstructorClient(_Client):
 
     service = "polar.reconstructor.v1.ReconstructorService"
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        auth_token: str = "",
-        tracer_provider: TracerProvider | None = None,
-        tls: TlsFiles | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
-        super().__init__(
-            target,
-            auth_token=auth_token,
-            tracer_provider=tracer_provider,
-            tls=tls,
-            max_message_bytes=max_message_bytes,
-        )
-        self._stub = reconstructor_service_pb2_grpc.ReconstructorServiceStub(self._channel)
+    @functools.cached_property
+    def _stub(self) -> reconstructor_service_pb2_grpc.ReconstructorServiceAsyncStub:
+        return reconstructor_service_pb2_grpc.ReconstructorServiceStub(self._channel)
 
     async def reconstruct(
         self,
@@ -227,23 +217,9 @@ class GrpcEvaluatorClient(_Client):
 
     service = "polar.evaluator.v1.EvaluatorService"
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        auth_token: str = "",
-        tracer_provider: TracerProvider | None = None,
-        tls: TlsFiles | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
-        super().__init__(
-            target,
-            auth_token=auth_token,
-            tracer_provider=tracer_provider,
-            tls=tls,
-            max_message_bytes=max_message_bytes,
-        )
-        self._stub = evaluator_service_pb2_grpc.EvaluatorServiceStub(self._channel)
+    @functools.cached_property
+    def _stub(self) -> evaluator_service_pb2_grpc.EvaluatorServiceAsyncStub:
+        return evaluator_service_pb2_grpc.EvaluatorServiceStub(self._channel)
 
     async def prepare(self, spec: SessionSpec, *, request_id: str, timeout_s: float) -> str:
         """Call Prepare (idempotent by ``request_id``)."""
@@ -287,8 +263,11 @@ class _RolloutClient(_Client):
             tls=tls,
             max_message_bytes=max_message_bytes,
         )
-        self._stub = rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
         self._timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+
+    @functools.cached_property
+    def _stub(self) -> rollout_service_pb2_grpc.RolloutServiceAsyncStub:
+        return rollout_service_pb2_grpc.RolloutServiceStub(self._channel)
 
 
 class GrpcResultSink(_RolloutClient):

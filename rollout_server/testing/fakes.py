@@ -16,7 +16,17 @@ from rollout_server.errors import (
 from rollout_server.models import CallbackTarget, ResultRecord
 from rollout_server.ports import CapacityView, GatewaySessionView, SessionDispatch
 
-__all__ = ["FakeGatewayClient", "FakeSession", "RecordingSender", "make_result"]
+__all__ = ["FakeGatewayClient", "FakeSession", "ManualClock", "RecordingSender", "make_result"]
+
+
+class ManualClock:
+    """A clock the test moves by hand: ``clock.now += 5``; calling it reads the time."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def make_result(

@@ -38,15 +38,7 @@ from rollout_server.scheduler import Scheduler
 from rollout_server.store.sql import SqlStore, schema
 from rollout_server.store.sqlite import TYPES as SQLITE_TYPES
 from rollout_server.store.sqlite import open_sqlite_store
-from rollout_server.testing.fakes import FakeGatewayClient, RecordingSender, make_result
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from rollout_server.testing.fakes import FakeGatewayClient, ManualClock, RecordingSender, make_result
 
 
 @dataclasses.dataclass
@@ -55,7 +47,7 @@ class Env:
     core: RolloutCore
     scheduler: Scheduler
     gateways: FakeGatewayClient
-    clock: Clock
+    clock: ManualClock
     path: Path
 
     async def add_gateway(self, gid: str, capacity: int) -> None:
@@ -90,7 +82,7 @@ def new_task(task_id: str = "t1", n: int = 4, **kw: object) -> NewTask:
 
 
 async def make_env(path: Path, gateways: FakeGatewayClient | None = None, **config: object) -> Env:
-    clock = Clock()
+    clock = ManualClock()
     store = await open_sqlite_store(path)
     fake = gateways or FakeGatewayClient()
     core = RolloutCore(store, fake, CoreConfig(retry_backoff_s=1.0, **config), clock=clock)  # type: ignore[arg-type]

@@ -19,15 +19,7 @@ from rollout_server.overview import OverviewLoop
 from rollout_server.scheduler import Scheduler
 from rollout_server.store.sql import SqlStore
 from rollout_server.store.sqlite import open_sqlite_store
-from rollout_server.testing.fakes import FakeGatewayClient, RecordingSender, make_result
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from rollout_server.testing.fakes import FakeGatewayClient, ManualClock, RecordingSender, make_result
 
 
 @dataclasses.dataclass
@@ -36,7 +28,7 @@ class Env:
     core: RolloutCore
     scheduler: Scheduler
     gateways: FakeGatewayClient
-    clock: Clock
+    clock: ManualClock
     m: MetricPoints
 
     async def dispatch(self) -> None:
@@ -57,7 +49,7 @@ class Env:
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    clock = Clock()
+    clock = ManualClock()
     store = await open_sqlite_store(tmp_path / "r.sqlite3")
     m = MetricPoints()
     fake = FakeGatewayClient()

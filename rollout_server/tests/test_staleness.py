@@ -42,15 +42,7 @@ from rollout_server.staleness import (
 from rollout_server.store.sql import SqlStore, schema
 from rollout_server.store.sqlite import TYPES as SQLITE_TYPES
 from rollout_server.store.sqlite import open_sqlite_store
-from rollout_server.testing.fakes import FakeGatewayClient, make_result
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from rollout_server.testing.fakes import FakeGatewayClient, ManualClock, make_result
 
 
 class Fleet:
@@ -69,7 +61,7 @@ class Env:
     core: RolloutCore
     scheduler: Scheduler
     gateways: FakeGatewayClient
-    clock: Clock
+    clock: ManualClock
     fleet: Fleet
 
     async def dispatch(self) -> list[SessionDispatch]:
@@ -85,7 +77,7 @@ class Env:
 
 
 async def make_env(path: Path, **config: object) -> Env:
-    clock, fleet = Clock(), Fleet(5)
+    clock, fleet = ManualClock(), Fleet(5)
     store = await open_sqlite_store(path)
     gateways = FakeGatewayClient()
     core = RolloutCore(store, gateways, CoreConfig(**config), clock=clock, current_policy=fleet)  # type: ignore[arg-type]

@@ -30,17 +30,9 @@ from rollout_server.scheduler import Scheduler
 from rollout_server.settings import RolloutSettings
 from rollout_server.store.sql import SqlStore
 from rollout_server.store.sqlite import open_sqlite_store
-from rollout_server.testing.fakes import FakeGatewayClient, make_result
+from rollout_server.testing.fakes import FakeGatewayClient, ManualClock, make_result
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclasses.dataclass
@@ -49,13 +41,13 @@ class Env:
     core: RolloutCore
     scheduler: Scheduler
     gateways: FakeGatewayClient
-    clock: Clock
+    clock: ManualClock
     data: DashboardData
 
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    clock = Clock()
+    clock = ManualClock()
     store = await open_sqlite_store(tmp_path / "r.sqlite3")
     fake = FakeGatewayClient()
     core = RolloutCore(store, fake, clock=clock)
