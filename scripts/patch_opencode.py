@@ -8,11 +8,11 @@ on a 1 MB ``cat`` under load the model was shown the last 50 KB of the first ~30
 unmerged and 1.18.33 is the latest release).
 
 The patch does what that PR does: keep the fiber and, when the command exited, wait for it to finish (the
-output stream ends when every writer has closed it) before the scope closes. A command that leaves a background
-process holding its output open would make that wait endless, so it is bounded at 5 s, after which opencode
-goes on as before. The executable's embedded sources have fixed offsets, so the patch keeps the length: the
-bytes it adds are taken from the "Windows PowerShell (5.1) shell notes" (two of its six bullets), text
-opencode only shows when its shell is Windows PowerShell.
+output stream ends when every writer has closed it) before the scope closes, at most 5 s: a guard only, since
+opencode's exit code already waits for the output to close (a background process holding it open delays the
+result as much before the patch as after). The executable's embedded sources have fixed offsets, so the
+patch keeps the length: the bytes it adds are taken from the "Windows PowerShell (5.1) shell notes" (two of
+its six bullets), text opencode only shows when its shell is Windows PowerShell.
 
 Idempotent; refuses any other build (the replaced text must occur exactly once). Usage:
 ``python3 scripts/patch_opencode.py EXECUTABLE...``
