@@ -11,7 +11,8 @@ vllm          ``url`` or ``urls``, ``model``, ``api_key``, ``timeout_s``, ``extr
 sglang        ``url`` or ``urls``, ``api_key``, ``timeout_s``, ``incremental_stream``, ``extra_sampling``,
               ``model_dir``
 transformers  ``model_dir`` (default: the policy's loaded weights), ``device``, ``dtype``, ``max_context``,
-              ``chunk_size``, ``prefix_cache``, ``prefill_block``, ``threads``
+              ``chunk_size``, ``prefix_cache``, ``prefill_block``, ``threads``,
+              ``quantize`` (``none``, ``float16`` or ``int8`` Linear layers on CPU)
 scripted      ``script`` (a JSON/JSONL file) or ``turns`` (a list of turn objects), ``sessions`` (session id to a
               file or a list of turns), ``end_of_turn_id`` (default: the tokenizer's EOS ID), ``chunk_size``
 ============  ==================================================================================================
@@ -142,6 +143,7 @@ def _transformers(options: TransformersOptions, tokenizer: Any, weights: Any | N
         prefix_cache=options.prefix_cache,
         prefill_block=options.prefill_block,
         threads=options.threads,
+        quantize=options.quantize,
     )
 
 

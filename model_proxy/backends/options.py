@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -108,6 +108,8 @@ class TransformersOptions(BackendOptions):
     prefix_cache: int = 4
     prefill_block: int = 128
     threads: int | None = None
+    quantize: Literal["none", "int8", "float16"] = "none"
+    """Linear layers served in float16 or int8 on CPU (see :mod:`model_proxy.backends.transformers_quantize`)."""
 
 
 class ScriptedOptions(BackendOptions):

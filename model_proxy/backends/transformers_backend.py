@@ -10,6 +10,11 @@ vocabulary (``log_softmax(logits)`` at temperature 0, which decodes greedily). W
 truncate the distribution the token is *sampled* from the truncated, renormalised distribution, but the
 reported value is still the untruncated one, so it matches what a trainer computes from the same logits
 (and vLLM's default). Trainers that want the exact sampling probability must not truncate.
+
+``quantize`` (``"float16"`` or ``"int8"``, CPU only) serves the Linear layers in fewer bytes, applied again
+to every checkpoint :meth:`TransformersBackend.load_weights` loads; the recorded log-probabilities are still
+those of the forward pass that sampled, i.e. of the served, quantised model
+(:mod:`model_proxy.backends.transformers_quantize`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import Any
 import torch
 
 from model_proxy.backends._prefix_cache import CacheEntry, PrefixCache, new_cache
+from model_proxy.backends.transformers_quantize import QUANTIZE_KINDS, Quantize, quantize_model
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
-from polar_core.errors import FailedPrecondition, Internal
+from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["TransformersBackend", "config_mismatches", "sample_next"]
 
@@ -128,6 +134,7 @@ class TransformersBackend:
         prefix_cache: int = _PREFIX_CACHE_ENTRIES,
         prefill_block: int = _PREFILL_BLOCK,
         threads: int | None = None,
+        quantize: Quantize = "none",
     ) -> None:
         """Create the backend.
 
@@ -144,7 +151,18 @@ class TransformersBackend:
                 cores this process may use (at least 1), leaving a core to the event loop, the other services
                 and the agent; OpenMP threads wait for each other at every operation, so one preempted thread
                 stalls them all (on 2 busy cores, 2 threads were several times slower than 1). On GPU: untouched.
+            quantize: ``"none"``, or ``"float16"`` / ``"int8"`` Linear layers on CPU
+                (:mod:`model_proxy.backends.transformers_quantize`), for the model given and every checkpoint
+                loaded later. A model given here is copied first, so the caller's stays float32.
+
+        Raises:
+            InvalidArgument: An unknown ``quantize`` kind.
         """
+        if quantize not in QUANTIZE_KINDS:
+            raise InvalidArgument(
+                f"transformers backend: quantize must be one of {list(QUANTIZE_KINDS)}, not {quantize!r}"
+            )
+        self._quantize: Quantize = quantize
         self._source = model
         self._model: Any = None if isinstance(model, str | Path) else model
         self._device = device
@@ -157,6 +175,7 @@ class TransformersBackend:
         self._last_logits: dict[str, int] = {}
         self._prefix = PrefixCache(prefix_cache, prefill_block)
         self._threads = threads
+        self._quantized = False  # whether self._model already is the quantised one
 
     async def start(self) -> None:
         """Load the model (when given a directory) and start the worker thread; idempotent."""
@@ -168,6 +187,16 @@ class TransformersBackend:
                 self._model = await asyncio.get_running_loop().run_in_executor(executor, self._load)
             elif self._device is not None:
                 self._model = self._model.to(self._device)
+            if self._quantize != "none" and not self._quantized:
+                # A loaded model is the caller's (the proxy's policy weights): quantise a copy of it.
+                model, kind = self._model, self._quantize
+                self._model = await asyncio.get_running_loop().run_in_executor(
+                    executor, lambda: quantize_model(model, kind, inplace=self._source is not model)
+                )
+                self._quantized = True
+        except InvalidArgument:
+            executor.shutdown(wait=False)
+            raise
         except (OSError, ValueError) as exc:
             executor.shutdown(wait=False)
             raise BackendUnavailable(f"transformers backend: cannot load {self._source}: {exc}") from exc
@@ -236,7 +265,8 @@ class TransformersBackend:
 
             loader: Any = AutoModelForCausalLM
             model = loader.from_pretrained(path, dtype=current.dtype)
-            return model.to(current.device).eval()
+            # The served kind again: a new checkpoint is float32 until quantised (its own object, so in place).
+            return quantize_model(model.to(current.device).eval(), self._quantize, inplace=True)
 
         try:
             model = await asyncio.to_thread(load)
