@@ -6,13 +6,14 @@ float32 one a trainer computes log-probabilities with. Both kinds use ``torch.ao
 (fbgemm/x86 kernels, CPU only); embeddings, norms and attention stay float32.
 
 * ``"float16"``: weights stored in float16, activations and accumulation in float32. Measured on SmolLM2-135M
-  (docs/backends.md): about 2× faster per decoding step, and the sampled tokens' log-probabilities differ from
-  float32 teacher forcing by about 0.002 nats on average (importance ratios within 1 %). Position-wise: a token's
-  result does not depend on which other positions share its forward pass, beyond float rounding.
+  (docs/backends.md): calls about 1.5× faster than float32 on one core, and the sampled tokens'
+  log-probabilities differ from float32 teacher forcing by about 0.0015 nats on average (importance ratios
+  within 1 %). A token's result does not depend on which other positions share its forward pass, beyond
+  float rounding.
 * ``"int8"``: weights int8 per tensor, activations quantised to int8 per forward pass with a range taken over
-  the whole input, so a token's logits depend on the other positions in its pass (the prefill block). About 2.5×
-  faster per decoding step, but on SmolLM2 the sampled tokens' log-probabilities differ from float32 by about
-  0.5 nats on average (a different policy), and a full teacher-forced pass with the *same* int8 model differs
+  the whole input, so a token's logits depend on the other positions in its pass (the prefill block). Calls
+  1.7-1.8× faster than float32, but on SmolLM2 the sampled tokens' log-probabilities differ from float32 by about
+  0.6 nats on average (a different policy), and a full teacher-forced pass with the *same* int8 model differs
   by several nats on some tokens; only replaying the backend's own passes (blocks of ``prefill_block``, then one
   token at a time) reproduces them.
 
