@@ -253,6 +253,8 @@ class ProxyApp:
         if self.settings.gc_freeze:
             gc.collect()
             gc.freeze()
+            if self.settings.gc_young_threshold:
+                gc.set_threshold(self.settings.gc_young_threshold, *gc.get_threshold()[1:])
         self._main = asyncio.create_task(server.main_loop())
         return self.http_port
 
