@@ -134,6 +134,7 @@ def _build(daemon: PrivateDockerd, context: Path, bases: dict[str, str], target:
     started = time.monotonic()
     client = docker.APIClient(base_url=daemon.url, timeout=1800)
     log: list[str] = []
+    stream: Any = None
     try:
         stream = client.build(
             path=str(context), dockerfile="deploy/Dockerfile", target=target, tag=f"polar-{target}:test",
@@ -145,6 +146,8 @@ def _build(daemon: PrivateDockerd, context: Path, bases: dict[str, str], target:
                 pytest.fail(f"building {target} failed: {chunk['error']}\n{''.join(log[-60:])}")
             log.append(str(chunk.get("stream", "")))
     finally:
+        if stream is not None:
+            stream.close()  # the build's response socket, left open when a failure stops reading it early
         client.close()
     return f"polar-{target}:test", time.monotonic() - started
 

@@ -78,7 +78,21 @@ async def _probe(argv: Sequence[str]) -> bool:
     return result.ok
 
 
-_BWRAP_PROBE = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc",
+def _system_binds() -> list[str]:
+    """bubblewrap arguments showing the host's system directories read-only (a symlink stays a symlink)."""
+    args: list[str] = []
+    for name in _SYSTEM_DIRS:
+        path = Path(name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), name]
+        elif path.exists():
+            args += ["--ro-bind", name, name]
+    return args
+
+
+# The system directories, as sessions see them, not the whole of /: a recursive read-only bind of / remounts
+# every mount below it, and one that comes or goes meanwhile (a container starting on this host) fails the probe.
+_BWRAP_PROBE = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", *_system_binds(), "--proc",
                 "/proc", "--dev", "/dev"]  # fmt: skip
 
 
@@ -335,12 +349,7 @@ class LocalRuntime(SessionRuntime):
             args.append("--disable-userns")
         if self._spec.network is NetworkMode.HOST:
             args.append("--share-net")
-        for name in _SYSTEM_DIRS:
-            path = Path(name)
-            if path.is_symlink():
-                args += ["--symlink", os.readlink(path), name]
-            elif path.exists():
-                args += ["--ro-bind", name, name]
+        args += _system_binds()
         args += self._etc_args()
         # The private /tmp comes before the read-only binds: bwrap mounts in order, so an interpreter or a
         # checkout that itself lives under the host's /tmp stays visible on top of it.
