@@ -9,7 +9,7 @@
 #   --all        besides, everything the test suite needs (scripts/test.sh runs this): the other harness CLIs
 #                and Python agents (scripts/setup_harnesses.sh), the Triton and vLLM server environments
 #                (scripts/setup_backends.sh), Docker engine, debootstrap, patchelf, Chromium and playwright-core,
-#                and the Ray extra (requirements-ray.lock).
+#                the Ray extra (requirements-ray.lock) and the TRL extra (requirements-trl.lock).
 # Each piece left out names the command that installs it when a user asks for it (`polar run --harness NAME`).
 # POLAR_SETUP_MINIMAL=1 installs the Python environment and the system tools only (no harness).
 set -euo pipefail
@@ -86,6 +86,20 @@ if [ "$all" = 1 ]; then
     fi
     rm -f .venv/.polar-ray-*
     touch "$ray_stamp"
+  fi
+  # The TRL extra (polar_train.bridges.trl and its test), the same way: requirements-trl.lock, constrained by
+  # requirements.lock.
+  trl_stamp=.venv/.polar-trl-$(sha256sum requirements-trl.lock requirements.lock | sha256sum | cut -c1-16)
+  if [ ! -f "$trl_stamp" ]; then
+    log "installing the TRL extra (requirements-trl.lock)"
+    if [ -x .venv/bin/uv ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements-trl.lock \
+      -c requirements.lock; then
+      :
+    else
+      .venv/bin/python -m pip install -q -r requirements-trl.lock -c requirements.lock
+    fi
+    rm -f .venv/.polar-trl-*
+    touch "$trl_stamp"
   fi
 fi
 
