@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from polar_core.errors import InvalidArgument, Unavailable
+from polar_core.errors import FailedPrecondition, InvalidArgument, PolarError, Unavailable
 from polar_core.server import RunningService
 from polar_core.tracing import create_tracer_provider
 from polar_run.settings import RunSettings
@@ -32,8 +33,16 @@ from runtimes.sandbox_policy import TaskAdmission
 if TYPE_CHECKING:
     from rollout_server.dashboard import Dashboard
 
-__all__ = ["METRICS_OFFSETS", "EmbeddedStack", "StackOptions", "context_length", "end_of_turn_ids"]
+__all__ = [
+    "METRICS_OFFSETS",
+    "EmbeddedStack",
+    "StackOptions",
+    "context_length",
+    "end_of_turn_ids",
+    "serve_stored_policy",
+]
 
+_log = logging.getLogger(__name__)
 _HOST = "127.0.0.1"
 METRICS_OFFSETS = {"gateway": 0, "proxy": 1, "rollout": 2, "reconstructor": 3, "evaluator": 4}
 """Each service's metrics port relative to ``StackOptions.metrics`` (the images' 9464 to 9468)."""
@@ -164,6 +173,33 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
         return tuple(vocab[n] for n in names)
     eos = getattr(tokenizer, "eos_token_id", None)
     return (eos,) if isinstance(eos, int) else ()
+
+
+async def serve_stored_policy(proxy_app: Any, version: int, weights_path: str) -> None:
+    """Make the proxy of ``proxy_app`` serve the fleet's stored policy (``version``, ``weights_path``).
+
+    Version 0 (no update was ever stored) keeps the configured weights; a proxy already at or past ``version``
+    is left alone (never go back). The gate is paused around the load, as ``LoadWeights`` requires; nothing
+    has been submitted yet, so no call waits.
+
+    Raises:
+        FailedPrecondition: The stored checkpoint cannot be loaded (moved, deleted, another architecture): the
+            stack does not start rather than serve other weights under the stored version's number.
+    """
+    weights = proxy_app.weights
+    if version <= 0 or weights.version_number >= version:
+        return
+    gate = proxy_app.engine.gate
+    await gate.pause(abort_in_flight=False, drain_timeout_s=1.0)
+    try:
+        await weights.load(version, weights_path)
+    except PolarError as exc:
+        raise FailedPrecondition(
+            f"the state directory's policy v{version} ({weights_path}) cannot be loaded: {exc.message}; "
+            "restore that checkpoint or start with a new state directory"
+        ) from exc
+    gate.resume()
+    _log.info("serving the stored policy v%d from %s", version, weights_path)
 
 
 class _LateSink:
@@ -341,8 +377,12 @@ class EmbeddedStack:
             )
             stopping(rollout)
             # The proxy started first (its address is known only now), so it is registered here: UpdatePolicy
-            # reaches it. It serves its configured weights until the first update.
-            await rollout.app.policy.register_proxy("embedded-proxy", f"{_HOST}:{ports['proxy']}", options.backend)
+            # reaches it. On a state directory an earlier run left a policy in, it serves that policy before the
+            # first call, as a proxy joining a fleet does (model_proxy/fleet_membership.py).
+            policy = await rollout.app.policy.register_proxy(
+                "embedded-proxy", f"{_HOST}:{ports['proxy']}", options.backend
+            )
+            await serve_stored_policy(proxy.app, policy.version, policy.weights_path)
             result_sink = GrpcResultSink(f"{_HOST}:{rollout.port}", auth_token=token)
             stack.push_async_callback(result_sink.close)
             sink.target = result_sink

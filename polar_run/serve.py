@@ -23,7 +23,7 @@ from polar_core.errors import InvalidArgument
 from polar_core.settings import ServiceSettings
 from polar_core.tracing import create_tracer_provider
 
-__all__ = ["SERVICE_NAMES", "ServeOptions", "ServiceSpec", "serve", "service_spec"]
+__all__ = ["SERVE_PROXY_ID", "SERVICE_NAMES", "ServeOptions", "ServiceSpec", "serve", "service_spec"]
 
 SERVICE_NAMES = ("rollout", "gateway", "proxy", "reconstructor", "evaluator")
 
@@ -35,8 +35,14 @@ _MODULES = {
     "evaluator": ("evaluator", "EvaluatorSettings", "polar.evaluator.v1.EvaluatorService"),
 }
 
-# Start order for several services in one process: the gateway is wired to the services started before it.
-_START_ORDER = ("proxy", "reconstructor", "evaluator", "rollout", "gateway")
+# Start order for several services in one process: each is wired to the services started before it. The
+# rollout server comes first so the proxy joins its fleet at start (RegisterProxy, as a standalone proxy with
+# rollout_address does), and the gateway last, wired to all four.
+_START_ORDER = ("rollout", "proxy", "reconstructor", "evaluator", "gateway")
+SERVE_PROXY_ID = "serve-proxy"
+"""The id ``polar serve``'s proxy registers under with the rollout server of the same process (unless the
+proxy's settings name one): stable across restarts, so a restart on the same state directory replaces its record
+instead of leaving an unreachable one behind."""
 
 CreateServer = Callable[..., Awaitable[tuple[grpc.aio.Server, int]]]
 
@@ -195,6 +201,12 @@ def _wiring(name: str, settings: ServiceSettings, addresses: dict[str, str], tok
         # Only a service configured with no token at all gets the process's shared (all-roles) one: role
         # tokens set by the operator are never widened by an injected token.
         wiring["auth_token"] = token
+    if name == "proxy" and "rollout" in addresses and not getattr(settings, "rollout_address", "x"):
+        # Join the fleet of the rollout server in this process: GetPolicy lists this proxy, UpdatePolicy moves
+        # it, and on a state directory with a stored policy it loads that policy before its first call.
+        wiring["rollout_address"] = addresses["rollout"]
+        if not getattr(settings, "proxy_id", "x"):
+            wiring["proxy_id"] = SERVE_PROXY_ID
     if name == "gateway":
         for peer in ("proxy", "reconstructor", "evaluator", "rollout"):
             if peer in addresses and not getattr(settings, f"{peer}_address", "x"):

@@ -1,4 +1,4 @@
-"""``polar train CONFIG.yaml [--run-dir DIR] [--steps N] [--overwrite]``: the reference GRPO trainer."""
+"""``polar train CONFIG.yaml [--run-dir DIR] [--steps N] [--overwrite | --resume]``: the reference GRPO trainer."""
 
 from __future__ import annotations
 
@@ -21,19 +21,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="replace the config's steps")
     parser.add_argument("--seed", type=int, default=None, help="replace the config's seed")
     parser.add_argument("--overwrite", action="store_true", help="replace a run directory that holds a run")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in the run directory: its stored policy (version and checkpoint) is served and "
+        "trained from, and the steps metrics.jsonl holds are not run again",
+    )
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``polar train``; print one line per step and the table at the end."""
+    from polar_core.errors import InvalidArgument
     from polar_run.run import prepare_out_dir
     from polar_train.config import load_config
     from polar_train.metrics import StepMetrics, first_and_last, format_table, read_metrics
     from polar_train.run import run_training
 
     config = load_config(args.config, run_dir=args.run_dir, steps=args.steps, seed=args.seed)
-    prepare_out_dir(config.run_dir, overwrite=args.overwrite)
+    if args.resume:
+        if args.overwrite:
+            raise InvalidArgument("--resume and --overwrite contradict each other: choose one")
+        if not (config.run_dir / "state").is_dir():
+            raise InvalidArgument(f"--resume: {config.run_dir} holds no run to resume (no state/ directory)")
+    else:
+        prepare_out_dir(config.run_dir, overwrite=args.overwrite)
 
     def line(row: StepMetrics) -> None:
         lag = row.policy_lag
@@ -45,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    asyncio.run(run_training(config, on_step=line))
+    asyncio.run(run_training(config, resume=args.resume, on_step=line))
     rows = read_metrics(config.run_dir / "metrics.jsonl")
     print(format_table(rows))
     first, last = first_and_last(rows, config.steps_averaged)

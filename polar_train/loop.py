@@ -101,6 +101,9 @@ class Trainer:
         model: The policy being optimised (a transformers causal LM, float32).
         tokenizer: Its tokenizer (saved with each checkpoint).
         start_version: The fleet's version when the run starts (the weights ``model`` holds).
+        first_step: The first step to run (a resumed run continues after the steps ``metrics.jsonl`` holds).
+        resume: Follow a group whose task id the rollout server already holds (submitted by the run being
+            resumed) instead of refusing it.
         on_step: Called with each step's metrics (e.g. to print a line).
         on_sessions: Called with each step's index and the sessions it considered (e.g. to audit rewards).
     """
@@ -115,6 +118,8 @@ class Trainer:
         model: Any,
         tokenizer: Any,
         start_version: int = 0,
+        first_step: int = 0,
+        resume: bool = False,
         on_step: Callable[[StepMetrics], None] | None = None,
         on_sessions: Callable[[int, list[SessionSample]], None] | None = None,
     ) -> None:
@@ -127,6 +132,8 @@ class Trainer:
         self._model = model
         self._tokenizer = tokenizer
         self.version = start_version
+        self.first_step = first_step
+        self._resume = resume
         self._on_step = on_step
         self._on_sessions = on_sessions
         self._groups: dict[int, list[_Group]] = {}
@@ -147,7 +154,7 @@ class Trainer:
         rows: list[StepMetrics] = []
         deadline = time.monotonic() + self.config.max_seconds if self.config.max_seconds else None
         try:
-            for step in range(self.config.steps):
+            for step in range(self.first_step, self.config.steps):
                 if deadline is not None and rows and time.monotonic() >= deadline:
                     _log.info("time budget of %.0fs spent after %d steps", self.config.max_seconds, len(rows))
                     break
@@ -171,7 +178,7 @@ class Trainer:
                 self.task_id(step, g), group_size=self.config.group_size, instruction=self._instruction(step, g)
             )
             reply = await self._client.submit(task, task_timeout_s=self.config.task_timeout_s)
-            if reply.already_existed:
+            if reply.already_existed and not self._resume:
                 raise FailedPrecondition(f"task {reply.task_id} already exists: use a new run_dir for a new run")
             results: list[session_pb2.SessionResult] = []
             watcher = asyncio.create_task(self._watch(reply.task_id, results), name=f"watch-{reply.task_id}")

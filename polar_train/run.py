@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_client import RolloutClient
+from polar_core.errors import FailedPrecondition
 from polar_train.batch import SessionSample
 from polar_train.checkpoints import initial_checkpoint, load_policy_model
 from polar_train.config import TrainConfig
@@ -59,17 +61,45 @@ async def _connect(
         yield client, stack
 
 
+async def _fleet_policy(client: RolloutClient, initial: Path) -> tuple[int, Path]:
+    """The version the fleet serves and the checkpoint the trainer starts from: the stored policy's
+    (``GetPolicy``) once an update was made, else ``initial``.
+
+    Raises:
+        FailedPrecondition: The fleet serves a version whose checkpoint this trainer cannot read.
+    """
+    policy = (await client.get_policy()).policy
+    version = int(policy.version)
+    if version <= 0:
+        return 0, initial
+    path = Path(policy.weights_path)
+    if not (path / "config.json").is_file():
+        raise FailedPrecondition(
+            f"the fleet serves policy v{version} from {policy.weights_path}, which this trainer cannot read: "
+            "train where that checkpoint is, or start a new fleet (a new run directory)"
+        )
+    return version, path
+
+
 async def run_training(
     config: TrainConfig,
     *,
+    resume: bool = False,
     updater_factory: UpdaterFactory | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
     on_sessions: Callable[[int, list[SessionSample]], None] | None = None,
 ) -> list[StepMetrics]:
     """Train as ``config`` says; write ``metrics.jsonl`` and ``reward_curve.png`` to ``config.run_dir``.
 
+    The trainer starts from the policy the fleet serves (``GetPolicy``): on a fresh embedded stack the initial
+    checkpoint at version 0; against a fleet, or on a run directory whose ``state/`` holds an earlier run's
+    updates (``resume``), the stored version and its checkpoint, which the embedded proxy reloads at start.
+
     Args:
         config: The run.
+        resume: Continue the run in ``config.run_dir``: start at the step after those ``metrics.jsonl`` holds
+            and follow groups the earlier run had submitted. The optimiser's moments start afresh (they are not
+            checkpointed).
         updater_factory: How the fleet is moved after each step; default ``UpdatePolicy`` on the rollout
             server.
         on_step: Called with each step's metrics.
@@ -83,10 +113,15 @@ async def run_training(
     config.run_dir.mkdir(parents=True, exist_ok=True)
     template = load_template(config.task, max_policy_lag=config.max_policy_lag, stale_policy=config.stale_policy)
     weights = initial_checkpoint(config.model, config.run_dir, seed=config.seed)
-    tokenizer, model = load_policy_model(weights)
     factory = updater_factory or _default_updater(config)
+    metrics_path = config.run_dir / "metrics.jsonl"
+    first_step = len(read_metrics(metrics_path)) if resume and metrics_path.is_file() else 0
     async with _connect(config, template, weights) as (client, stack):
         updater = factory(client, stack)
+        version, start_from = await _fleet_policy(client, weights)
+        if version:
+            _log.info("starting from the fleet's policy v%d (%s) at step %d", version, start_from, first_step)
+        tokenizer, model = await asyncio.to_thread(load_policy_model, start_from)
         trainer = Trainer(
             config,
             client=client,
@@ -94,7 +129,9 @@ async def run_training(
             template=template,
             model=model,
             tokenizer=tokenizer,
-            start_version=await updater.current_version(),
+            start_version=max(version, await updater.current_version()),
+            first_step=first_step,
+            resume=resume,
             on_step=on_step,
             on_sessions=on_sessions,
         )
