@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
@@ -40,7 +41,8 @@ from gateway.ports import (
 from gateway.registration import RegistrationLoop
 from gateway.settings import GatewaySettings
 from gateway.tunnel import ProxyTunnel
-from polar_core.errors import FailedPrecondition
+from polar_core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from polar_core.gateway_tokens import read_claims
 from polar_core.metrics import MetricsEndpoint
 from polar_core.records import CompletionRecord
 from polar_core.roles import Role
@@ -49,7 +51,15 @@ from runtimes import DefaultRuntimeFactory, Isolation
 from runtimes.local import IsolationProbe, probe_isolation
 from runtimes.sandbox_policy import OperatorPolicy
 
-__all__ = ["GatewayApp", "GatewaySeams", "harness_bin_dir", "operator_policy", "pipeline_config", "task_roots"]
+__all__ = [
+    "GatewayApp",
+    "GatewaySeams",
+    "harness_bin_dir",
+    "identity_gateway_id",
+    "operator_policy",
+    "pipeline_config",
+    "task_roots",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -95,14 +105,15 @@ class _Clients:
         self._tracer_provider = tracer_provider
         self.closers: list[Callable[[], Awaitable[None]]] = []
 
-    def make(self, address: str, cls: Callable[..., Any]) -> Any:
-        """Return a ``cls`` client of ``address``, or ``None`` for an empty address."""
+    def make(self, address: str, cls: Callable[..., Any], *, token: str = "") -> Any:
+        """Return a ``cls`` client of ``address`` presenting ``token`` (default: the gateway role's), or ``None``
+        for an empty address."""
         if not address:
             return None
         s = self._settings
         made = cls(
             address,
-            auth_token=s.presented_token(Role.GATEWAY),
+            auth_token=token or s.presented_token(Role.GATEWAY),
             tracer_provider=self._tracer_provider,
             tls=s.tls(),
             max_message_bytes=s.max_message_bytes,
@@ -153,6 +164,7 @@ class GatewayApp:
     ) -> Self:
         """Build the pipeline and its ports from ``settings``; ``seams`` replaces any of the ports."""
         seams = seams or GatewaySeams()
+        token_id = identity_gateway_id(settings)
         clients = _Clients(settings, tracer_provider)
         endpoint: MetricsEndpoint | None = None
         metrics: GatewayMetrics | None = None
@@ -176,13 +188,13 @@ class GatewayApp:
         isolation, cannot_run = await _isolation(settings, seams)
         pipeline = SessionPipeline(
             pipeline_config(settings),
-            gateway_id=settings.gateway_id,
+            gateway_id=settings.gateway_id or token_id,
             runtimes=seams.runtimes or _runtimes(settings, tunnel, bin_dir, isolation),
             agents=seams.agents or _agents(settings, tunnel, bin_dir),
             proxy=proxy or _NoProxy(),
             reconstructor=reconstructor,
             evaluator=evaluator,
-            sink=seams.sink or clients.make(settings.rollout_address, GrpcResultSink),
+            sink=seams.sink or clients.make(settings.rollout_address, GrpcResultSink, token=settings.identity_token),
             metrics=metrics,
             tracer=tracer_provider.get_tracer("gateway") if tracer_provider is not None else None,
             dependencies=monitor,
@@ -200,12 +212,12 @@ class GatewayApp:
     def serving(self, port: int) -> None:
         """The gRPC server listens on ``port``: name the gateway after it and join the rollout server's pool."""
         settings = self._settings
-        self.pipeline.gateway_id = settings.gateway_id or f"gateway-{port}"
+        self.pipeline.gateway_id = self.pipeline.gateway_id or f"gateway-{port}"
         if not settings.rollout_address:
             return
         self.membership = RegistrationLoop(
             self.pipeline,
-            self._clients.make(settings.rollout_address, GrpcRolloutRegistrar),
+            self._clients.make(settings.rollout_address, GrpcRolloutRegistrar, token=settings.identity_token),
             address=_advertised(settings, port),
             labels={"runtime": settings.default_runtime, "network": settings.runtime_network},
             version=polar_version(),
@@ -250,6 +262,34 @@ class GatewayApp:
             await close()
         if self._endpoint is not None:
             self._endpoint.stop()
+
+
+def identity_gateway_id(settings: GatewaySettings, *, now: float | None = None) -> str:
+    """The gateway id the settings' ``identity_token`` names ("" without one).
+
+    The gateway cannot check the token's signature (only the rollout server holds the key), but refuses to start
+    with a token that cannot work: malformed, expired, or naming another gateway than ``gateway_id``.
+
+    Raises:
+        InvalidArgument: The token is malformed, expired, or for another gateway id than ``gateway_id``.
+    """
+    if not settings.identity_token:
+        return ""
+    try:
+        claims = read_claims(settings.identity_token)
+    except Unauthenticated as exc:
+        raise InvalidArgument(f"identity_token (POLAR_GATEWAY_IDENTITY_TOKEN): {exc.message}") from None
+    if settings.gateway_id and settings.gateway_id != claims.gateway_id:
+        raise InvalidArgument(
+            f"identity_token is for gateway {claims.gateway_id!r}, but gateway_id is {settings.gateway_id!r}: "
+            "issue a token for this gateway's id, or leave gateway_id empty to take the token's"
+        )
+    if (time.time() if now is None else now) >= claims.expires_at:
+        raise InvalidArgument(
+            f"identity_token for {claims.describe()}, has expired: issue a new one "
+            f"(polar token issue --gateway-id {claims.gateway_id})"
+        )
+    return claims.gateway_id
 
 
 def pipeline_config(settings: GatewaySettings) -> PipelineConfig:

@@ -81,6 +81,10 @@ class GatewaySettings(ServiceSettings):
             says when it was cut; the evaluator always gets the whole patch).
         drain_timeout_s: How long a gateway told to drain before exiting (``polar serve`` on SIGUSR1) lets its
             running sessions finish; what still runs then is handed back to the rollout server as an outage.
+        identity_token: This gateway's own gateway token (``polar token issue --gateway-id ID``,
+            ``POLAR_GATEWAY_IDENTITY_TOKEN``), presented to the rollout server instead of the shared
+            ``gateway_token`` (which the proxy, reconstructor and evaluator still get). It names the gateway id:
+            an empty ``gateway_id`` takes it, a different one refuses to start, and so does an expired token.
         result_log_limit_bytes: Most bytes of each of the harness's stdout and stderr kept (their tails) on a
             session result.
     """
@@ -129,3 +133,4 @@ class GatewaySettings(ServiceSettings):
     result_patch_limit_bytes: int = Field(default=1 << 20, ge=0)
     result_log_limit_bytes: int = Field(default=64 << 10, ge=0)
     drain_timeout_s: float = Field(default=60.0, ge=0)
+    identity_token: str = ""

@@ -10,6 +10,12 @@ A caller's roles come from two places:
   role; ``polar:gateway:<id>`` grants ``gateway`` and binds the caller to gateway ``<id>`` (the rollout server
   refuses RegisterGateway, Heartbeat, DrainGateway and ReportSessionResult for any other id). A certificate
   with no ``polar:`` URI grants every role (mTLS then only authenticates, as before roles existed).
+- **Its gateway token** (:mod:`polar_core.gateway_tokens`), on a server given the operator's signing key (the
+  rollout server's ``gateway_token_key_file``): a signed, expiring ``polar-gw1.`` token grants ``gateway`` and,
+  like a ``polar:gateway:<id>`` certificate, binds the caller to the one gateway id it names. A bad one is
+  refused with ``UNAUTHENTICATED`` saying why (expired at ..., signature does not match); a good one used for
+  another gateway id with ``PERMISSION_DENIED`` naming the token's id. With ``required`` (the rollout server's
+  ``require_gateway_tokens``) the shared tokens grant no ``gateway`` role there, unless they grant ``admin``.
 
 The caller holds the roles both grant (the intersection), and may call a method when one of them is listed for
 it in :mod:`polar_core.roles`. A missing or unknown token is refused with ``UNAUTHENTICATED``, a known caller
@@ -29,7 +35,8 @@ from typing import Any
 
 import grpc
 
-from polar_core.errors import PermissionDenied
+from polar_core.errors import PermissionDenied, Unauthenticated
+from polar_core.gateway_tokens import GatewayTokenVerifier, is_gateway_token, read_claims
 from polar_core.roles import ALL_ROLES, TOKEN_DIGEST_PREFIX, Role, allowed_roles
 
 __all__ = [
@@ -50,6 +57,7 @@ CERT_GATEWAY_PREFIX = "polar:gateway:"
 _BEARER = b"Bearer "
 _CERT_PREFIX = "polar:"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+_GATEWAY_ONLY = frozenset({Role.GATEWAY})
 
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
@@ -99,21 +107,45 @@ def certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> Certifi
     return identity_from_uris(uris)
 
 
+def _presented_token(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The bearer token of the call ("" when it carries none)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTH_METADATA_KEY:
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+            return text[len("Bearer ") :] if text.startswith("Bearer ") else ""
+    return ""
+
+
 def require_gateway_identity(context: grpc.aio.ServicerContext[Any, Any], gateway_id: str, method: str) -> None:
-    """Refuse a gateway-scoped call about ``gateway_id`` from a certificate bound to other gateways.
+    """Refuse a gateway-scoped call about ``gateway_id`` from a caller bound to another gateway.
+
+    A caller is bound by its client certificate (``polar:gateway:<id>`` names) and by a gateway token
+    (:mod:`polar_core.gateway_tokens`, whose signature and lifetime the interceptor has already checked: its
+    claims here only narrow what the call may do).
 
     Raises:
         PermissionDenied: The caller's certificate restricts it and does not name ``gateway_id`` (an ``admin``
-            certificate may act for any gateway).
+            certificate may act for any gateway), or its gateway token is for another gateway id.
     """
     identity = certificate_identity(context)
-    if not identity.restricted or Role.ADMIN in identity.roles or gateway_id in identity.gateway_ids:
+    if identity.restricted and Role.ADMIN not in identity.roles and gateway_id not in identity.gateway_ids:
+        names = ", ".join(sorted(identity.gateway_ids)) or "no gateway id"
+        raise PermissionDenied(
+            f"{method} for gateway {gateway_id!r} refused: the caller's certificate names {names}",
+            details={"gateway_id": gateway_id},
+        )
+    token = _presented_token(context)
+    if not is_gateway_token(token):
         return
-    names = ", ".join(sorted(identity.gateway_ids)) or "no gateway id"
-    raise PermissionDenied(
-        f"{method} for gateway {gateway_id!r} refused: the caller's certificate names {names}",
-        details={"gateway_id": gateway_id},
-    )
+    try:
+        bound = read_claims(token).gateway_id
+    except Unauthenticated as exc:
+        raise PermissionDenied(f"{method} for gateway {gateway_id!r} refused: {exc.message}") from None
+    if bound != gateway_id:
+        raise PermissionDenied(
+            f"{method} for gateway {gateway_id!r} refused: the caller's gateway token is for gateway {bound!r}",
+            details={"gateway_id": gateway_id, "token_gateway_id": bound},
+        )
 
 
 class RoleAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -122,27 +154,49 @@ class RoleAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     Args:
         tokens: Every accepted token and the roles it grants; empty means calls need no token.
         mtls: Whether the server requires client certificates, whose ``polar:`` names narrow the roles.
+        gateway_tokens: Verifies per-gateway tokens (``polar-gw1.``), which grant ``gateway``; ``None``: this
+            server accepts none. With ``gateway_tokens.required`` the tokens above grant no ``gateway`` role
+            unless they grant ``admin``.
     """
 
-    def __init__(self, tokens: Mapping[str, frozenset[Role]], *, mtls: bool = False) -> None:
+    def __init__(
+        self,
+        tokens: Mapping[str, frozenset[Role]],
+        *,
+        mtls: bool = False,
+        gateway_tokens: GatewayTokenVerifier | None = None,
+    ) -> None:
         self._tokens = [
             (token.startswith(TOKEN_DIGEST_PREFIX), token.removeprefix(TOKEN_DIGEST_PREFIX).encode(), roles)
             for token, roles in tokens.items()
             if token
         ]
         self._mtls = mtls
+        self._gateway_tokens = gateway_tokens
+        self._required = gateway_tokens is not None and gateway_tokens.required
 
-    def _token_roles(self, details: grpc.HandlerCallDetails) -> frozenset[Role] | None:
-        """The presented token's roles; every role when no token is configured; ``None`` for a bad token."""
-        if not self._tokens:
-            return ALL_ROLES
+    def _token_roles(self, details: grpc.HandlerCallDetails) -> tuple[frozenset[Role] | None, str]:
+        """The presented token's roles, or ``None`` and why it is refused.
+
+        Every role when no token is configured (and the call presents no gateway token this server verifies).
+        """
+        if not self._tokens and self._gateway_tokens is None:
+            return ALL_ROLES, ""
         header = b""
         for key, value in details.invocation_metadata or ():
             if key == AUTH_METADATA_KEY:
                 header = value.encode() if isinstance(value, str) else value
-        if not header.startswith(_BEARER) or len(header) == len(_BEARER):
-            return None
-        presented = header[len(_BEARER) :]
+        presented = header[len(_BEARER) :] if header.startswith(_BEARER) else b""
+        if self._gateway_tokens is not None and is_gateway_token(presented):
+            try:
+                self._gateway_tokens.verify(presented)
+            except Unauthenticated as exc:
+                return None, exc.message
+            return _GATEWAY_ONLY, ""
+        if not self._tokens:
+            return ALL_ROLES, ""
+        if not presented:
+            return None, "missing or unknown control-plane token"
         digest = hashlib.sha256(presented).hexdigest().encode()
         roles: set[Role] = set()
         matched = False
@@ -150,7 +204,13 @@ class RoleAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             if hmac.compare_digest(digest if is_digest else presented, expected):
                 matched = True
                 roles |= granted
-        return frozenset(roles) if matched else None
+        if not matched:
+            if is_gateway_token(presented):
+                return None, "a gateway token, but this server verifies none (it has no gateway_token_key_file)"
+            return None, "missing or unknown control-plane token"
+        if self._required and Role.ADMIN not in roles:
+            roles.discard(Role.GATEWAY)
+        return frozenset(roles), ""
 
     async def intercept_service(
         self,
@@ -163,17 +223,20 @@ class RoleAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        token_roles = self._token_roles(handler_call_details)
+        token_roles, refusal = self._token_roles(handler_call_details)
         name = method.lstrip("/")
         if token_roles is None:
-            message = f"{name}: missing or unknown control-plane token"
-            return _deny_like(handler, grpc.StatusCode.UNAUTHENTICATED, message)
+            return _deny_like(handler, grpc.StatusCode.UNAUTHENTICATED, f"{name}: {refusal}")
         allowed = allowed_roles(method)
+        hint = _REQUIRED_HINT if self._required and Role.GATEWAY in allowed else ""
         if not self._mtls:
             if token_roles & allowed:
                 return handler
-            return _deny_like(handler, grpc.StatusCode.PERMISSION_DENIED, _denied(name, allowed, token_roles))
-        return _checked_like(handler, lambda context: _check_certificate(context, name, allowed, token_roles))
+            return _deny_like(handler, grpc.StatusCode.PERMISSION_DENIED, _denied(name, allowed, token_roles) + hint)
+        return _checked_like(handler, lambda context: _check_certificate(context, name, allowed, token_roles, hint))
+
+
+_REQUIRED_HINT = "; this server takes gateway calls only with a per-gateway token (polar token issue)"
 
 
 def _denied(name: str, allowed: frozenset[Role], held: frozenset[Role]) -> str:
@@ -183,11 +246,15 @@ def _denied(name: str, allowed: frozenset[Role], held: frozenset[Role]) -> str:
 
 
 def _check_certificate(
-    context: grpc.aio.ServicerContext[Any, Any], name: str, allowed: frozenset[Role], token_roles: frozenset[Role]
+    context: grpc.aio.ServicerContext[Any, Any],
+    name: str,
+    allowed: frozenset[Role],
+    token_roles: frozenset[Role],
+    hint: str = "",
 ) -> str | None:
     """The denial message for a call whose certificate leaves it no allowed role, else ``None``."""
     held = token_roles & certificate_identity(context).roles
-    return None if held & allowed else _denied(name, allowed, held)
+    return None if held & allowed else _denied(name, allowed, held) + hint
 
 
 def _handler_kwargs(handler: grpc.RpcMethodHandler[Any, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.sdk.trace import TracerProvider
 
 from polar_core.auth import RoleAuthInterceptor
+from polar_core.gateway_tokens import GatewayTokenVerifier
 from polar_core.grpc_errors import ErrorMappingInterceptor
 from polar_core.limits import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from polar_core.roles import ALL_ROLES, Role
@@ -59,6 +60,7 @@ async def start_grpc_server(
     tls: TlsFiles | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     tokens: Mapping[str, frozenset[Role]] | None = None,
+    gateway_tokens: GatewayTokenVerifier | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a gRPC server with health checking, reflection, OpenTelemetry and error mapping.
 
@@ -73,6 +75,7 @@ async def start_grpc_server(
         tokens: Accepted tokens and the roles each grants, on top of ``auth_token``; the method tables of
             :mod:`polar_core.roles` say which roles may call what.
         max_message_bytes: The largest message the server receives or sends.
+        gateway_tokens: Verifies per-gateway tokens (:mod:`polar_core.gateway_tokens`; the rollout server's).
 
     Returns:
         The started server and the bound port.
@@ -81,8 +84,8 @@ async def start_grpc_server(
     accepted = dict(tokens or {})
     if auth_token:
         accepted[auth_token] = ALL_ROLES
-    if accepted or tls is not None:
-        interceptors.append(RoleAuthInterceptor(accepted, mtls=tls is not None))
+    if accepted or tls is not None or gateway_tokens is not None:
+        interceptors.append(RoleAuthInterceptor(accepted, mtls=tls is not None, gateway_tokens=gateway_tokens))
     interceptors.append(ErrorMappingInterceptor())
     server = grpc.aio.server(interceptors=interceptors, options=message_options(max_message_bytes))
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -198,8 +201,11 @@ async def start_service_server(
     settings: ServiceSettings,
     *,
     tracer_provider: TracerProvider | None = None,
+    gateway_tokens: GatewayTokenVerifier | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """:func:`start_grpc_server` with the address, tokens, mTLS files and message limit of a service's settings.
+
+    ``gateway_tokens`` verifies per-gateway tokens (the rollout server's, from its own settings).
 
     Raises:
         InvalidArgument: The settings bind a non-loopback address with neither a token nor mTLS, and do not
@@ -214,6 +220,7 @@ async def start_service_server(
         tls=settings.tls(),
         max_message_bytes=settings.max_message_bytes,
         tokens=settings.accepted_tokens(),
+        gateway_tokens=gateway_tokens,
     )
 
 
@@ -224,10 +231,13 @@ async def serve_app(
     *,
     tracer_provider: TracerProvider | None = None,
     drain: Callable[[float], Awaitable[None]] | None = None,
+    gateway_tokens: GatewayTokenVerifier | None = None,
 ) -> RunningService[AppT]:
     """Serve an opened app over gRPC (:func:`start_service_server`); the app is closed if serving fails."""
     try:
-        server, port = await start_service_server(registrations, settings, tracer_provider=tracer_provider)
+        server, port = await start_service_server(
+            registrations, settings, tracer_provider=tracer_provider, gateway_tokens=gateway_tokens
+        )
     except BaseException:
         await app.close()
         raise

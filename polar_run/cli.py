@@ -22,7 +22,7 @@ from polar_run.serve import serve as serve_command
 __all__ = ["main"]
 
 # Subcommands contributed by service packages: each module has ``add_parser(subparsers)`` setting ``func``.
-_EXTENSIONS = ("reconstructor.cli", "polar_train.cli", "polar_run.cluster.cli")
+_EXTENSIONS = ("reconstructor.cli", "polar_train.cli", "polar_run.cluster.cli", "polar_run.tokens")
 
 
 async def _health(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ async def start_server(
     Starting reconciles with the gateways and the store and starts the dispatch, watchdog and delivery loops;
     ``stop`` on the result stops serving, then the loops, and closes the store.
     """
+    verifier = settings.gateway_token_verifier()  # a bad key file fails before anything is opened
     app = await RolloutApp.open(
         settings,
         tracer_provider=tracer_provider,
@@ -53,7 +54,7 @@ async def start_server(
         _SERVICE.full_name,
         lambda server: rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
     )
-    running = await serve_app(app, [registration], settings, tracer_provider=tracer_provider)
+    running = await serve_app(app, [registration], settings, tracer_provider=tracer_provider, gateway_tokens=verifier)
     await app.start()
     return running
 

@@ -8,6 +8,8 @@ from typing import ClassVar, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from polar_core.errors import InvalidArgument
+from polar_core.gateway_tokens import GatewayTokenVerifier
 from polar_core.settings import ServiceSettings
 
 __all__ = ["RolloutSettings"]
@@ -22,6 +24,14 @@ class RolloutSettings(ServiceSettings):
         gateway_addresses: Gateways to use without registration (``host:port``); their id and capacity are
             read with GetCapacity and refreshed every ``heartbeat_interval_s``.
         gateway_auth_token: Token sent to gateways, model proxies and trainer callbacks; empty means ``auth_token``.
+        gateway_token_key_file: File holding the operator's signing key of per-gateway tokens
+            (``polar token key``/``polar token issue``; ``docs/security.md``, "Gateway tokens"). When set, a
+            gateway token (``polar-gw1.``...) grants the ``gateway`` role and binds its holder to the gateway id it
+            names: RegisterGateway, Heartbeat, DrainGateway and ReportSessionResult for another id are refused
+            with PERMISSION_DENIED; an expired, altered or foreign-key token with UNAUTHENTICATED saying why.
+        require_gateway_tokens: Take gateway calls only with a gateway token: the shared ``gateway_token`` (and
+            any other token that does not grant ``admin``) grants no ``gateway`` role here. Needs
+            ``gateway_token_key_file`` and a control-plane token or mTLS for the other roles.
         heartbeat_interval_s: How often gateways should heartbeat.
         lease_ttl_s: How long a gateway registration lives without a heartbeat.
         dispatch_interval_s: Longest pause of the dispatch loop when nothing wakes it.
@@ -78,6 +88,8 @@ class RolloutSettings(ServiceSettings):
     store_url: str = ""
     gateway_addresses: list[str] = Field(default_factory=list)
     gateway_auth_token: str = ""
+    gateway_token_key_file: Path | None = None
+    require_gateway_tokens: bool = False
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     lease_ttl_s: float = Field(default=20.0, gt=0)
     dispatch_interval_s: float = Field(default=0.5, gt=0)
@@ -112,3 +124,25 @@ class RolloutSettings(ServiceSettings):
     dashboard_tls_cert_file: Path | None = None
     dashboard_tls_key_file: Path | None = None
     metrics_refresh_s: float = Field(default=5.0, gt=0)
+
+    def gateway_token_verifier(self) -> GatewayTokenVerifier | None:
+        """The verifier of per-gateway tokens (``None`` without ``gateway_token_key_file``).
+
+        Raises:
+            InvalidArgument: The key file is unreadable or too short; or ``require_gateway_tokens`` is set without
+                a key file, or on a server that authenticates nobody (no token, no mTLS), where it would hold
+                nobody to anything.
+        """
+        if self.gateway_token_key_file is None:
+            if self.require_gateway_tokens:
+                raise InvalidArgument(
+                    "require_gateway_tokens needs gateway_token_key_file (POLAR_ROLLOUT_GATEWAY_TOKEN_KEY_FILE): "
+                    "the key gateway tokens are verified with"
+                )
+            return None
+        if self.require_gateway_tokens and not self.accepted_tokens() and self.tls() is None:
+            raise InvalidArgument(
+                "require_gateway_tokens needs a control-plane token (trainer, internal, admin) or mTLS: a server "
+                "that takes calls without one cannot require gateway tokens"
+            )
+        return GatewayTokenVerifier.from_file(self.gateway_token_key_file, required=self.require_gateway_tokens)
