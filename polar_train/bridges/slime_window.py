@@ -254,8 +254,19 @@ class SlimeBridge:
             "rollout_id": rollout_id,
         }
         self._journal.append(record)  # before the submission: a restart follows it up
-        self._window[number] = self._follow(self._journal.state.reserved[number])
+        reservation = self._journal.state.reserved[number]
+        try:  # submitted here, so the window is full when the rollout returns
+            await self._submit(reservation)
+            submitted = True
+        except Exception:  # noqa: BLE001 - the watcher tries once more; a group it cannot follow is discarded
+            _log.warning("slime bridge: submitting %s failed; retrying once", reservation.task_id, exc_info=True)
+            submitted = False
+        self._window[number] = self._follow(reservation, submitted=submitted)
         self.counters.submitted_groups += 1
+
+    async def _submit(self, reservation: Reservation) -> None:
+        timeout = self.config.settings.task_timeout_s or None
+        await self._client.submit(self.task_of(reservation), task_timeout_s=timeout)
 
     def task_of(self, reservation: Reservation) -> task_pb2.Task:
         """The group's task: the template with its id, instruction, samples and staleness bound."""
@@ -271,25 +282,26 @@ class SlimeBridge:
 
     # -- following ------------------------------------------------------------------------------------------
 
-    def _follow(self, reservation: Reservation) -> _Group:
-        """Submit the group's task (idempotent by task id) and collect its results as they finish."""
+    def _follow(self, reservation: Reservation, *, submitted: bool = False) -> _Group:
+        """Collect the group's results as they finish, submitting its task first unless ``submitted``
+        (submitting again is safe: the rollout server answers ``already_existed`` for the same task id)."""
         group = self._followed.get(reservation.group)
         if group is None:
             group = self._followed[reservation.group] = _Group(reservation)
-            group.watcher = asyncio.get_running_loop().create_task(self._watch(group))
+            group.watcher = asyncio.get_running_loop().create_task(self._watch(group, submitted))
         return group
 
-    async def _watch(self, group: _Group) -> None:
-        task = self.task_of(group.reservation)
-        timeout = self.config.settings.task_timeout_s or None
+    async def _watch(self, group: _Group, submitted: bool) -> None:
+        task_id = group.reservation.task_id
         try:
-            await self._client.submit(task, task_timeout_s=timeout)
-            async for result in self._client.watch(task.task_id):
+            if not submitted:
+                await self._submit(group.reservation)
+            async for result in self._client.watch(task_id):
                 group.results[int(result.sample_index)] = result
         except asyncio.CancelledError:
             raise
         except Exception:  # the group ends with what it has: missing sessions are FAILED and zeroed
-            _log.exception("slime bridge: following task %s failed", task.task_id)
+            _log.exception("slime bridge: following task %s failed", task_id)
         group.finished = self._finished
         self._finished += 1
         group.done.set()
