@@ -15,10 +15,13 @@ from rollout_server.servicer import RolloutServicer
 
 
 class _Context:
-    """A servicer context without mTLS (no certificate identity)."""
+    """A servicer context without mTLS (no certificate identity) nor a gateway token."""
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return {}
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
 
 
 class _Core:
