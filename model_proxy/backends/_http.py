@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import aiohttp
 import orjson
 
-from model_proxy.backends.checkpoint import CheckpointInfo, compare_checkpoints, read_checkpoint
+from model_proxy.backends.checkpoint import CheckpointInfo, compare_checkpoints, read_checkpoint, refusal
 from model_proxy.errors import (
     BackendOverloaded,
     BackendTimeout,
@@ -228,6 +228,8 @@ class HttpBackend:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._served_dir: Path | None = None
+        self._served: CheckpointInfo | None = None  # the served checkpoint's headers, once read
+        self._checked: CheckpointInfo | None = None  # the last checkpoint that passed the check
         """The served checkpoint's directory on the proxy host (an option, discovered, or the last one loaded)."""
 
     @property
@@ -302,10 +304,13 @@ class HttpBackend:
 
         Raises:
             FailedPrecondition: The served checkpoint is unknown or unreadable here, or ``path`` is missing,
-                unreadable or of another architecture, vocabulary, size or tensor layout.
+                unreadable, or of another architecture or size, or its tensors' names, shapes or dtypes differ
+                from the served checkpoint's (each one named, see :mod:`model_proxy.backends.checkpoint`).
         """
         served_dir = self._served_dir
-        if served_dir is None:
+        if self._served is not None and self._served.path == served_dir:
+            served = self._served
+        elif served_dir is None:
             reported = await self._discover_model_dir()
             if reported is None or not await asyncio.to_thread(Path(reported).is_dir):
                 raise FailedPrecondition(
@@ -313,15 +318,25 @@ class HttpBackend:
                     f"(the server reports {reported!r}); set the backend option 'model_dir'"
                 )
             served_dir = self._served_dir = Path(reported)
-        served = await asyncio.to_thread(read_checkpoint, served_dir)
+            served = self._served = await asyncio.to_thread(read_checkpoint, served_dir)
+        else:
+            served = self._served = await asyncio.to_thread(read_checkpoint, served_dir)
         candidate = await asyncio.to_thread(read_checkpoint, path)
         problems = compare_checkpoints(served, candidate)
         if problems:
-            raise FailedPrecondition(
-                f"checkpoint {path!r} does not fit the model {self._server} serves ({served_dir}): "
-                + "; ".join(problems)
-            )
+            raise refusal(path, f"the model {self._server} serves ({served_dir})", problems)
+        self._checked = candidate
         return candidate
+
+    def _now_serving(self, path: str) -> None:
+        """Record that the server loaded checkpoint ``path``: later checks compare with its headers.
+
+        The headers read by the check are kept, so a trainer may delete an old checkpoint directory once the
+        fleet has moved on.
+        """
+        self._served_dir = Path(path)
+        checked = self._checked
+        self._served = checked if checked is not None and checked.path == self._served_dir else None
 
     async def _body(self, request: GenerationRequest) -> dict[str, Any]:
         """The JSON body of the call (a subclass may ask the server first, through :meth:`_request`)."""

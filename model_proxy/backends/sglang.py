@@ -134,7 +134,7 @@ class SGLangBackend(HttpBackend):
                 f"{self._server} refused the weights in {path!r} ({status}: {response_message(response)}); "
                 "it keeps serving the old weights"
             )
-        self._served_dir = Path(path)
+        self._now_serving(path)
 
     async def _body(self, request: GenerationRequest) -> dict[str, Any]:
         if not request.prompt_token_ids:

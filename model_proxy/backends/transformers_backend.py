@@ -32,43 +32,50 @@ from typing import Any
 import torch
 
 from model_proxy.backends._prefix_cache import CacheEntry, PrefixCache, new_cache
+from model_proxy.backends.checkpoint import TensorSpec, compare_config, compare_tensors, read_checkpoint, refusal
 from model_proxy.backends.transformers_quantize import QUANTIZE_KINDS, Quantize, quantize_model
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
 
-__all__ = ["TransformersBackend", "config_mismatches", "sample_next"]
+__all__ = ["TransformersBackend", "sample_next", "served_tensors"]
 
-# Config fields a new checkpoint must share with the served model (the tokenizer and the shapes stay).
-_SAME_CONFIG = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
 _LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError)
 _PREFIX_CACHE_ENTRIES = 4
 _PREFILL_BLOCK = 128
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
-def config_mismatches(served: Any, candidate: Any) -> list[str]:
-    """The differences that make ``candidate`` (a model config) unfit to replace ``served``, as phrases."""
-    problems = [
-        f"{name} {getattr(candidate, name, None)!r} (served: {getattr(served, name, None)!r})"
-        for name in _SAME_CONFIG
-        if getattr(served, name, None) != getattr(candidate, name, None)
-    ]
-    ours = list(getattr(served, "architectures", None) or [])
-    theirs = list(getattr(candidate, "architectures", None) or [])
-    if ours and theirs and ours != theirs:
-        problems.append(f"architectures {theirs} (served: {ours})")
-    return problems
+def served_tensors(model: Any) -> tuple[dict[str, TensorSpec], frozenset[str]]:
+    """What a checkpoint of ``model`` holds: its ``state_dict``'s names, shapes and dtypes, and its aliases.
 
-
-def _check_directory(path: str) -> Path:
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FailedPrecondition(f"weights path {path!r} is not a directory")
-    if not (directory / "config.json").is_file():
-        raise FailedPrecondition(f"no config.json in {path!r}")
-    if not any(directory.glob("*.safetensors")) and not any(directory.glob("pytorch_model*.bin")):
-        raise FailedPrecondition(f"no weight files (*.safetensors or pytorch_model*.bin) in {path!r}")
-    return directory
+    A tensor reachable under two names (tied input and output embeddings) is saved once, under its first
+    name; the later names are returned as aliases, which a checkpoint may hold or leave out. Nothing is copied.
+    """
+    tensors: dict[str, TensorSpec] = {}
+    aliases: set[str] = set()
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            aliases.add(name)
+            continue
+        seen.add(id(tensor))
+        dtype = _SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+        tensors[name] = TensorSpec(tuple(int(d) for d in tensor.shape), dtype)
+    return tensors, frozenset(aliases)
 
 
 def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
@@ -176,6 +183,9 @@ class TransformersBackend:
         self._prefix = PrefixCache(prefix_cache, prefill_block)
         self._threads = threads
         self._quantized = False  # whether self._model already is the quantised one
+        # The served model's tensors and config before any quantisation: what a checkpoint must hold.
+        self._expected: tuple[dict[str, TensorSpec], frozenset[str]] | None = None
+        self._expected_config: dict[str, Any] = {}
 
     async def start(self) -> None:
         """Load the model (when given a directory) and start the worker thread; idempotent."""
@@ -187,6 +197,9 @@ class TransformersBackend:
                 self._model = await asyncio.get_running_loop().run_in_executor(executor, self._load)
             elif self._device is not None:
                 self._model = self._model.to(self._device)
+            if self._expected is None:
+                self._expected = served_tensors(self._model)
+                self._expected_config = self._model.config.to_dict()
             if self._quantize != "none" and not self._quantized:
                 # A loaded model is the caller's (the proxy's policy weights): quantise a copy of it.
                 model, kind = self._model, self._quantize
@@ -227,37 +240,45 @@ class TransformersBackend:
                 executor.shutdown(wait=True)
 
     async def check_weights(self, path: str) -> str:
-        """Check a Hugging Face checkpoint directory against the served model's config; return its architecture.
+        """Check a checkpoint directory against the served model without loading it; return its architecture.
+
+        Reads ``config.json`` and the safetensors headers only (:mod:`model_proxy.backends.checkpoint`) and
+        compares them with the served model's config and ``state_dict`` as it was before any quantisation.
 
         Raises:
-            FailedPrecondition: No directory, no ``config.json`` or weight files, an unreadable config, or a
-                different model type, vocabulary size, hidden size, layer count or architecture.
+            FailedPrecondition: No directory, no ``config.json`` or safetensors files, an unreadable config or
+                header, another architecture or size, or tensors missing, not in the served model, of another
+                shape or of an incompatible dtype (each one named, the first ten in the message).
         """
-        if self._model is None:
+        if self._model is None or self._expected is None:
             raise FailedPrecondition("transformers backend is not started")
-        directory = _check_directory(path)
+        tensors, aliases = self._expected
+        candidate = await asyncio.to_thread(read_checkpoint, path)
         from transformers import AutoConfig
 
         try:
-            config = await asyncio.to_thread(AutoConfig.from_pretrained, str(directory))
+            config = await asyncio.to_thread(AutoConfig.from_pretrained, str(candidate.path))
         except _LOAD_ERRORS as exc:
             raise FailedPrecondition(f"cannot read the config in {path!r}: {exc}") from exc
-        problems = config_mismatches(self._model.config, config)
+        problems = compare_config(self._expected_config, config.to_dict())
+        problems += compare_tensors(tensors, candidate.tensors, aliases=aliases)
         if problems:
-            raise FailedPrecondition(f"checkpoint {path!r} does not fit the served model: {', '.join(problems)}")
+            raise refusal(path, "the served model", problems)
         architectures = list(getattr(config, "architectures", None) or [])
         return str(architectures[0]) if architectures else str(config.model_type)
 
     async def load_weights(self, path: str) -> None:
         """Load the checkpoint into a new model object (same dtype and device), check it, then swap it in.
 
-        The served model is untouched until the new one is loaded and matches; the swap waits for a
-        generation in flight (there is none while the proxy is paused).
+        The served model is untouched until the new one is loaded and matches (a load that fails leaves it
+        serving); the swap waits for a generation in flight (there is none while the proxy is paused).
 
         Raises:
             FailedPrecondition: As :meth:`check_weights`, or loading failed.
         """
         await self.check_weights(path)
+        assert self._expected is not None
+        tensors, aliases = self._expected
         current = next(self._model.parameters())
 
         def load() -> Any:
@@ -265,6 +286,11 @@ class TransformersBackend:
 
             loader: Any = AutoModelForCausalLM
             model = loader.from_pretrained(path, dtype=current.dtype)
+            # The loaded model itself, before quantising: a loader that dropped or added a tensor is refused too.
+            loaded, _ = served_tensors(model)
+            problems = compare_tensors(tensors, loaded, aliases=aliases)
+            if problems:
+                raise refusal(path, "the served model once loaded", problems)
             # The served kind again: a new checkpoint is float32 until quantised (its own object, so in place).
             return quantize_model(model.to(current.device).eval(), self._quantize, inplace=True)
 
@@ -272,9 +298,6 @@ class TransformersBackend:
             model = await asyncio.to_thread(load)
         except _LOAD_ERRORS as exc:
             raise FailedPrecondition(f"cannot load {path!r}: {exc}") from exc
-        problems = config_mismatches(self._model.config, model.config)
-        if problems:
-            raise FailedPrecondition(f"checkpoint {path!r} does not fit the served model: {', '.join(problems)}")
         async with self._lock:
             self._model = model
             self._source = path

@@ -171,7 +171,7 @@ class VLLMBackend(HttpBackend):
             raise FailedPrecondition(
                 f"{self._server} is lost: {self._lost}; a failed reload leaves vLLM's engine unusable, restart it"
             ) from exc
-        self._served_dir = Path(path)
+        self._now_serving(path)
         try:
             await self._call("POST", "/update_weight_version", "labelling the weights", json={"new_version": path})
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from model_proxy.backends.scripted import ScriptedBackend, ScriptTurn
+from model_proxy.backends.tests.unfit_checkpoints import UNFIT_CASES, write_unfit_checkpoints
 from model_proxy.backends.transformers_backend import TransformersBackend
 from model_proxy.models import GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition
@@ -43,6 +45,7 @@ def checkpoints(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dic
     (root / "config-only").mkdir()
     (root / "config-only" / "config.json").write_text((out["a"] / "config.json").read_text())
     out["config-only"] = root / "config-only"
+    out.update(write_unfit_checkpoints(out["b"], root / "unfit"))
     return out
 
 
@@ -108,3 +111,32 @@ async def test_scripted_accepts_any_directory(tokenizer: Any, tmp_path: Path) ->
     await backend.load_weights(str(tmp_path))
     with pytest.raises(FailedPrecondition, match="is not a directory"):
         await backend.check_weights(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("name", sorted(UNFIT_CASES))
+async def test_tensors_are_checked_by_name_shape_and_dtype_before_anything_loads(
+    backend: TransformersBackend, checkpoints: dict[str, Path], name: str
+) -> None:
+    before = await _sample(backend)
+    for call in (backend.check_weights, backend.load_weights):
+        with pytest.raises(FailedPrecondition) as refused:
+            await call(str(checkpoints[name]))
+        for pattern in UNFIT_CASES[name]:
+            assert re.search(pattern, refused.value.message), (pattern, refused.value.message)
+    assert await _sample(backend) == before  # still the served weights
+
+
+async def test_a_tied_model_accepts_a_checkpoint_with_or_without_its_output_layer(
+    backend: TransformersBackend, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    with_head = tmp_path / "with-head"
+    with_head.mkdir()
+    (with_head / "config.json").write_text((checkpoints["b"] / "config.json").read_text())
+    tensors = load_file(str(checkpoints["b"] / "model.safetensors"))
+    assert "lm_head.weight" not in tensors
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(with_head / "model.safetensors"), metadata={"format": "pt"})
+    assert await backend.check_weights(str(with_head)) == "Qwen2ForCausalLM"
+    assert await backend.check_weights(str(checkpoints["b"])) == "Qwen2ForCausalLM"

@@ -105,7 +105,7 @@ def test_compare_names_every_difference(dirs: dict[str, Path]) -> None:
         "tensor model.norm.weight has shape [9] (served: [8])"
     ]
     tied = compare_checkpoints(served, read_checkpoint(dirs["tied_new"]))
-    assert tied == ["tie_word_embeddings True (served: False)", "1 tensors missing (lm_head.weight)"]
+    assert tied == ["tie_word_embeddings True (served: False)", "tensor lm_head.weight is missing"]
 
 
 # ----- vLLM ------------------------------------------------------------------------------------------------
