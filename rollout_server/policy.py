@@ -6,20 +6,27 @@ Plain asyncio over two seams, the :class:`~rollout_server.store.Store` and a
 1. **Decide** (under a lock, fast): validate, replay a stored outcome of the same version, refuse a version that
    is not above the current one, refuse while another version's update runs (a second call for the *same*
    version waits for the running one instead), refuse when no proxy is registered.
-2. **Check** every proxy's ``CheckWeights`` concurrently; any rejection, or a proxy that does not answer, ends
-   the update with ``FailedPrecondition`` naming each proxy: nothing is paused and nothing is stored. (A proxy
-   that an earlier update left paused and that still does not answer does not block: it serves nothing, and it
-   loads the current policy itself when it comes back.)
-3. **Persist** the new version as current *before* pausing anything, so a proxy that starts from now on loads
-   it itself (:meth:`PolicyCoordinator.register_proxy` hands it out).
-4. **Apply** per proxy, concurrently: pause (drain or abort), load the weights (the proxy sets the version only
-   once they are loaded), resume. A proxy that fails is *not* resumed: it stays paused and is named with its
-   reason, so no proxy ever serves the new version number with other weights.
+2. **Check** every proxy's ``CheckWeights`` concurrently (each backend compares the checkpoint's config and
+   its tensors' names, shapes and dtypes with what it serves, from the file headers); any rejection, or a
+   proxy that does not answer, ends the update with ``FailedPrecondition`` naming each proxy: nothing is
+   paused and nothing is stored. (A proxy that an earlier update could not resume and that still does not
+   answer does not block: it serves nothing, and it loads the current policy itself when it comes back.)
+3. **Apply** per proxy, concurrently: pause (drain or abort), load the weights (the proxy loads them aside and
+   sets the version only once they are in), resume. A proxy whose load fails anyway kept its previous weights
+   and version, so it is *resumed* on them and named ``FAILED`` with its reason: no proxy ever serves the new
+   version number with other weights, and none is left paused on a version it cannot load.
+4. **Commit**: the new version becomes the fleet's current one (what :meth:`PolicyCoordinator.register_proxy`
+   hands a starting proxy) at the first load that succeeds, before that proxy resumes. So a version no proxy
+   could load is never stored: the update fails with ``FailedPrecondition`` naming each proxy's reason, every
+   proxy serves its previous version again, and a proxy that restarts never loads it. Proxies that registered
+   while the update ran (they read the previous version) are driven to the new one once it is committed.
 
-Steps 2-4 run as one task shielded from the caller: a trainer that disconnects mid-update and calls again with
-the same version gets the awaited (or stored) outcome. Replaying an incomplete update of the current version
-first retries the proxies that failed; an update interrupted by a restart of the rollout server is finished the
-same way.
+Nothing is persisted before the commit because nothing would need resuming: a rollout server that stops
+before it leaves nothing stored, and the trainer's next call for the version runs the update again (pause,
+load and resume are idempotent on the proxy). Steps 2-4 run as one task shielded from the caller: a trainer
+that disconnects mid-update and calls again with the same version gets the awaited (or stored) outcome.
+Replaying an incomplete update of the current version first retries the proxies that failed; an update
+interrupted by a restart of the rollout server after its commit is finished the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from polar_core.errors import (
@@ -122,15 +129,17 @@ class PolicyCoordinator:
         """The current policy and every proxy, each refreshed from its own answer when it gives one."""
         current = await self.current_policy()
         stored = await self._store.list_proxies()
-        return current, list(await asyncio.gather(*(self._refresh(p) for p in stored)))
+        return current, list(await asyncio.gather(*(self._refresh(p, current.version) for p in stored)))
 
-    async def _refresh(self, proxy: ProxyRecord) -> ProxyRecord:
+    async def _refresh(self, proxy: ProxyRecord, current: int) -> ProxyRecord:
         try:
             view = await self._proxies.get_policy(proxy.address)
         except PolarError as exc:
             return dataclasses.replace(proxy, error=proxy.error or f"unreachable: {exc.message}")
+        # The error stays while it explains something: a proxy still paused, or serving an older version.
+        behind = view.paused or view.policy_version < current
         return dataclasses.replace(
-            proxy, version=view.policy_version, paused=view.paused, error=proxy.error if view.paused else ""
+            proxy, version=view.policy_version, paused=view.paused, error=proxy.error if behind else ""
         )
 
     # Updates ----------------------------------------------------------------------------------------------
@@ -149,8 +158,9 @@ class PolicyCoordinator:
         Raises:
             InvalidArgument: ``version`` below 1, an empty ``weights_path`` or a non-positive drain timeout.
             AlreadyExists: ``version`` was applied with other weights.
-            FailedPrecondition: ``version`` is not above the current one, no proxy is registered, or a proxy
-                rejected the checkpoint (or did not answer) before anything was paused.
+            FailedPrecondition: ``version`` is not above the current one, no proxy is registered, a proxy
+                rejected the checkpoint (or did not answer) before anything was paused, or no proxy could load
+                it (each was resumed on its previous version; nothing was stored).
             Aborted: Another version's update is in progress.
         """
         if version < 1:
@@ -220,11 +230,15 @@ class PolicyCoordinator:
         started = time.monotonic()
         await self._check(proxies, weights_path)
         policy = PolicyRecord(version, weights_path, self._clock())
-        if not await self._store.insert_policy(policy):
-            raise FailedPrecondition(f"policy version {version} is not above the stored current version")
-        _log.info("policy version %d stored (%s); updating the fleet", version, weights_path)
-        targets = await self._store.list_proxies()  # read after persisting: late registrations are included
-        outcomes = await asyncio.gather(*(self._apply(p, policy, mode, drain_s) for p in targets))
+        commit = _Commit(self._store, policy)
+        outcomes = await self._drive(await self._store.list_proxies(), policy, mode, drain_s, commit)
+        if not commit.done:
+            reasons = "; ".join(f"{o.address} ({o.proxy_id}): {o.error}" for o in outcomes)
+            _log.error("policy version %d loaded nowhere; nothing stored: %s", version, reasons)
+            raise FailedPrecondition(
+                f"no proxy could load {weights_path!r} as policy version {version}; every proxy serves its "
+                f"previous version again and nothing was stored: {reasons}"
+            )
         return await self._conclude(policy, outcomes, started)
 
     async def _finish(self, stored: PolicyUpdateRecord, mode: PauseMode, drain_s: float) -> UpdateOutcome:
@@ -236,9 +250,37 @@ class PolicyCoordinator:
             kept = [o for o in stored.outcome.proxies if o.state is ProxyUpdateState.UPDATED]
             done = {o.proxy_id for o in kept}
             retry = [p for p in proxies.values() if p.proxy_id not in done]
-        retried = await asyncio.gather(*(self._apply(p, stored.policy, mode, drain_s) for p in retry))
+        commit = _Commit(self._store, stored.policy, done=True)
+        retried = await self._drive(retry, stored.policy, mode, drain_s, commit, skip=proxies.values())
         outcome = await self._conclude(stored.policy, [*kept, *retried], started)
         return dataclasses.replace(outcome, replayed=True)
+
+    async def _drive(
+        self,
+        targets: Sequence[ProxyRecord],
+        policy: PolicyRecord,
+        mode: PauseMode,
+        drain_s: float,
+        commit: _Commit,
+        *,
+        skip: Iterable[ProxyRecord] = (),
+    ) -> list[ProxyOutcome]:
+        """Apply ``policy`` to ``targets``, then to proxies that registered meanwhile; one outcome per proxy id.
+
+        A proxy that registers before the commit reads the previous version and is in no batch yet, so once the
+        version is committed the proxies are listed again until no new registration (id and address) appears.
+        """
+        seen = {(p.proxy_id, p.address) for p in [*targets, *skip]}
+        outcomes: dict[str, ProxyOutcome] = {}
+        batch = list(targets)
+        while batch:
+            for outcome in await asyncio.gather(*(self._apply(p, policy, mode, drain_s, commit) for p in batch)):
+                outcomes[outcome.proxy_id] = outcome  # a proxy that came back at a new address: its last outcome
+            if not commit.done:
+                break
+            batch = [p for p in await self._store.list_proxies() if (p.proxy_id, p.address) not in seen]
+            seen.update((p.proxy_id, p.address) for p in batch)
+        return list(outcomes.values())
 
     async def _conclude(self, policy: PolicyRecord, outcomes: Sequence[ProxyOutcome], started: float) -> UpdateOutcome:
         ordered = tuple(sorted(outcomes, key=lambda o: o.proxy_id))
@@ -248,7 +290,8 @@ class PolicyCoordinator:
         failed = [f"{o.address} ({o.proxy_id}): {o.error}" for o in ordered if o.state is ProxyUpdateState.FAILED]
         if failed:
             _log.error(
-                "policy version %d: %d of %d proxies failed and stay paused: %s",
+                "policy version %d: %d of %d proxies failed (each serves its previous version, or is named "
+                "as not resumed): %s",
                 policy.version,
                 len(failed),
                 len(ordered),
@@ -264,7 +307,7 @@ class PolicyCoordinator:
                 await self._proxies.check_weights(proxy.address, weights_path)
             except _UNREACHABLE as exc:
                 if proxy.paused:
-                    return ""  # left paused by an earlier update: it loads the stored policy when it returns
+                    return ""  # an earlier update could not resume it: it loads the stored policy when it returns
                 return f"{proxy.address} ({proxy.proxy_id}) did not answer: {exc.message}"
             except PolarError as exc:
                 return f"{proxy.address} ({proxy.proxy_id}) rejected {weights_path!r}: {exc.message}"
@@ -276,7 +319,9 @@ class PolicyCoordinator:
                 "the checkpoint check failed; nothing was paused or stored: " + "; ".join(problems)
             )
 
-    async def _apply(self, proxy: ProxyRecord, policy: PolicyRecord, mode: PauseMode, drain_s: float) -> ProxyOutcome:
+    async def _apply(
+        self, proxy: ProxyRecord, policy: PolicyRecord, mode: PauseMode, drain_s: float, commit: _Commit
+    ) -> ProxyOutcome:
         address = proxy.address
         aborted = 0
         try:
@@ -284,19 +329,69 @@ class PolicyCoordinator:
                 address, abort_in_flight=mode is PauseMode.ABORT, drain_timeout_s=drain_s
             )
             load_s = await self._proxies.load_weights(address, policy.version, policy.weights_path)
+        except PolarError as exc:
+            return await self._failed(proxy, exc.message, aborted, version=None)
+        try:
+            await commit()  # before the first proxy serves the new version, a proxy that starts loads it too
+        except PolarError as exc:
+            return await self._failed(proxy, exc.message, aborted, version=policy.version)
+        try:
             await self._proxies.resume(address)
         except PolarError as exc:
-            error = exc.message
-            await self._store.set_proxy_state(proxy.proxy_id, version=None, paused=True, error=error)
-            return ProxyOutcome(proxy.proxy_id, address, ProxyUpdateState.FAILED, error, aborted_calls=aborted)
+            error = f"loaded policy version {policy.version} but could not be resumed: {exc.message}"
+            await self._store.set_proxy_state(proxy.proxy_id, version=policy.version, paused=True, error=error)
+            return ProxyOutcome(proxy.proxy_id, address, ProxyUpdateState.FAILED, error, load_s, aborted)
         await self._store.set_proxy_state(proxy.proxy_id, version=policy.version, paused=False, error="")
         return ProxyOutcome(proxy.proxy_id, address, ProxyUpdateState.UPDATED, "", load_s, aborted)
+
+    async def _failed(self, proxy: ProxyRecord, error: str, aborted: int, *, version: int | None) -> ProxyOutcome:
+        """Resume a proxy whose update failed: a failed load left it on its previous weights and version."""
+        paused = False
+        try:
+            await self._proxies.resume(proxy.address)
+        except PolarError as exc:
+            paused = True
+            error = f"{error}; it could not be resumed either: {exc.message}"
+        await self._store.set_proxy_state(proxy.proxy_id, version=version, paused=paused, error=error)
+        return ProxyOutcome(proxy.proxy_id, proxy.address, ProxyUpdateState.FAILED, error, aborted_calls=aborted)
 
     async def close(self) -> None:
         """Wait for an update in progress to finish (it is never cut halfway)."""
         tasks = list(self._tasks)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Commit:
+    """Stores an update's version as the fleet's current one, once, when the first proxy has loaded it.
+
+    Args:
+        store: The store.
+        policy: The version and weights.
+        done: Already stored (the replay of a committed update).
+    """
+
+    def __init__(self, store: Store, policy: PolicyRecord, *, done: bool = False) -> None:
+        self._store = store
+        self._policy = policy
+        self._lock = asyncio.Lock()
+        self.done = done
+
+    async def __call__(self) -> None:
+        """Store the version unless it is stored already.
+
+        Raises:
+            FailedPrecondition: A version at or above it was stored meanwhile (another rollout server).
+        """
+        async with self._lock:
+            if self.done:
+                return
+            if not await self._store.insert_policy(self._policy):
+                raise FailedPrecondition(
+                    f"policy version {self._policy.version} is not above the stored current version"
+                )
+            self.done = True
+            _log.info("policy version %d stored (%s)", self._policy.version, self._policy.weights_path)
 
 
 def _log_failure(task: asyncio.Task[UpdateOutcome]) -> None:

@@ -117,7 +117,7 @@ async def test_an_unreachable_proxy_fails_the_check(env: Env) -> None:
     assert await env.store.current_policy() is None
 
 
-async def test_a_failed_load_stays_paused_and_is_named(env: Env) -> None:
+async def test_a_failed_load_resumes_the_proxy_on_its_previous_version_and_names_it(env: Env) -> None:
     await env.add("a", "b")
     env.fleet.proxies["addr-b"].fail_load = "out of memory"
     outcome = await env.coordinator.update_policy(1, "/ckpt/v1")
@@ -126,16 +126,60 @@ async def test_a_failed_load_stays_paused_and_is_named(env: Env) -> None:
     assert states["a"] == (ProxyUpdateState.UPDATED, "addr-a", "")
     assert states["b"][:2] == (ProxyUpdateState.FAILED, "addr-b")
     assert "out of memory" in states["b"][2]
-    assert env.fleet.proxies["addr-b"].paused  # never resumed
+    assert not env.fleet.proxies["addr-b"].paused  # resumed: it serves its previous version
     assert env.fleet.proxies["addr-b"].policy_version == "0"
+    assert [c for a, c in env.fleet.calls if a == "addr-b"] == ["check", "pause", "load", "resume"]
     stored = {p.proxy_id: p for p in await env.store.list_proxies()}
-    assert stored["b"].paused
+    assert not stored["b"].paused
     assert "out of memory" in stored["b"].error
     assert stored["b"].version == 0
     assert stored["a"].version == 1
     assert not stored["a"].paused
     _, proxies = await env.coordinator.get_policy()
-    assert [(p.proxy_id, p.paused, bool(p.error)) for p in proxies] == [("a", False, False), ("b", True, True)]
+    assert [(p.proxy_id, p.version, p.paused, bool(p.error)) for p in proxies] == [
+        ("a", 1, False, False),
+        ("b", 0, False, True),  # behind the fleet: its reason stays
+    ]
+
+
+async def test_a_version_no_proxy_could_load_is_not_stored_and_nothing_stays_paused(env: Env) -> None:
+    await env.add("a", "b")
+    env.fleet.proxies["addr-a"].fail_load = "shape mismatch in layer 0"
+    env.fleet.proxies["addr-b"].fail_load = "disk full"
+    with pytest.raises(FailedPrecondition) as refused:
+        await env.coordinator.update_policy(1, "/ckpt/v1")
+    message = refused.value.message
+    assert "nothing was stored" in message
+    assert "addr-a (a): addr-a: shape mismatch in layer 0" in message
+    assert "addr-b (b): addr-b: disk full" in message
+    assert await env.store.current_policy() is None
+    assert await env.store.get_policy_update(1) is None
+    assert not any(p.paused for p in env.fleet.proxies.values())
+    assert all(p.policy_version == "0" for p in env.fleet.proxies.values())
+    # A proxy that restarts now is handed the previous policy, never the version that failed.
+    assert (await env.coordinator.register_proxy("a", "addr-a", "scripted")).version == 0
+    # The version number is free again: a good checkpoint (another path) goes through.
+    env.fleet.proxies["addr-a"].fail_load = env.fleet.proxies["addr-b"].fail_load = ""
+    assert (await env.coordinator.update_policy(1, "/ckpt/v1-fixed")).complete
+
+
+async def test_the_version_is_stored_at_the_first_load_and_late_proxies_are_driven(env: Env) -> None:
+    await env.add("a")
+    gate = asyncio.Event()
+    env.fleet.proxies["addr-a"].load_gate = gate
+    update = asyncio.create_task(env.coordinator.update_policy(1, "/ckpt/v1"))
+    await env.fleet.load_started.wait()
+    assert await env.store.current_policy() is None  # nothing loaded yet: a starting proxy keeps version 0
+    env.fleet.add("addr-late")
+    assert (await env.coordinator.register_proxy("late", "addr-late", "scripted")).version == 0
+    gate.set()
+    outcome = await update
+    assert outcome.complete
+    assert [p.proxy_id for p in outcome.proxies] == ["a", "late"]
+    assert env.fleet.proxies["addr-late"].policy_version == "1"
+    current = await env.store.current_policy()
+    assert current is not None
+    assert current.version == 1
 
 
 async def test_versions_must_increase_and_replays_return_the_stored_outcome(env: Env) -> None:
