@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from runtimes import Isolation, NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeSpec
+from runtimes.errors import DiskSpaceUnavailable
 from runtimes.local import LocalRuntime
+
+_REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -108,6 +114,7 @@ async def test_proxy_mode_reaches_only_the_unix_socket(tmp_path: Path, host_port
         writer.close()
 
     server = await asyncio.start_unix_server(answer, path=str(sock_path))
+    sock_path.chmod(0o666)  # as the gateway's bridge makes it: a sandbox runs as another host user
     spec = RuntimeSpec(isolation=Isolation.BWRAP, network=NetworkMode.PROXY, proxy_socket=sock_path, proxy_port=18555)
     rt = LocalRuntime(spec, session_id="s3", base_dir=tmp_path / "rt")
     await rt.start()
@@ -146,6 +153,160 @@ async def test_cancel_kills_running_commands(runtime: LocalRuntime) -> None:
 
 
 async def test_vanished_session_directory_is_runtime_died(runtime: LocalRuntime) -> None:
+    if await asyncio.to_thread(os.path.ismount, runtime.host_root):  # root: the session's own file system first
+        await asyncio.to_thread(subprocess.run, ["umount", "-l", str(runtime.host_root)], check=True)
     shutil.rmtree(runtime.host_root)
     with pytest.raises(RuntimeDied):
         await runtime.exec(["true"], timeout=5)
+
+
+def _descendants(leader: int) -> list[int]:
+    """Host pids of ``leader`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [leader]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _names(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+    return names
+
+
+def _mounted(path: Path) -> bool:
+    return os.path.ismount(path)
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+def _host_ids(pid: int) -> tuple[list[int], list[int]] | None:
+    """The ``Uid:`` and ``Gid:`` lines of a host process (real, effective, saved, filesystem)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    ids = {line.split(":")[0]: [int(x) for x in line.split()[1:]] for line in lines if line[:4] in ("Uid:", "Gid:")}
+    return ids["Uid"], ids["Gid"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runtime started as root")
+@pytest.mark.parametrize("network", [NetworkMode.NONE, NetworkMode.PROXY])
+async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: NetworkMode) -> None:
+    """Read from the host, while they run, every process of a root runtime's sandbox is an unprivileged id."""
+    sock_path = tmp_path / "proxy.sock"
+    server = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(sock_path))
+    spec = RuntimeSpec(isolation=Isolation.BWRAP, network=network, proxy_socket=sock_path, proxy_port=18556)
+    rt = LocalRuntime(spec, session_id="ids", base_dir=tmp_path / "rt")
+    await rt.start()
+    try:
+        command = asyncio.create_task(rt.exec(["sh", "-c", "sleep 30 & sleep 30; wait"], timeout=60))
+        pids: list[int] = []
+        for _ in range(100):  # until both sleeps run
+            await asyncio.sleep(0.1)
+            pids = [pid for group in rt._live_groups for pid in _descendants(group)]
+            names = _names(pids)
+            if names.count("sleep") == 2:
+                break
+        assert names.count("sleep") == 2, names
+        seen = {pid: _host_ids(pid) for pid in pids}
+        ids = {pid: found for pid, found in seen.items() if found is not None}
+        assert "bwrap" in names
+        for uids, gids in ids.values():
+            assert 0 not in uids
+            assert 0 not in gids
+        (uid,) = {uid for uids, _ in ids.values() for uid in uids}  # one host id for the whole sandbox
+        assert uid >= 700_000_000
+        # Its files are that id's: the sandbox can write them, nobody else's.
+        assert (rt.host_root / "home").stat().st_uid == uid
+        await rt.upload(b"x", "up/f.txt")
+        assert (rt.host_root / "up" / "f.txt").stat().st_uid == uid
+        assert (rt.host_root / "up").stat().st_uid == uid
+        inside = await rt.exec(["sh", "-c", "id -u; echo y >> up/f.txt"], timeout=30)
+        assert inside.ok, inside.stderr
+        assert inside.stdout.split() == [str(spec.sandbox_uid)]
+        command.cancel()
+    finally:
+        await rt.stop()
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a loop-mounted image needs root")
+async def test_disk_quota_is_a_file_system_of_its_own(tmp_path: Path) -> None:
+    """The write past the quota fails with ENOSPC, nothing lands past it; stop unmounts and deletes the image."""
+    rt = LocalRuntime(RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="64m"), session_id="q", base_dir=tmp_path)
+    await rt.start()
+    try:
+        assert _mounted(rt.host_root)
+        fill = await rt.exec(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=100"], timeout=60)
+        assert fill.exit_code != 0
+        assert "No space left on device" in fill.stderr
+        os.sync()
+        (image,) = (tmp_path / ".polar-disks").glob("*.img")
+        assert image.stat().st_blocks * 512 <= 64 * 2**20
+        assert (rt.host_root / "big").stat().st_blocks * 512 <= 64 * 2**20
+        assert (await rt.exec(["rm", "big"], timeout=30)).ok  # the session goes on
+    finally:
+        await rt.stop()
+    assert not rt.host_root.exists()
+    assert list((tmp_path / ".polar-disks").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a loop-mounted image needs root")
+async def test_a_quota_larger_than_the_free_disk_is_refused_at_start(tmp_path: Path) -> None:
+    stat = os.statvfs(tmp_path)
+    free = stat.f_bavail * stat.f_frsize
+    rt = LocalRuntime(RuntimeSpec(isolation=Isolation.BWRAP, disk_limit=f"{free // 2**20 + 1024}m"), session_id="big",
+                      base_dir=tmp_path)  # fmt: skip
+    with pytest.raises(DiskSpaceUnavailable, match="larger than the free space"):
+        await rt.start()
+    assert not rt.host_root.exists()
+    assert list((tmp_path / ".polar-disks").iterdir()) == []
+
+
+_CRASHING_OWNER = """
+import asyncio, os, sys
+from pathlib import Path
+from runtimes import Isolation, RuntimeSpec
+from runtimes.local import LocalRuntime
+spec = RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m")
+rt = LocalRuntime(spec, session_id="crashed", base_dir=Path(sys.argv[1]))
+asyncio.run(rt.start())
+print(rt.host_root, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a loop-mounted image needs root")
+async def test_images_of_a_crashed_owner_are_swept_at_the_next_start(tmp_path: Path) -> None:
+    repo = _REPO
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _CRASHING_OWNER, str(tmp_path)], capture_output=True, text=True,
+        cwd=repo, env={**os.environ, "PYTHONPATH": f"{repo}:{repo / 'gen'}"}, check=False,
+    )  # fmt: skip
+    left = Path(done.stdout.strip())
+    assert left.name == "crashed", done.stderr
+    assert _mounted(left)
+    rt = LocalRuntime(RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m"), session_id="next", base_dir=tmp_path)
+    await rt.start()
+    try:
+        assert not _mounted(left)
+        assert not _exists(left)
+        assert [p.name for p in (tmp_path / ".polar-disks").glob("*.img")] == ["next.img"]
+    finally:
+        await rt.stop()

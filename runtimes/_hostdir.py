@@ -24,9 +24,12 @@ class HostSessionDir:
     session directory cannot make ``download`` read, or ``upload`` write, a host file outside it.
     """
 
-    def __init__(self, host_root: Path, inner_root: PurePosixPath) -> None:
+    def __init__(self, host_root: Path, inner_root: PurePosixPath, owner: tuple[int, int] | None = None) -> None:
         self.host_root = host_root
         self.inner_root = inner_root
+        # The host uid/gid the sandbox runs as when that is not this process's (root's sandboxes): what is
+        # uploaded becomes theirs, so the sandbox can edit it.
+        self.owner = owner
 
     def host_path(self, path: str | PurePosixPath) -> Path:
         """Map a path inside the sandbox to its host path, refusing anything outside the session directory."""
@@ -44,8 +47,14 @@ class HostSessionDir:
         followed, and nothing is written through a directory that resolves outside the session directory."""
         target = self.host_path(dest)
         self._check_real(target.parent)
+        # The highest directory the copy creates: it and everything below become the sandbox's.
+        created = target
+        while created.parent != self.host_root and not created.parent.exists():
+            created = created.parent
         await asyncio.to_thread(_copy_in, src, target, tuple(exclude), self._check_real)
         self._check_real(target)
+        if self.owner is not None:
+            await asyncio.to_thread(_chown_tree, created, self.owner)
 
     async def download(self, src: str | PurePosixPath) -> bytes:
         """Read a regular file."""
@@ -54,6 +63,16 @@ class HostSessionDir:
         if not source.is_file():
             raise NotFound(f"no regular file {src} in the session directory")
         return await asyncio.to_thread(_read_capped, source, DOWNLOAD_LIMIT_BYTES)
+
+
+def _chown_tree(path: Path, owner: tuple[int, int]) -> None:
+    """Give ``path`` and everything below it to ``owner``; links themselves, never what they point to."""
+    uid, gid = owner
+    os.lchown(path, uid, gid)
+    if path.is_dir() and not path.is_symlink():
+        for directory, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(directory, name), uid, gid)
 
 
 def _read_capped(path: Path, limit: int) -> bytes:

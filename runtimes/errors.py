@@ -8,7 +8,8 @@ Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them 
     └── DiskQuotaExceeded       the sandbox's files outgrew its disk quota (its processes were killed)
     polar_core.errors.FailedPrecondition
     ├── RuntimeNotStarted       exec/upload/download before start() or after stop()
-    └── IsolationUnavailable    this host cannot provide the operator's minimum isolation
+    ├── IsolationUnavailable    this host cannot provide the operator's minimum isolation
+    └── DiskSpaceUnavailable    the session's disk quota is larger than the host's free space for sessions
     polar_core.errors.Unavailable
     └── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
     polar_core.errors.Cancelled
@@ -21,6 +22,7 @@ from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Un
 
 __all__ = [
     "DiskQuotaExceeded",
+    "DiskSpaceUnavailable",
     "FileTooLarge",
     "IsolationUnavailable",
     "PathEscapesSession",
@@ -60,3 +62,7 @@ class RuntimeCancelled(Cancelled):
 
 class IsolationUnavailable(FailedPrecondition):
     """This host cannot provide the isolation the operator requires (the message names what is missing)."""
+
+
+class DiskSpaceUnavailable(FailedPrecondition):
+    """The session's disk quota (``disk_limit``) is larger than what this host's disk can still hold for it."""

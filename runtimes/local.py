@@ -38,7 +38,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
+from runtimes._diskimage import IMAGE_DIR_NAME, SessionDisk, sweep, unsupported
 from runtimes._hostdir import HostSessionDir
+from runtimes._hostids import HostIdLease, HostIdRange, lease_host_id
 from runtimes._limits import LimitProbe, parse_size, prlimit_argv, probe_limits, remove_cgroups
 from runtimes._process import run_process
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
@@ -48,7 +50,7 @@ from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.spec import Isolation, NetworkMode, RuntimeSpec
 from runtimes.tunnel import script_bytes, wrap_command
 
-__all__ = ["IsolationProbe", "LocalHost", "LocalRuntime", "probe_isolation"]
+__all__ = ["HostIdRange", "IsolationProbe", "LocalHost", "LocalRuntime", "probe_isolation"]
 
 _log = logging.getLogger(__name__)
 
@@ -70,9 +72,23 @@ _UNSHARE_FLAGS = ("unshare", "--user", "--map-root-user", "--pid", "--ipc", "--u
 _PROXY_SOCKET = "/run/polar/proxy.sock"
 
 
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _as_user(uid: int) -> list[str]:
+    """The prefix that runs the rest of a command line as host uid and gid ``uid``, in no supplementary group."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _probe_user(ids: HostIdRange | None = None) -> list[str]:
+    """Probes run as root's sandboxes do: as an id of the sandbox range (see :mod:`runtimes._hostids`)."""
+    return _as_user((ids or HostIdRange()).base) if _is_root() else []
+
+
 async def _probe(argv: Sequence[str]) -> bool:
     try:
-        result = await run_process(argv, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=10.0)
+        result = await run_process(argv, cwd=Path("/"), env={"PATH": _DEFAULT_PATH}, timeout=10.0)
     except OSError:
         return False
     return result.ok
@@ -104,15 +120,19 @@ class LocalHost:
     and hands it to every :class:`LocalRuntime` it builds; a runtime built without one gets its own.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host_ids: HostIdRange | None = None) -> None:
+        self.host_ids = host_ids or HostIdRange()
         self._disable_userns: bool | None = None
         self._tmpfs_size: bool | None = None
         self._limits_logged = False
+        self._no_disk_images: str | None = None
+        self._disk_probed = False
 
     async def bwrap_disables_userns(self) -> bool:
         """Whether this bubblewrap can disable user namespaces inside the sandbox (``--disable-userns``, 0.8+)."""
         if self._disable_userns is None:
-            self._disable_userns = await _probe([*_BWRAP_PROBE, "--disable-userns", "true"])
+            as_user = _probe_user(self.host_ids)
+            self._disable_userns = await _probe([*as_user, *_BWRAP_PROBE, "--disable-userns", "true"])
             if not self._disable_userns:
                 _log.warning("bubblewrap cannot disable user namespaces here (needs 0.8+): sandboxes may create them")
         return self._disable_userns
@@ -120,8 +140,17 @@ class LocalHost:
     async def bwrap_sizes_tmpfs(self) -> bool:
         """Whether this bubblewrap can bound a tmpfs (``--size``, 0.8+); without it ``/tmp`` is bounded by memory."""
         if self._tmpfs_size is None:
-            self._tmpfs_size = await _probe([*_BWRAP_PROBE, "--size", "1048576", "--tmpfs", "/tmp", "true"])
+            self._tmpfs_size = await _probe([*_probe_user(self.host_ids), *_BWRAP_PROBE, "--size", "1048576", "--tmpfs",
+                                             "/tmp", "true"])  # fmt: skip
         return self._tmpfs_size
+
+    @property
+    def disk_images(self) -> bool:
+        """Whether sessions get a loop-mounted image of their quota's size (:mod:`runtimes._diskimage`)."""
+        if not self._disk_probed:
+            self._disk_probed = True
+            self._no_disk_images = unsupported()
+        return self._no_disk_images is None
 
     def log_limits_once(self, probe: LimitProbe) -> None:
         """Log, the first time only, which resource limits this host cannot enforce."""
@@ -129,6 +158,9 @@ class LocalHost:
             self._limits_logged = True
             for missing in probe.not_enforced():
                 _log.warning("local runtime: not enforced on this host: %s", missing)
+            if not self.disk_images:
+                _log.warning("local runtime: not enforced on this host: a hard disk quota (%s; a watchdog kills a "
+                             "sandbox over its quota after the fact)", self._no_disk_images)  # fmt: skip
 
 
 async def _probe_failure(tool: str, argv: Sequence[str], what: str) -> str | None:
@@ -136,7 +168,7 @@ async def _probe_failure(tool: str, argv: Sequence[str], what: str) -> str | Non
     if shutil.which(tool) is None:
         return f"{tool} is not installed"
     try:
-        result = await run_process(argv, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=10.0)
+        result = await run_process([*_probe_user(), *argv], cwd=Path("/"), env={"PATH": _DEFAULT_PATH}, timeout=10.0)
     except OSError as exc:
         return f"{tool} cannot be started: {exc}"
     if result.ok:
@@ -209,6 +241,10 @@ class LocalRuntime(SessionRuntime):
         self._disable_userns = False
         self._tmpfs_size = False
         self._quota_breach: str | None = None
+        self._lease: HostIdLease | None = None
+        self._disk: SessionDisk | None = None
+        # Host paths bubblewrap binds, as the leased host id reaches them (see runtimes._hostids).
+        self._reach: dict[Path, Path] = {}
 
     @property
     def root(self) -> PurePosixPath:
@@ -231,13 +267,42 @@ class LocalRuntime(SessionRuntime):
         return self._isolation
 
     async def start(self) -> None:
-        """Create the session directory and choose the isolation."""
+        """Create the session directory (its own file system where possible) and choose the isolation.
+
+        Raises:
+            IsolationUnavailable: The spec's isolation (or its minimum) is not available here.
+            DiskSpaceUnavailable: The disk quota is larger than the host's free space for sessions.
+        """
         self._raise_if_cancelled()
         if self._started:
             return
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _make_session_dir(self) -> None:
+        """The session directory: a loop-mounted image of ``disk_limit`` (root), owned by the sandbox's host id."""
         root = self.host_root
+        if _is_root():
+            self._lease = await asyncio.to_thread(lease_host_id, self._host.host_ids)
+        owner = (self._lease.uid, self._lease.uid) if self._lease is not None else (os.getuid(), os.getgid())
+        if self._spec.disk_limit is not None and self._host.disk_images:
+            images = root.parent / IMAGE_DIR_NAME
+            await asyncio.to_thread(sweep, images)
+            self._disk = await asyncio.to_thread(
+                SessionDisk.create, images, root, parse_size(self._spec.disk_limit), owner=owner
+            )
         for sub in SESSION_SUBDIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
+        if self._lease is not None:
+            for path in (root, *(root / sub for sub in SESSION_SUBDIRS)):
+                os.lchown(path, *owner)
+
+    async def _start(self) -> None:
+        await self._make_session_dir()
+        root = self.host_root
         isolation = self._spec.isolation
         minimum = self._spec.min_isolation
         if isolation is Isolation.AUTO:
@@ -254,8 +319,10 @@ class LocalRuntime(SessionRuntime):
             _log.warning("local runtime %s runs commands with weak isolation 'unshare': the host file system is "
                          "visible (the operator allows it)", self._session_id)  # fmt: skip
         self._isolation = isolation
+        owner = None if self._lease is None else (self._lease.uid, self._lease.uid)
+        self._dir = HostSessionDir(root, self._dir.inner_root, owner)
         if isolation is Isolation.BWRAP:
-            self._dir = HostSessionDir(root, PurePosixPath(self._spec.container_root))
+            self._dir = HostSessionDir(root, PurePosixPath(self._spec.container_root), owner)
             self._disable_userns = await self._host.bwrap_disables_userns()
             self._tmpfs_size = await self._host.bwrap_sizes_tmpfs()
             _write_etc(root / ".polar" / "etc", self._spec.sandbox_uid if _is_root() else os.getuid(),
@@ -272,12 +339,45 @@ class LocalRuntime(SessionRuntime):
             _log.warning("local runtime %s: no cgroup (%s); only rlimits apply", self._session_id, exc)
         if self._spec.network is NetworkMode.PROXY:
             (root / _FORWARDER).write_bytes(script_bytes())
+        if self._lease is not None and isolation is Isolation.BWRAP:
+            self._reach = await asyncio.to_thread(self._reachable_binds)
         self._started = True
 
+    def _reachable_binds(self) -> dict[Path, Path]:
+        """Stage, for the leased host id, every host path bubblewrap binds that it could not reach (blocking)."""
+        lease = self._lease
+        assert lease is not None
+        reach = {self.host_root: lease.reachable(self.host_root, writable=True)}
+        for path in self._read_only_paths():
+            reach[path] = lease.reachable(path)
+        socket_path = self._spec.proxy_socket
+        if self._spec.network is NetworkMode.PROXY and socket_path is not None:
+            # The socket's directory when others may pass through it (a re-created socket stays reachable), else
+            # the socket itself.
+            if socket_path.parent.stat().st_mode & 0o001:
+                reach[socket_path.parent] = lease.reachable(socket_path.parent, writable=True)
+            else:
+                reach[socket_path] = lease.reachable(socket_path, writable=True)
+        return reach
+
+    def _reached(self, path: Path) -> Path:
+        return self._reach.get(path, path)
+
     async def stop(self) -> None:
-        """Kill running commands and delete the session directory. Idempotent."""
+        """Kill running commands, unmount and delete the session directory. Idempotent."""
         self._started = False
         self._kill_all()
+        await self._release()
+
+    async def _release(self) -> None:
+        """Give back what start() took: staged binds, the disk image, the directory, cgroups, the host id."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await asyncio.to_thread(lease.release)  # unmounts staged binds before the image below them
+        self._reach = {}
+        disk, self._disk = self._disk, None
+        if disk is not None:
+            await asyncio.to_thread(disk.remove)
         await asyncio.to_thread(shutil.rmtree, self.host_root, True)
         cgroups, self._cgroups = self._cgroups, []
         await asyncio.to_thread(remove_cgroups, cgroups)
@@ -289,7 +389,7 @@ class LocalRuntime(SessionRuntime):
 
     def _check_running(self) -> None:
         self._raise_unless_started(self._started)
-        if not self.host_root.is_dir():
+        if not self.host_root.is_dir() or (self._disk is not None and not os.path.ismount(self.host_root)):
             raise RuntimeDied(f"session directory {self.host_root} has vanished")
 
     def _own_variables(self) -> dict[str, str]:
@@ -313,7 +413,9 @@ class LocalRuntime(SessionRuntime):
             sandboxed = [*_UNSHARE_FLAGS, *net, "--", *inner]
         else:
             sandboxed = inner
-        return [*self._limit_prefix(), *sandboxed]
+        # Started as root, the sandbox runs as its leased unprivileged host id, bubblewrap included.
+        drop = _as_user(self._lease.uid) if self._lease is not None else []
+        return [*self._limit_prefix(), *drop, *sandboxed]
 
     def _limit_prefix(self) -> list[str]:
         """Join the session's cgroups, then apply the per-process rlimits, then run the sandbox."""
@@ -342,8 +444,8 @@ class LocalRuntime(SessionRuntime):
     def _bwrap_prefix(self, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
         args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--hostname", _SANDBOX_HOSTNAME]  # fmt: skip
-        if _is_root():
-            # Root's uid 0 inside would own every root-owned file it can see; run as an unprivileged id instead.
+        if self._lease is not None:
+            # bubblewrap runs as the leased host id and maps sandbox_uid to it (never to host uid 0).
             args += ["--uid", str(self._spec.sandbox_uid), "--gid", str(self._spec.sandbox_gid)]
         if self._disable_userns:
             args.append("--disable-userns")
@@ -362,10 +464,13 @@ class LocalRuntime(SessionRuntime):
         else:
             args += ["--tmpfs", "/tmp"]
         for path in self._read_only_paths():
-            args += ["--ro-bind", str(path), str(path)]
-        args += ["--bind", str(self.host_root), str(self.root)]
+            args += ["--ro-bind", str(self._reached(path)), str(path)]
+        args += ["--bind", str(self._reached(self.host_root)), str(self.root)]
         if self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None:
-            args += ["--bind", str(self._spec.proxy_socket), _PROXY_SOCKET]
+            socket_path = self._reach.get(self._spec.proxy_socket) or (
+                self._reached(self._spec.proxy_socket.parent) / self._spec.proxy_socket.name
+            )
+            args += ["--bind", str(socket_path), _PROXY_SOCKET]
         args += ["--chdir", str(cwd), "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
@@ -380,7 +485,7 @@ class LocalRuntime(SessionRuntime):
                 args += ["--ro-bind", str(path), str(path)]
         if self._spec.network is NetworkMode.HOST and Path("/etc/resolv.conf").exists():
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-        generated = self.host_root / ".polar" / "etc"
+        generated = self._reached(self.host_root) / ".polar" / "etc"
         for name in _GENERATED_ETC:
             args += ["--ro-bind", str(generated / name), f"/etc/{name}"]
         return args
@@ -407,13 +512,14 @@ class LocalRuntime(SessionRuntime):
             raise DiskQuotaExceeded(self._quota_breach)
         process = run_process(
             wrapped,
-            cwd=None if bwrap else host_cwd,
+            cwd=Path("/") if bwrap else host_cwd,
             env=host_env,
             timeout=timeout,
             on_start=self._live_groups.add,
             on_end=self._live_groups.discard,
         )
-        if self._spec.disk_limit is None:
+        if self._spec.disk_limit is None or self._disk is not None:
+            # An image of the quota's size refuses the write past it (ENOSPC): nothing to watch.
             result = await process
         else:
             result, breach = await watch_quota(
@@ -449,10 +555,6 @@ class LocalRuntime(SessionRuntime):
 
 
 _GENERATED_ETC = ("passwd", "group", "hosts", "hostname")
-
-
-def _is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def _write_etc(directory: Path, uid: int, gid: int) -> None:

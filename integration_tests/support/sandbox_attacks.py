@@ -87,8 +87,11 @@ for target in sys.argv[1:]:
 """``python3 -c NETWORK_PROBE [udp/]HOST:PORT...``: one line per target, ``connected`` (a TCP connection, or a
 datagram sent) or ``refused``."""
 
-QUOTA_FILL = "for i in $(seq 1 64); do dd if=/dev/zero of=fill$i.bin bs=1M count=60 2>/dev/null; done; sleep 30"
-"""Fills the workspace with 60 MiB files (under the file size limit) far past :data:`QUOTA_LIMIT`."""
+QUOTA_FILL = ("for i in $(seq 1 64); do dd if=/dev/zero of=fill$i.bin bs=1M count=60 2>/tmp/dd.err "
+              "|| { head -n 1 /tmp/dd.err; exit 28; }; done; sleep 30")  # fmt: skip
+"""Fills the workspace with 60 MiB files (under the file size limit) far past :data:`QUOTA_LIMIT`; stops with exit
+status 28 and dd's error at the first write the file system refuses (a session image of the quota's size),
+else waits for the watchdog."""
 QUOTA_FILL_BYTES = 64 * 60 * 2**20
 """What :data:`QUOTA_FILL` writes when nothing stops it."""
 
@@ -196,12 +199,17 @@ async def _quota_attack(base_dir: Path) -> dict[str, Any]:
             raised, message = "", json.dumps(_summary(result))
         except Exception as exc:
             raised, message = type(exc).__name__, str(exc)
+        os.sync()  # the loop device writes the image's blocks when its file system flushes
         host_bytes = allocated_bytes(filler.host_root)
+        # Where the session has an image of its own, what it occupies on the host's disk.
+        images = list((base_dir / "sessions" / ".polar-disks").glob("*.img"))
+        image_bytes = images[0].stat().st_blocks * 512 if images else None
         later = await _outcome(filler.exec(["true"], timeout=30))
     finally:
         await filler.stop()
-    return {"raised": raised, "message": message, "host_bytes": host_bytes, "later": later,
-            "removed": not (base_dir / "sessions" / "filler").exists()}  # fmt: skip
+    return {"raised": raised, "message": message, "host_bytes": host_bytes, "image_bytes": image_bytes,
+            "later": later, "removed": not (base_dir / "sessions" / "filler").exists(),
+            "images_left": [p.name for p in (base_dir / "sessions" / ".polar-disks").glob("filler*")]}  # fmt: skip
 
 
 async def run_attacks(base_dir: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -95,6 +96,9 @@ async def test_isolation_probes_use_the_flags_the_runtime_runs_with(
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     probe = await local.probe_isolation()
     assert probe.best is Isolation.NONE
+    if os.geteuid() == 0:  # probed as the sandboxes run: as an unprivileged host id of the sandbox range
+        assert all(argv[:2] == ["setpriv", "--reuid=700000000"] for argv in probed)
+        probed = [argv[argv.index("--") + 1 :] for argv in probed]
     assert [argv[0] for argv in probed] == ["bwrap", "unshare"]
     assert probe.missing[Isolation.BWRAP] == "bwrap cannot create its sandbox: cannot mount proc"
     assert "'bwrap' is not available here: bwrap cannot create its sandbox" in str(probe.shortfall(Isolation.BWRAP))
@@ -135,14 +139,18 @@ def test_unenforced_limits_are_named() -> None:
 
 def test_bwrap_command_drops_capabilities_and_hides_etc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import runtimes.local as local
+    from runtimes._hostids import HostIdLease
     from runtimes.spec import Isolation
 
-    monkeypatch.setattr(local, "_is_root", lambda: True)
     runtime = local.LocalRuntime(RuntimeSpec(sandbox_uid=4242, sandbox_gid=4343), session_id="s", base_dir=tmp_path)
     runtime._isolation = Isolation.BWRAP
     runtime._disable_userns = True
+    runtime._lease = HostIdLease(700000123, tmp_path / "staging")  # as root: a leased host id
     argv = runtime.wrap_argv(["true"], cwd=PurePosixPath("/"), env={})
     bwrap = argv[argv.index("bwrap") :]
+    # bubblewrap itself runs as the leased unprivileged host id, which the sandbox's uid maps to.
+    setpriv = argv[argv.index("setpriv") : argv.index("bwrap")]
+    assert setpriv == ["setpriv", "--reuid=700000123", "--regid=700000123", "--clear-groups", "--"]
     assert bwrap[bwrap.index("--cap-drop") + 1] == "ALL"
     assert bwrap[bwrap.index("--uid") + 1] == "4242"
     assert bwrap[bwrap.index("--gid") + 1] == "4343"

@@ -1,0 +1,208 @@
+"""A session's writable space as a file system of its own size: a sparse ext4 image, loop-mounted.
+
+Why an image and not a tmpfs: a tmpfs holds its files in memory, and a session's workspace (default quota 4 GiB,
+several sessions per host) would then compete with the sandboxes' own memory on hosts with 24 GiB and no swap.
+A sparse image occupies on the host only what the sandbox wrote, and the kernel refuses the write that would
+pass its size (``ENOSPC``) instead of a watchdog killing the sandbox after the fact: nothing is ever written past
+the quota. The image is made without a journal (it is scratch space: a crash deletes it) and with no blocks
+reserved for root, so what a sandbox may allocate is the image's size minus ext4's metadata (about 5 % at
+128 MiB, under 2 % at 4 GiB) — never more than ``disk_limit``.
+
+This needs root (``mount``, a loop device) and ``mkfs.ext4``; :func:`unsupported` says why not, and the runtimes
+then keep the watchdog of :mod:`runtimes._quota`. Images live in one directory (``<base_dir>/.polar-disks`` for the
+local runtime) as ``<name>.img``, with ``<name>.mount`` naming the mount point; the owning process holds an
+exclusive ``flock`` on each image as long as its session lives. :func:`sweep` unmounts and deletes every image
+whose lock is free (its owner crashed): the runtimes call it once per directory before their first session.
+Admission (:func:`check_space`) refuses a quota larger than the file system's free space minus what the live
+images of that directory may still grow by, so sparse images never promise more disk than there is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from runtimes.errors import DiskSpaceUnavailable
+
+__all__ = ["IMAGE_DIR_NAME", "SessionDisk", "check_space", "sweep", "unsupported"]
+
+_log = logging.getLogger(__name__)
+
+IMAGE_DIR_NAME = ".polar-disks"
+"""The directory below a local runtime's ``base_dir`` that holds its sessions' images."""
+_TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
+_UMOUNT_TRIES = 20
+
+
+def unsupported() -> str | None:
+    """``None`` when this process can make loop-mounted images; else why not (one phrase)."""
+    if os.geteuid() != 0:
+        return "a loop-mounted image needs root"
+    for tool in ("mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool, path=_TOOL_PATH) is None:
+            return f"{tool} is not installed"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices (/dev/loop-control is missing)"
+    return None
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env={"PATH": _TOOL_PATH}, timeout=60)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(argv[:2])} failed: {(done.stderr or done.stdout).strip()[-300:]}")
+
+
+def _reserved(image: Path) -> int:
+    """What an image may still grow by on the host: its size minus what it already occupies."""
+    try:
+        info = image.stat()
+    except OSError:
+        return 0
+    return max(0, info.st_size - info.st_blocks * 512)
+
+
+def check_space(image_dir: Path, size: int) -> None:
+    """Refuse a ``size``-byte image when the host cannot hold it next to the live images of ``image_dir``.
+
+    Raises:
+        DiskSpaceUnavailable: ``size`` is larger than the free space minus what the live images may still grow by.
+    """
+    image_dir.mkdir(parents=True, exist_ok=True)
+    stat = os.statvfs(image_dir)
+    free = stat.f_bavail * stat.f_frsize
+    promised = sum(_reserved(image) for image in image_dir.glob("*.img"))
+    if size > free - promised:
+        raise DiskSpaceUnavailable(
+            f"the disk quota ({size // 2**20} MiB) is larger than the free space for sessions on {image_dir} "
+            f"({max(0, free - promised) // 2**20} MiB: {free // 2**20} MiB free, {promised // 2**20} MiB promised "
+            "to running sessions); lower disk_limit or free disk space"
+        )
+
+
+def _umount(mountpoint: Path) -> None:
+    """Unmount, retrying while killed processes still hold it; detach lazily as a last resort."""
+    for _ in range(_UMOUNT_TRIES):
+        if not os.path.ismount(mountpoint):
+            return
+        try:
+            _run(["umount", str(mountpoint)])
+            return
+        except OSError:
+            time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        _run(["umount", "-l", str(mountpoint)])
+
+
+@dataclasses.dataclass(slots=True)
+class SessionDisk:
+    """A mounted session image; :meth:`remove` unmounts and deletes it.
+
+    Attributes:
+        image: The image file on the host.
+        mountpoint: Where it is mounted.
+        size: Its size in bytes (the quota).
+    """
+
+    image: Path
+    mountpoint: Path
+    size: int
+    _lock_fd: int = -1
+
+    @classmethod
+    def create(cls, image_dir: Path, mountpoint: Path, size: int, *, owner: tuple[int, int]) -> SessionDisk:
+        """Make a sparse ext4 image of ``size`` bytes owned by ``owner`` and mount it at ``mountpoint`` (blocking).
+
+        Raises:
+            DiskSpaceUnavailable: The host has not the space (:func:`check_space`).
+            OSError: The image could not be made or mounted.
+        """
+        check_space(image_dir, size)
+        name = mountpoint.name
+        image, record, partial = image_dir / f"{name}.img", image_dir / f"{name}.mount", image_dir / f".{name}.new"
+        # Locked before it gets the name the sweep looks for, so a sweep in another process never takes it.
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        disk = cls(image, mountpoint, size, fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, size)
+            record.write_text(str(mountpoint))
+            os.rename(partial, image)
+            uid, gid = owner
+            _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
+                  f"nodiscard,root_owner={uid}:{gid}", "-L", "polar-session", str(image)])  # fmt: skip
+            mountpoint.mkdir(parents=True, exist_ok=True)
+            _run(["mount", "-o", _MOUNT_OPTIONS, str(image), str(mountpoint)])
+            # ext4's lost+found would show in the session directory; nothing here ever runs fsck.
+            with contextlib.suppress(OSError):
+                (mountpoint / "lost+found").rmdir()
+        except BaseException:
+            disk.remove()
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+        return disk
+
+    def remove(self) -> None:
+        """Unmount the image, delete it and its mount point's directory. Idempotent; errors are logged."""
+        _umount(self.mountpoint)
+        _discard(self.image, self.mountpoint)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def _discard(image: Path, mountpoint: Path) -> None:
+    if os.path.ismount(mountpoint):
+        _log.warning("cannot unmount the session image at %s; it stays until the next sweep", mountpoint)
+        return
+    with contextlib.suppress(OSError):
+        mountpoint.rmdir()  # empty once unmounted; a caller that wants its directory gone removes the rest
+    for path in (image, image.with_suffix(".mount")):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def sweep(image_dir: Path) -> list[Path]:
+    """Unmount and delete the images in ``image_dir`` whose owner is gone (their lock is free).
+
+    Returns:
+        The mount points of the images removed.
+    """
+    removed: list[Path] = []
+    if not image_dir.is_dir():
+        return removed
+    for image in sorted(image_dir.glob("*.img")):
+        try:
+            fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live session's
+            record = image.with_suffix(".mount")
+            mountpoint = Path(record.read_text().strip()) if record.exists() else None
+            if mountpoint is not None:
+                _umount(mountpoint)
+                if not os.path.ismount(mountpoint):
+                    shutil.rmtree(mountpoint, ignore_errors=True)
+                _discard(image, mountpoint)
+                removed.append(mountpoint)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    image.unlink()
+        finally:
+            os.close(fd)
+    if removed:
+        _log.warning("removed %d session image(s) left by a process that ended: %s", len(removed),
+                     ", ".join(map(str, removed)))  # fmt: skip
+    return removed
