@@ -12,6 +12,8 @@
   ``scale`` asks again. It exits after ``down``.
 * **scale ROLE N** changes a role's count: new slots are submitted and waited for; slots above ``N`` retire (a
   gateway with SIGUSR1, so it drains and hands back what still runs; other roles are cancelled).
+* **Per-gateway tokens** (``cluster.gateway_token_key``): each gateway job is submitted held, its token (for its
+  gateway id ``<slot>-j<job>``) written to the state directory, and the job released.
 * **down** cancels gateways first (SIGTERM: each hands its sessions back while the rollout server still runs),
   then every other job, and waits until Slurm lists none of them.
 
@@ -35,6 +37,7 @@ from polar.rollout.v1 import rollout_service_pb2, rollout_service_pb2_grpc
 
 from polar_core.channels import open_channel
 from polar_core.errors import FailedPrecondition, InvalidArgument
+from polar_core.gateway_tokens import issue_gateway_token, load_signing_key
 from polar_run.cluster.scripts import render_script
 from polar_run.cluster.slurm import JobView, Slurm
 from polar_run.cluster.state import ClusterState, Slot, StateDir
@@ -201,6 +204,8 @@ class ClusterLauncher:
         submitted as ``(slot, job id)``."""
         submitted = []
         st.retiring = [j for j in st.retiring if j in jobs]
+        key_file = self.state.gateway_key_file(self.topology)
+        key = load_signing_key(key_file) if key_file is not None and "gateway" in roles else None
         for role in roles:
             want = st.counts.get(role, 0)
             for slot in st.role_slots(role):
@@ -221,10 +226,26 @@ class ClusterLauncher:
                     continue
                 script = self.state.scripts / f"{slot.name}.sbatch"
                 script.write_text(render_script(self.topology, self.state, role, index))
-                slot.job_id = self.slurm.submit(script)
+                if role == "gateway" and key is not None:
+                    slot.job_id = self._submit_with_token(script, slot.name, key)
+                else:
+                    slot.job_id = self.slurm.submit(script)
                 slot.failed = ""
                 submitted.append((slot.name, slot.job_id))
         return submitted
+
+    def _submit_with_token(self, script: Path, slot: str, key: bytes) -> str:
+        """Submit a gateway's job held, write the token of its gateway id (``<slot>-j<job>``), then release it: the
+        id holds the job id, which only exists once submitted, and the job must not start before its token."""
+        job = self.slurm.submit(script, hold=True)
+        try:
+            token = issue_gateway_token(key, f"{slot}-j{job}", ttl_s=self.topology.gateway_token_ttl_s())
+            self.state.write_gateway_token(slot, job, token)
+            self.slurm.release([job])
+        except BaseException:
+            self.slurm.cancel([job])
+            raise
+        return job
 
     def _retire(self, st: ClusterState, slot: Slot, jobs: dict[str, JobView]) -> None:
         if slot.job_id in jobs:

@@ -7,6 +7,11 @@ directory too (each serving job writes ``run/<slot>.address``), so a script stay
 another node, and a user can ``sbatch`` it again by hand. A gateway first checks that the rollout server and its
 proxy answer, and fails fast (``run/<slot>.j<job>.failed``, shown by ``polar cluster status``) when one does not.
 
+With ``cluster.gateway_token_key`` the rollout server gets the key file's path and requires per-gateway tokens (it
+is given no shared gateway token), and a gateway reads its own token, which the launcher wrote for its job id
+before releasing the job (``secrets/<slot>.j<job>.gateway_token``): its gateway id ``<slot>-j<job>`` is the one the
+token names.
+
 Gateways get ``--signal=B:USR1@<drain_s + 30>``: ``polar serve`` then drains (no new session; running ones may
 finish for ``drain_s``), hands back what still runs as an outage, and exits before the time limit.
 """
@@ -111,11 +116,26 @@ def render_script(topology: Topology, state: StateDir, role: str, index: int) ->
         'cat "$STATE/run/$1.address"; }',
         'reach() { "${POLAR[@]}" health "$2" >/dev/null 2>&1 || fail "cannot reach the $1 at $2"; }',
     ]  # fmt: skip
+    per_gateway = bool(topology.cluster.gateway_token_key)
     for setting, name in _TOKENS[role]:
+        if per_gateway and role == "rollout" and name == "gateway":
+            continue  # it requires per-gateway tokens: the shared one would grant nothing there
         source = q(str(state.token_file(topology, name))) if name in topology.tokens else f'"$STATE/secrets/{name}"'
         lines.append(f'export {prefix}{setting}="$(< {source})"')
     if role == "rollout":
         lines.append(f'export {prefix}STORE_URL="$(< "$STATE/secrets/state_dsn")"')
+        key_file = state.gateway_key_file(topology)
+        if key_file is not None:
+            lines += [
+                f"export {prefix}GATEWAY_TOKEN_KEY_FILE={q(str(key_file.absolute()))}",
+                f"export {prefix}REQUIRE_GATEWAY_TOKENS=true",
+            ]
+    if role == "gateway" and per_gateway:
+        own = '"$STATE/secrets/$SLOT.j$SLURM_JOB_ID.gateway_token"'
+        lines += [
+            f'[ -s {own} ] || fail "no gateway token for job $SLURM_JOB_ID (submit it with polar cluster)"',
+            f'export {prefix}IDENTITY_TOKEN="$(< {own})"',
+        ]
     if role == "gateway":
         lines += _gateway_lines(topology, index, prefix)
     elif role == "proxy":

@@ -1,5 +1,5 @@
-"""The Slurm commands ``polar cluster`` runs: ``sinfo``, ``sbatch``, ``squeue``, ``scancel`` (found on ``PATH``;
-``SLURM_CONF`` and the rest of the environment pass through).
+"""The Slurm commands ``polar cluster`` runs: ``sinfo``, ``sbatch``, ``squeue``, ``scancel``, ``scontrol release``
+(found on ``PATH``; ``SLURM_CONF`` and the rest of the environment pass through).
 
 Nothing secret is ever an argument here: jobs get their credentials from files the generated script reads.
 """
@@ -75,10 +75,15 @@ class Slurm:
             max_time_s=None if limit in ("infinite", "n/a", "") else parse_time_limit(limit),
         )
 
-    def submit(self, script: Path) -> str:
-        """``sbatch`` a script; return the job id."""
-        out = self._run(["sbatch", "--parsable", str(script)])
+    def submit(self, script: Path, *, hold: bool = False) -> str:
+        """``sbatch`` a script (``hold``: held until :meth:`release`); return the job id."""
+        out = self._run(["sbatch", "--parsable", *(["--hold"] if hold else []), str(script)])
         return out.strip().split(";")[0]
+
+    def release(self, job_ids: Sequence[str]) -> None:
+        """``scontrol release`` held jobs."""
+        if job_ids:
+            self._run(["scontrol", "release", ",".join(job_ids)])
 
     def jobs(self) -> dict[str, JobView]:
         """This user's jobs that have not ended, by job id."""

@@ -2,7 +2,8 @@
 
     state.json      wanted counts, each slot's current job and past jobs, jobs being retired, whether it is down
     scripts/        the generated sbatch scripts, one per slot (readable, keepable: ``sbatch`` them by hand)
-    secrets/        (0700) role tokens and the state DSN, one 0600 file each, read by the jobs at start
+    secrets/        (0700) role tokens and the state DSN, one 0600 file each, read by the jobs at start; with
+                    ``cluster.gateway_token_key``, each gateway job's own token (``<slot>.j<job>.gateway_token``)
     logs/           each job's output, ``<role>-<slot>.j<job id>.log``
     run/            what jobs report: ``<slot>.j<job id>.address`` once serving, ``.failed`` with the reason
     data/           each slot's service state directory
@@ -127,6 +128,22 @@ class StateDir:
         internal = self.token_file(topology, "internal").read_text().strip()
         _write_private(self.secrets / "internal.sha256", "sha256:" + hashlib.sha256(internal.encode()).hexdigest())
         _write_private(self.secrets / "state_dsn", topology.cluster.state_dsn)
+
+    def gateway_key_file(self, topology: Topology) -> Path | None:
+        """The signing key of per-gateway tokens (``cluster.gateway_token_key``), ``None`` when not configured."""
+        given = topology.cluster.gateway_token_key
+        if not given:
+            return None
+        path = Path(given)
+        return path if path.is_absolute() else self.topology_file.parent / path
+
+    def gateway_token_file(self, slot: str, job_id: str) -> Path:
+        """The file holding the token of gateway job ``job_id`` of ``slot`` (its gateway id is ``<slot>-j<job>``)."""
+        return self.secrets / f"{slot}.j{job_id}.gateway_token"
+
+    def write_gateway_token(self, slot: str, job_id: str, token: str) -> None:
+        """Write a gateway job's token (0600), before the job is released."""
+        _write_private(self.gateway_token_file(slot, job_id), token)
 
     def token(self, topology: Topology, role: str) -> str:
         """``role``'s token (for this command's own calls: the admin token to list gateways)."""

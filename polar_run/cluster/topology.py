@@ -11,6 +11,8 @@ A TOML file, typed and validated here before anything is submitted; every refusa
     bind_host = "0.0.0.0"               # what every role listens on
     advertise_host = ""                 # what others dial; empty: each node's `hostname -f`
     polar = ""                          # the command that runs polar on the nodes; empty: this Python
+    gateway_token_key = ""              # optional: signing key of per-gateway tokens (polar token key, 0600);
+    gateway_token_ttl = ""              # each gateway job then gets its own token (default: time limit + 2d)
 
     [tokens]                            # optional: files holding the role tokens (mode 0600); missing ones
     trainer = "secrets/trainer"         # are generated in the state directory
@@ -30,7 +32,9 @@ A TOML file, typed and validated here before anything is submitted; every refusa
 
 Roles: ``rollout`` (exactly one), ``proxy``, ``reconstructor``, ``evaluator`` and ``gateway``; each instance is one
 Slurm job. ``settings`` are the role's service settings (``POLAR_<SVC>_<FIELD>``, ``docs/deploy.md``); tokens and
-the state DSN never go there. ``image`` runs the role in an Apptainer image (accepted; untested here: Apptainer is
+the state DSN never go there. With ``gateway_token_key``, each gateway job is submitted held, given a token for its
+own gateway id (``<slot>-j<job>``) and released; the rollout server requires such tokens (``docs/security.md``,
+"Gateway tokens"). ``image`` runs the role in an Apptainer image (accepted; untested here: Apptainer is
 not installable on the machines the tests run on).
 """
 
@@ -47,6 +51,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from polar_core.errors import InvalidArgument
+from polar_core.gateway_tokens import load_signing_key, parse_ttl
 
 __all__ = [
     "ROLES",
@@ -86,6 +91,18 @@ class ClusterSpec(_Strict):
     polar: str = ""
     workdir: str = ""
     ready_timeout_s: float = Field(default=600.0, gt=0)
+    gateway_token_key: str = ""
+    gateway_token_ttl: str = ""
+
+    @field_validator("gateway_token_ttl")
+    @classmethod
+    def _ttl(cls, value: str) -> str:
+        if value:
+            try:
+                parse_ttl(value)
+            except InvalidArgument as exc:
+                raise ValueError(exc.message) from None
+        return value
 
     @field_validator("name")
     @classmethod
@@ -181,6 +198,13 @@ class Topology(_Strict):
         """The role's job time limit (its own, else the cluster's)."""
         return self.role(role).time_limit or self.cluster.time_limit
 
+    def gateway_token_ttl_s(self) -> int:
+        """Lifetime of each gateway job's token: ``gateway_token_ttl``, else the gateway's time limit plus two days
+        (a job may wait in the queue after its token is issued)."""
+        if self.cluster.gateway_token_ttl:
+            return parse_ttl(self.cluster.gateway_token_ttl)
+        return parse_time_limit(self.time_limit("gateway")) + 2 * 86400
+
 
 def parse_time_limit(value: str) -> int:
     """Seconds in a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``)."""
@@ -222,7 +246,13 @@ def load_topology(path: Path) -> Topology:
         problems = "; ".join(f"{_field(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise InvalidArgument(f"topology {path}: {problems}") from None
     for role, file in topology.tokens.items():
-        _check_token_file(path.parent, role, file)
+        _check_token_file(path.parent, f"tokens.{role}", file)
+    if topology.cluster.gateway_token_key:
+        key = _check_token_file(path.parent, "cluster.gateway_token_key", topology.cluster.gateway_token_key)
+        try:
+            load_signing_key(key)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"cluster.gateway_token_key: {exc.message}") from None
     gateway = topology.role("gateway")
     limit = parse_time_limit(topology.time_limit("gateway"))
     if gateway.count and gateway.drain_s + 30 >= limit:
@@ -233,9 +263,8 @@ def load_topology(path: Path) -> Topology:
     return topology
 
 
-def _check_token_file(base: Path, role: str, file: str) -> None:
+def _check_token_file(base: Path, field: str, file: str) -> Path:
     path = Path(file) if Path(file).is_absolute() else base / file
-    field = f"tokens.{role}"
     try:
         info = path.stat()
     except OSError as exc:
@@ -248,6 +277,7 @@ def _check_token_file(base: Path, role: str, file: str) -> None:
         raise InvalidArgument(f"{field}: {path} belongs to another user")
     if not path.read_text().strip():
         raise InvalidArgument(f"{field}: {path} is empty")
+    return path
 
 
 class PartitionInfo(BaseModel):
