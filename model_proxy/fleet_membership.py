@@ -5,6 +5,12 @@ With ``rollout_address`` set, the proxy's generation gate starts paused. :class:
 then opens the gate. When registering or loading fails the gate stays shut, the error is logged, and it tries
 again with a doubling backoff: a proxy never answers a call with weights the fleet has moved on from.
 
+The rollout server stores a version only once a proxy has loaded it, so the version handed out here loads
+somewhere. When this proxy's backend refuses it anyway (``FailedPrecondition``: the checkpoint does not fit, or
+the load failed), that version and path are not loaded again: the proxy keeps registering with the backoff and
+loads only a version it has not been refused, or the next UpdatePolicy drives it. It never loops on reloading a
+checkpoint that failed.
+
 Domain code: the RPC is behind the :class:`Registrar` protocol (:mod:`model_proxy.rollout_client`).
 """
 
@@ -18,7 +24,7 @@ from typing import Protocol
 
 from model_proxy.core.gate import GenerationGate
 from model_proxy.weights import WeightManager
-from polar_core.errors import PolarError
+from polar_core.errors import FailedPrecondition, InvalidArgument, PolarError
 
 __all__ = ["FleetMembership", "FleetPolicy", "Registrar"]
 
@@ -62,6 +68,7 @@ class FleetMembership:
         ready: Set once the fleet's policy is served and the gate is open.
         policy: The fleet policy last received.
         last_error: The last failure, for people and tests; empty once ready.
+        refused: The fleet policy this proxy's backend refused to load, which it does not try again.
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class FleetMembership:
         self.ready = asyncio.Event()
         self.policy: FleetPolicy | None = None
         self.last_error = ""
+        self.refused: FleetPolicy | None = None
 
     def start(self) -> None:
         """Start joining in the background (the gate must already be paused)."""
@@ -127,10 +135,19 @@ class FleetMembership:
     async def _join(self) -> None:
         policy = await self._registrar.register(self.proxy_id, self.address, self._backend)
         self.policy = policy
+        refused = self.refused
         # An update may have reached this proxy since it registered; never go back from a newer version.
-        if policy.version > 0 and self._weights.version_number < policy.version:
-            await self._weights.load(policy.version, policy.weights_path)
-        self._gate.resume()
+        behind = policy.version > 0 and self._weights.version_number < policy.version
+        if behind and refused == policy:
+            raise FailedPrecondition(
+                f"the fleet's policy version {policy.version} ({policy.weights_path!r}) was refused by this "
+                "proxy's backend; it is not loaded again, waiting for another version"
+            )
+        try:
+            await self._weights.join(policy.version, policy.weights_path)
+        except (FailedPrecondition, InvalidArgument):
+            self.refused = policy
+            raise
         _log.info(
             "proxy %s joined the fleet at %s serving policy version %s",
             self.proxy_id,

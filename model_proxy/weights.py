@@ -3,9 +3,11 @@
 :class:`WeightManager` sits between the ModelProxyService's ``CheckWeights``/``LoadWeights``/``SetPolicyVersion``/
 ``GetPolicy`` and the backend, and is the only writer of the version the engine stamps on calls. The policy
 version changes only after the backend has loaded the weights, so a call stamped with a version was always
-sampled from that version's weights; a failed load leaves both the weights and the version as they were (and the
-proxy paused). ``SetPolicyVersion`` (weights synced into the backend outside Polar) takes the same lock, so it
-never interleaves with a load. Versions are numbers here (:mod:`polar_core.policy_version`); the engine stamps
+sampled from that version's weights; a failed load leaves both the weights and the version as they were (every
+backend loads aside and swaps on success, or checks the checkpoint's headers before it touches the server), so
+the rollout server resumes the proxy on them. ``SetPolicyVersion`` (weights synced into the backend outside
+Polar) takes the same lock, so it never interleaves with a load, and so does a starting proxy's
+:meth:`WeightManager.join`. Versions are numbers here (:mod:`polar_core.policy_version`); the engine stamps
 their wire form.
 """
 
@@ -77,18 +79,38 @@ class WeightManager:
         if not weights_path:
             raise InvalidArgument("weights_path is required")
         async with self._lock:
-            previous = self._engine.policy_version
-            if (previous, self.weights_path) == (stamp, weights_path):
-                return previous, 0.0
-            if not self._engine.gate.paused:
-                raise FailedPrecondition("generation is not paused; call PauseGeneration before LoadWeights")
-            started = time.monotonic()
-            await self._backend.load_weights(weights_path)
-            seconds = time.monotonic() - started
-            self._engine.policy_version = stamp
-            self.weights_path = weights_path
+            return await self._load(stamp, weights_path)
+
+    async def _load(self, stamp: str, weights_path: str) -> tuple[str, float]:
+        previous = self._engine.policy_version
+        if (previous, self.weights_path) == (stamp, weights_path):
+            return previous, 0.0
+        if not self._engine.gate.paused:
+            raise FailedPrecondition("generation is not paused; call PauseGeneration before LoadWeights")
+        started = time.monotonic()
+        await self._backend.load_weights(weights_path)
+        seconds = time.monotonic() - started
+        self._engine.policy_version = stamp
+        self.weights_path = weights_path
         _log.info("loaded %s as policy version %s in %.2f s (was %s)", weights_path, stamp, seconds, previous)
         return previous, seconds
+
+    async def join(self, version: int, weights_path: str) -> None:
+        """Serve the fleet's policy, unless a newer one is served already, and then open the gate (a starting proxy).
+
+        Both happen under the load lock, so an update's LoadWeights never runs with the gate opened under it.
+
+        Raises:
+            InvalidArgument: A negative version, or a version above 0 with an empty path.
+            FailedPrecondition: The backend refused or failed the load (the gate stays shut).
+        """
+        stamp = _stamp(version)
+        async with self._lock:
+            if version > 0 and self.version_number < version:
+                if not weights_path:
+                    raise InvalidArgument("weights_path is required")
+                await self._load(stamp, weights_path)
+            self._engine.gate.resume()
 
     async def set_version(self, version: int) -> str:
         """Stamp ``version`` on new calls without loading anything (the weights were synced outside Polar).

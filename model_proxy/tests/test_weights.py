@@ -128,23 +128,45 @@ async def test_joining_loads_the_fleet_policy_before_opening_the_gate(
     assert registrar.closed
 
 
-async def test_a_failed_start_up_load_stays_paused_and_retries(
+async def test_a_refused_start_up_load_is_not_tried_again_until_the_fleet_moves(
     make_app: Callable[..., ProxyApp], backend: FakeBackend
 ) -> None:
     app = make_app(backend)
     await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
     backend.load_error = FailedPrecondition("no config.json in '/ckpt/v2'")
+    attempts: list[str] = []
+    real_load = backend.load_weights
+
+    async def counted(path: str) -> None:
+        attempts.append(path)
+        await real_load(path)
+
+    backend.load_weights = counted  # type: ignore[method-assign]
     registrar = FakeRegistrar(FleetPolicy(2, "/ckpt/v2"))
     membership = _membership(app, registrar)
     membership.start()
     await asyncio.wait_for(registrar.retried.wait(), 5)
     assert app.engine.gate.paused
-    assert "no config.json" in membership.last_error
+    assert "refused by this proxy's backend" in membership.last_error
+    assert membership.refused == FleetPolicy(2, "/ckpt/v2")
+    assert attempts == ["/ckpt/v2"]  # registered again and again, loaded once
     assert app.engine.policy_version == "0"
     backend.load_error = None
+    registrar.policy = FleetPolicy(3, "/ckpt/v3")  # the fleet moves on
+    await asyncio.wait_for(membership.ready.wait(), 5)
+    assert attempts == ["/ckpt/v2", "/ckpt/v3"]
+    assert app.engine.policy_version == "3"
+    assert not app.engine.gate.paused
+    await membership.stop()
+
+
+async def test_a_failed_registration_is_retried(make_app: Callable[..., ProxyApp], backend: FakeBackend) -> None:
+    app = make_app(backend)
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    membership = _membership(app, FakeRegistrar(FleetPolicy(2, "/ckpt/v2"), failures=3))
+    membership.start()
     await asyncio.wait_for(membership.ready.wait(), 5)
     assert app.engine.policy_version == "2"
-    assert not app.engine.gate.paused
     await membership.stop()
 
 
