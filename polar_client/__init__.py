@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 from polar_client.client import RolloutClient, TaskLike
+from polar_client.evaluation import EvalLane, EvalRoundReport, EvalTask
 from polar_client.policy import PolicyUpdateResult, ProxyUpdateResult
 from polar_client.settings import ClientSettings
 from polar_client.taskfile import load_task, task_from_mapping
@@ -22,6 +23,9 @@ from polar_client.tensors import as_trace, traces_to_tensors
 
 __all__ = [
     "ClientSettings",
+    "EvalLane",
+    "EvalRoundReport",
+    "EvalTask",
     "PolicyUpdateResult",
     "ProxyUpdateResult",
     "RolloutClient",

@@ -10,7 +10,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_core.errors import InvalidArgument
 
-__all__ = ["TrainConfig", "load_config"]
+__all__ = ["EvalTaskConfig", "TrainConfig", "load_config"]
+
+
+class EvalTaskConfig(BaseModel):
+    """One held-out task of the evaluation lane (an entry of ``eval_tasks``).
+
+    Attributes:
+        samples: Sessions per round (required, at least 1).
+        task: A task file (relative to the config); empty: the training template.
+        instruction: The instruction; empty: the task file's. One of ``task`` and ``instruction`` is required, so
+            a held-out task is never the training template unchanged.
+        name: The task's name in the reports; empty: ``t<index>``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    samples: int | None = None
+    task: Path | None = None
+    instruction: str = ""
+    name: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$")
 
 
 class TrainConfig(BaseModel):
@@ -51,6 +70,9 @@ class TrainConfig(BaseModel):
         max_length: Truncate training rows to this many tokens (0: no limit).
         steps_averaged: Steps averaged at each end of the curve for the run's first/last comparison.
         max_seconds: Stop after the step during which this many seconds have passed (0: run every step).
+        eval_every: Run an evaluation round of ``eval_tasks`` at the starting version and after every
+            ``eval_every``-th policy update, pinned to the version just served, beside training (0: no lane).
+        eval_tasks: The held-out tasks of the evaluation lane (see :class:`EvalTaskConfig`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -78,6 +100,8 @@ class TrainConfig(BaseModel):
     max_length: int = Field(default=0, ge=0)
     steps_averaged: int = Field(default=2, ge=1)
     max_seconds: float = Field(default=0.0, ge=0)
+    eval_every: int = Field(default=0, ge=0)
+    eval_tasks: tuple[EvalTaskConfig, ...] = ()
 
     def model_post_init(self, context: Any, /) -> None:
         """Check what the fields cannot check one by one."""
@@ -86,6 +110,30 @@ class TrainConfig(BaseModel):
                 f"submit_next {self.submit_next!r} needs max_policy_lag >= 1: sessions submitted before the "
                 "update would be too stale to train on"
             )
+        self._check_eval()
+
+    def _check_eval(self) -> None:
+        if self.eval_every and not self.eval_tasks:
+            raise ValueError("eval_every needs eval_tasks: the held-out tasks to evaluate")
+        if self.eval_tasks and not self.eval_every:
+            raise ValueError("eval_tasks are never run without eval_every (evaluate after every N updates)")
+        names = []
+        for index, entry in enumerate(self.eval_tasks):
+            where = f"eval_tasks[{index}]"
+            if entry.samples is None or entry.samples < 1:
+                raise ValueError(f"{where} needs samples: the sessions each round samples of it (at least 1)")
+            if entry.task is None and not entry.instruction:
+                raise ValueError(f"{where} needs a task file or an instruction (the training template is not held out)")
+            if entry.task is not None and not entry.task.is_file():
+                raise ValueError(f"{where}: task file {entry.task} does not exist")
+            names.append(entry.name or f"t{index}")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"eval_tasks names must be distinct: {', '.join(duplicates)}")
+
+    def eval_task_names(self) -> list[str]:
+        """The report name of each of ``eval_tasks``."""
+        return [entry.name or f"t{index}" for index, entry in enumerate(self.eval_tasks)]
 
 
 def load_config(path: Path, **overrides: Any) -> TrainConfig:
@@ -102,6 +150,9 @@ def load_config(path: Path, **overrides: Any) -> TrainConfig:
     base = path.parent
     if "task" in data and not Path(str(data["task"])).is_absolute():
         data["task"] = str((base / str(data["task"])).resolve())
+    for entry in data.get("eval_tasks") or []:
+        if isinstance(entry, dict) and entry.get("task") and not Path(str(entry["task"])).is_absolute():
+            entry["task"] = str((base / str(entry["task"])).resolve())
     model = str(data.get("model", ""))
     if model not in ("tiny", "smollm2", "") and not Path(model).is_absolute() and (base / model).is_dir():
         data["model"] = str(base / model)

@@ -31,6 +31,7 @@ import grpc
 from polar.common.v1 import session_pb2
 
 from polar_client import RolloutClient
+from polar_client.evaluation import EvalLane
 from polar_client.policy import PauseModeName
 from polar_core.errors import FailedPrecondition
 from polar_core.policy_version import parse_version
@@ -106,6 +107,9 @@ class Trainer:
             resumed) instead of refusing it.
         on_step: Called with each step's metrics (e.g. to print a line).
         on_sessions: Called with each step's index and the sessions it considered (e.g. to audit rewards).
+        evaluation: The evaluation lane: a round pinned to the starting version once the first groups are
+            submitted, and one after every ``config.eval_every``-th update; rounds run beside training (their
+            tasks are never part of a batch) and the run waits for them at its end.
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class Trainer:
         resume: bool = False,
         on_step: Callable[[StepMetrics], None] | None = None,
         on_sessions: Callable[[int, list[SessionSample]], None] | None = None,
+        evaluation: EvalLane | None = None,
     ) -> None:
         import torch
 
@@ -136,6 +141,7 @@ class Trainer:
         self._resume = resume
         self._on_step = on_step
         self._on_sessions = on_sessions
+        self._evaluation = evaluation
         self._groups: dict[int, list[_Group]] = {}
         self._optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -161,13 +167,30 @@ class Trainer:
                 await self._submit(step)
                 if self.config.submit_next == "before_step":
                     await self._submit(step + 1)
+                if step == self.first_step:
+                    self._evaluate(None)  # the starting version, after the first groups (they go first)
                 rows.append(await self._step(step))
                 append_metrics(self.metrics_path, rows[-1])
                 if self._on_step is not None:
                     self._on_step(rows[-1])
+            if self._evaluation is not None:
+                await self._evaluation.wait()
         finally:
             await self._cancel_pending()
+            if self._evaluation is not None:
+                await self._evaluation.cancel()
         return rows
+
+    def _evaluate(self, step: int | None) -> None:
+        """Start an evaluation round pinned to the version the fleet serves now (``step``: the update's step)."""
+        lane = self._evaluation
+        if lane is None:
+            return
+        if step is None and lane.evaluated(self.version):
+            return  # a resumed run: this version has its round already
+        if step is not None and (step + 1) % self.config.eval_every:
+            return
+        lane.start_round(self.version, step=step)
 
     async def _submit(self, step: int) -> None:
         if step in self._groups or step >= self.config.steps:
@@ -231,6 +254,7 @@ class Trainer:
         self.version = new_version
         if self.config.submit_next == "after_update":
             await self._submit(step + 1)
+        self._evaluate(step)
         return row
 
 

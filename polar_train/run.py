@@ -14,6 +14,7 @@ from polar_core.errors import FailedPrecondition
 from polar_train.batch import SessionSample
 from polar_train.checkpoints import initial_checkpoint, load_policy_model
 from polar_train.config import TrainConfig
+from polar_train.evaluation import build_eval_lane, eval_task_dirs
 from polar_train.loop import PolicyUpdater, RolloutUpdater, Trainer
 from polar_train.metrics import StepMetrics, plot_reward_curve, read_metrics
 from polar_train.tasks import GroupTemplate, load_template
@@ -51,8 +52,8 @@ async def _connect(
         running_workers=config.workers,
         # The trainer is this stack's operator: its task template's directory holds the repository and the
         # files the sandboxes read (polar_train.tasks makes it a read-only path of every local runtime).
-        task_roots=(prepared.task_dir.absolute(),),
-        read_only_roots=(prepared.task_dir.absolute(),),
+        task_roots=(prepared.task_dir.absolute(), *eval_task_dirs(config)),
+        read_only_roots=(prepared.task_dir.absolute(), *eval_task_dirs(config)),
     )
     async with (
         EmbeddedStack.start(options) as stack,
@@ -134,6 +135,7 @@ async def run_training(
             resume=resume,
             on_step=on_step,
             on_sessions=on_sessions,
+            evaluation=build_eval_lane(config, client, template),
         )
         rows = await trainer.run()
     curve = config.run_dir / "reward_curve.png"
