@@ -224,6 +224,9 @@ async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: Networ
             if names.count("sleep") == 2:
                 break
         assert names.count("sleep") == 2, names
+        if network is NetworkMode.PROXY:  # the session's one forwarder (runtimes._forwarder) too
+            assert rt._forwarder is not None
+            pids.append(rt._forwarder._process.pid)
         seen = {pid: _host_ids(pid) for pid in pids}
         ids = {pid: found for pid, found in seen.items() if found is not None}
         assert "bwrap" in names

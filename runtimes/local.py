@@ -38,7 +38,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
+from runtimes import tunnel
 from runtimes._diskimage import IMAGE_DIR_NAME, SessionDisk, sweep, unsupported
+from runtimes._forwarder import SessionForwarder
 from runtimes._hostdir import HostSessionDir
 from runtimes._hostids import HostIdLease, HostIdRange, lease_host_id
 from runtimes._limits import LimitProbe, parse_size, prlimit_argv, probe_limits, remove_cgroups
@@ -245,6 +247,7 @@ class LocalRuntime(SessionRuntime):
         self._disk: SessionDisk | None = None
         # Host paths bubblewrap binds, as the leased host id reaches them (see runtimes._hostids).
         self._reach: dict[Path, Path] = {}
+        self._forwarder: SessionForwarder | None = None
 
     @property
     def root(self) -> PurePosixPath:
@@ -337,11 +340,30 @@ class LocalRuntime(SessionRuntime):
             )
         except OSError as exc:
             _log.warning("local runtime %s: no cgroup (%s); only rlimits apply", self._session_id, exc)
-        if self._spec.network is NetworkMode.PROXY:
-            (root / _FORWARDER).write_bytes(script_bytes())
         if self._lease is not None and isolation is Isolation.BWRAP:
             self._reach = await asyncio.to_thread(self._reachable_binds)
+        if self._session_forwarder_wanted():
+            self._forwarder = await self._start_forwarder()
+        elif self._spec.network is NetworkMode.PROXY:
+            (root / _FORWARDER).write_bytes(script_bytes())
         self._started = True
+
+    def _session_forwarder_wanted(self) -> bool:
+        """One forwarder per session (:mod:`runtimes._forwarder`): root's bubblewrap sandboxes on ``proxy``."""
+        return (self._lease is not None and self._isolation is Isolation.BWRAP
+                and self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None)  # fmt: skip
+
+    async def _start_forwarder(self) -> SessionForwarder:
+        assert self._lease is not None
+        assert self._spec.proxy_socket is not None
+        socket_path = self._reach.get(self._spec.proxy_socket) or (
+            self._reached(self._spec.proxy_socket.parent) / self._spec.proxy_socket.name
+        )
+        # Our own copy, which no sandbox can write: the forwarder runs outside the sandbox's mount namespace.
+        script = Path(tunnel.__file__)
+        return await SessionForwarder.start(self._limit_prefix(), python=sys.executable, script=script,
+                                            port=self._spec.proxy_port, socket_path=socket_path,
+                                            uid=self._lease.uid)  # fmt: skip
 
     def _reachable_binds(self) -> dict[Path, Path]:
         """Stage, for the leased host id, every host path bubblewrap binds that it could not reach (blocking)."""
@@ -370,7 +392,10 @@ class LocalRuntime(SessionRuntime):
         await self._release()
 
     async def _release(self) -> None:
-        """Give back what start() took: staged binds, the disk image, the directory, cgroups, the host id."""
+        """Give back what start() took: the forwarder, staged binds, the disk image, the directory, cgroups, the id."""
+        forwarder, self._forwarder = self._forwarder, None
+        if forwarder is not None:
+            await forwarder.stop()
         lease, self._lease = self._lease, None
         if lease is not None:
             await asyncio.to_thread(lease.release)  # unmounts staged binds before the image below them
@@ -398,7 +423,8 @@ class LocalRuntime(SessionRuntime):
     def wrap_argv(self, argv: Sequence[str], *, cwd: PurePosixPath, env: Mapping[str, str]) -> list[str]:
         """The host command line that runs ``argv`` under the chosen isolation."""
         inner = list(argv)
-        if self._spec.network is NetworkMode.PROXY and self._isolation is not Isolation.NONE:
+        per_command = self._forwarder is None and self._isolation is not Isolation.NONE
+        if self._spec.network is NetworkMode.PROXY and per_command:
             inner = wrap_command(
                 sys.executable,
                 str(self.root / _FORWARDER),
@@ -415,7 +441,9 @@ class LocalRuntime(SessionRuntime):
             sandboxed = inner
         # Started as root, the sandbox runs as its leased unprivileged host id, bubblewrap included.
         drop = _as_user(self._lease.uid) if self._lease is not None else []
-        return [*self._limit_prefix(), *drop, *sandboxed]
+        # In the session's network namespace, where its one forwarder listens (runtimes._forwarder).
+        net = ["nsenter", f"--net={self._forwarder.netns}", "--"] if self._forwarder is not None else []
+        return [*self._limit_prefix(), *net, *drop, *sandboxed]
 
     def _limit_prefix(self) -> list[str]:
         """Join the session's cgroups, then apply the per-process rlimits, then run the sandbox."""
@@ -449,8 +477,8 @@ class LocalRuntime(SessionRuntime):
             args += ["--uid", str(self._spec.sandbox_uid), "--gid", str(self._spec.sandbox_gid)]
         if self._disable_userns:
             args.append("--disable-userns")
-        if self._spec.network is NetworkMode.HOST:
-            args.append("--share-net")
+        if self._spec.network is NetworkMode.HOST or self._forwarder is not None:
+            args.append("--share-net")  # the host's network, or the session's own namespace (nsenter)
         args += _system_binds()
         args += self._etc_args()
         # The private /tmp comes before the read-only binds: bwrap mounts in order, so an interpreter or a
@@ -500,6 +528,10 @@ class LocalRuntime(SessionRuntime):
     ) -> ExecResult:
         """Run a command in the sandbox; see :meth:`runtimes.base.Runtime.exec`."""
         self._check_running()
+        if self._forwarder is not None and not self._forwarder.alive:
+            _log.warning("local runtime %s: the proxy forwarder ended; starting another", self._session_id)
+            await self._forwarder.stop()
+            self._forwarder = await self._start_forwarder()
         host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
         inner_cwd = self.root / host_cwd.relative_to(self.host_root)
         full_env = self.environment(env)
