@@ -388,9 +388,16 @@ class PolarRollout:
         _log.info("the fleet serves policy v%d from %s", version, path)
 
     def close(self) -> None:
-        """Close the client and stop the bridge's own event loop (if it started one)."""
+        """Close the client and stop the bridge's own event loop (from any thread but the client's loop)."""
         if self._client is not None:
             self._loop.run(self._client.close())
+            self._client = None
+        self._loop.close()
+
+    async def aclose(self) -> None:
+        """Close the client from the event loop it runs on (a ``loop`` given to the bridge)."""
+        if self._client is not None:
+            await self._client.close()
             self._client = None
         self._loop.close()
 
