@@ -25,6 +25,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from polar.rollout.v1 import rollout_service_pb2 as pb
+
 from polar_client import RolloutClient
 from polar_core.errors import FailedPrecondition
 from polar_core.model_fixtures import save_tiny_model
@@ -72,7 +74,7 @@ class _Serve:
             await asyncio.wait_for(self.proc.wait(), timeout=60)
 
 
-async def _proxy_serving(client: RolloutClient, version: int) -> list[object]:
+async def _proxy_serving(client: RolloutClient, version: int) -> list[pb.ProxyInfo]:
     """GetPolicy's proxies once one serves ``version`` unpaused (a restarted proxy joins in the background)."""
     for _ in range(600):
         reply = await client.get_policy()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from polar_core.settings import ServiceSettings
 from polar_run.serve import _START_ORDER, SERVE_PROXY_ID, _wiring, service_spec
 
 
-def _proxy_settings(**values: object) -> object:
+def _proxy_settings(**values: object) -> ServiceSettings:
     return service_spec("proxy").settings_cls.load(None, **values)
 
 
