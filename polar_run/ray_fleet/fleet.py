@@ -9,6 +9,9 @@ A supervisor thread checks the fleet every ``check_interval_s``: a gateway whose
 Ray reports dead, is killed for good and replaced under a new gateway id on a surviving node, so the count is
 kept. The rollout server re-dispatches the sessions the lost gateway held once its lease lapses (as an outage:
 no attempt used up). :meth:`RayFleet.stop` drains every gateway, stops it and removes its actor.
+
+Given the operator's signing key (``gateway_token_key_file``), the driver issues each gateway a token for its own
+id (``identity_token``, :mod:`polar_core.gateway_tokens`), replacements included; the driver then holds the key.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gateway.settings import GatewaySettings
 from polar_core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from polar_core.gateway_tokens import issue_gateway_token, load_signing_key
 from polar_run.ray_fleet.actor import GatewayActor, GatewayStarted
 from polar_run.ray_fleet.placement import NodeView, Sizing, place
 
@@ -91,8 +95,12 @@ class RayFleet:
         start_timeout_s: float,
         register_timeout_s: float,
         check_interval_s: float,
+        token_key: bytes | None = None,
+        token_ttl_s: int = 7 * 86400,
     ) -> None:
         self._settings = settings
+        self._token_key = token_key
+        self._token_ttl_s = token_ttl_s
         self._name = name
         self._sizing = sizing
         self.target = target
@@ -236,6 +244,8 @@ class RayFleet:
         base = self._settings
         state_dir = base.state_dir if base.state_dir.is_absolute() else Path(tempfile.gettempdir()) / "polar-ray"
         update: dict[str, Any] = {"gateway_id": gateway_id, "port": 0, "state_dir": state_dir / gateway_id}
+        if self._token_key is not None:
+            update["identity_token"] = issue_gateway_token(self._token_key, gateway_id, ttl_s=self._token_ttl_s)
         if "host" not in base.model_fields_set:
             update["host"] = node.ip
         return base.model_copy(update=update).model_dump(mode="json")
@@ -253,6 +263,8 @@ def start_fleet(
     start_timeout_s: float = 120.0,
     register_timeout_s: float = 60.0,
     check_interval_s: float = 2.0,
+    gateway_token_key_file: Path | None = None,
+    gateway_token_ttl_s: int = 7 * 86400,
 ) -> RayFleet:
     """Place gateways on the nodes of the Ray cluster this process is connected to, and keep them there.
 
@@ -271,6 +283,10 @@ def start_fleet(
         start_timeout_s: How long a gateway actor may take to start its GatewayService.
         register_timeout_s: How long a started gateway may then take to register with the rollout server.
         check_interval_s: Seconds between the supervisor's checks.
+        gateway_token_key_file: The signing key of per-gateway tokens (the rollout server's
+            ``gateway_token_key_file``): each gateway gets a token for its own id, valid ``gateway_token_ttl_s``
+            from its start. ``None``: the gateways present the settings' shared ``gateway_token``.
+        gateway_token_ttl_s: Lifetime of each gateway's token; make it longer than the run.
 
     Raises:
         FailedPrecondition: This process is not connected to a Ray cluster (call ``ray.init`` first).
@@ -282,6 +298,7 @@ def start_fleet(
     if not rollout_address:
         raise InvalidArgument("start_fleet needs the rollout server's address")
     sizing = Sizing(per_node, cores_per_gateway)
+    token_key = load_signing_key(gateway_token_key_file) if gateway_token_key_file is not None else None
     given = settings if isinstance(settings, GatewaySettings) else GatewaySettings.model_validate(dict(settings or {}))
     base = given.model_copy(update={"rollout_address": rollout_address})
     nodes = alive_nodes()
@@ -297,6 +314,8 @@ def start_fleet(
         start_timeout_s=start_timeout_s,
         register_timeout_s=register_timeout_s,
         check_interval_s=check_interval_s,
+        token_key=token_key,
+        token_ttl_s=gateway_token_ttl_s,
     )
     failures = fleet._fill(nodes)
     if failures:
