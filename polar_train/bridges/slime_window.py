@@ -25,14 +25,24 @@ from typing import Any, Protocol
 from polar.common.v1 import session_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 
+from polar_core.errors import FailedPrecondition
 from polar_train.bridges.slime_convert import BridgeCounters, fill_group
 from polar_train.bridges.slime_journal import Reservation, ReservationJournal
 from polar_train.bridges.slime_settings import BridgeConfig, BridgeConfigError
 
-__all__ = ["PolarRollouts", "SampleCodec", "SlimeBridge", "instruction_of"]
+__all__ = ["GroupsUnusable", "PolarRollouts", "SampleCodec", "SlimeBridge", "instruction_of"]
 
 _log = logging.getLogger(__name__)
 _STALE = {"keep": task_pb2.STALE_POLICY_KEEP, "resample": task_pb2.STALE_POLICY_RESAMPLE}
+
+
+class GroupsUnusable(FailedPrecondition):
+    """Group after group ends without a usable trace: the task or the fleet is broken, not the policy."""
+
+
+def _first_error(group: _Group) -> str:
+    errors = [r.error_message or r.status for r in group.results.values()]
+    return errors[0] if errors else "no session result"
 
 
 class PolarRollouts(Protocol):
@@ -181,6 +191,7 @@ class SlimeBridge:
     async def _take(self, rollout_id: int, data_source: DataSource) -> list[list[Any]]:
         """Wait for ``rollout_batch_size`` usable finished groups, journal them, return them filled."""
         chosen: list[tuple[int, list[Any]]] = []
+        discarded = 0
         while len(chosen) < self.config.rollout_batch_size:
             ready = sorted((g for g in self._window.values() if g.done.is_set()), key=lambda g: g.finished)
             if not ready:
@@ -198,6 +209,13 @@ class SlimeBridge:
                 if samples is None:
                     self._journal.append({"kind": "discard", "group": number, "reason": "no usable trace"})
                     self.counters.discarded_groups += 1
+                    discarded += 1
+                    if discarded > 2 * self.config.window:  # a broken task or fleet, not bad luck: stop
+                        raise GroupsUnusable(
+                            f"{discarded} groups in a row ended without a usable trace (the last, task "
+                            f"{group.reservation.task_id}: {_first_error(group)}); check the task template and "
+                            "the fleet"
+                        )
                     await self._fill(rollout_id, data_source)
                     continue
                 chosen.append((number, samples))
@@ -329,4 +347,3 @@ class SlimeBridge:
             watcher.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         self._journal.close()
-

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from polar.common.v1 import session_pb2, task_pb2
 
+from polar_train.bridges.slime_window import GroupsUnusable
 from polar_train.bridges.tests.slime_fakes import FakePolar, bridge, config, result
 from polar_train.bridges.tests.slime_sample_standin import StandInDataSource, check_train_contract
 
@@ -75,4 +77,18 @@ async def test_a_group_without_a_usable_trace_is_discarded_and_replaced(tmp_path
     assert b.counters.discarded_groups == 1
     assert 0 in b._journal.state.discarded
     assert b.in_flight == 2
+    await b.close()
+
+
+async def test_group_after_group_without_a_trace_stops_the_run_with_the_reason(tmp_path: Path) -> None:
+    def outcome(task: task_pb2.Task, index: int) -> session_pb2.SessionResult:
+        broken = result(task, index, status="infra_error", traces=[])
+        broken.error_message = "the harness exited with code 2 before its first model call"
+        return broken
+
+    polar = FakePolar(outcome)
+    b = bridge(config(tmp_path / "journal.jsonl", batch=1, samples=2, level=1), polar)
+    with pytest.raises(GroupsUnusable, match="exited with code 2"):
+        await b.rollout(0, StandInDataSource(PROMPTS, 2))
+    assert b.counters.discarded_groups == 3
     await b.close()
