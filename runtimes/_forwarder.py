@@ -14,27 +14,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from runtimes.errors import RuntimeDied
 
 __all__ = ["SessionForwarder"]
 
-# Run as root in the new network namespace: bring loopback up, read the forwarder and import what it needs (the
-# interpreter may live where the leased id cannot read, e.g. under /root), drop to the leased id, then run it.
+# Run as root in the new network namespace: bring loopback up, listen, read the forwarder's source, and drop to the
+# leased id. Then wait for the first connection before paying for asyncio (socket activation: a session that never
+# calls the model pays one bare interpreter start). The interpreter may live where the leased id cannot read (under
+# /root): its library is imported through the staged binds of runtimes._hostids (``ORIGINAL=STAGED`` arguments).
 _BOOT = """
-import argparse, asyncio, asyncio.unix_events, collections.abc, contextlib, fcntl, os, pathlib, socket, stat
-import gettext, selectors, shutil, signal, struct, sys, types, weakref
+import fcntl, os, select, socket, struct, sys
+uid, script, port, target = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 s = socket.socket()
 flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
-code = compile(open(sys.argv[2], encoding="utf-8").read(), sys.argv[2], "exec")
-uid = int(sys.argv[1])
+listener = socket.socket()
+listener.bind(("127.0.0.1", port))
+listener.listen(128)
+source = open(script, encoding="utf-8").read()
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
-sys.argv = sys.argv[2:]
-exec(code, {"__name__": "__main__", "__file__": sys.argv[0]})
+for pair in sys.argv[5:]:
+    old, new = pair.split("=", 1)
+    sys.path = [new + p[len(old):] if p == old or p.startswith(old + "/") else p for p in sys.path]
+select.select([listener], [], [])
+import asyncio
+tunnel = {"__name__": "polar_tunnel"}
+exec(compile(source, script, "exec"), tunnel)
+async def handle(reader, writer):
+    await tunnel["_splice"](reader, writer, lambda: asyncio.open_unix_connection(target))
+async def serve():
+    server = await asyncio.start_server(handle, sock=listener)
+    await server.serve_forever()
+asyncio.run(serve())
 """
 _READY_S = 20.0
 _TCP_LISTEN = "0A"
@@ -72,9 +87,17 @@ class SessionForwarder:
 
     @classmethod
     async def start(
-        cls, prefix: Sequence[str], *, python: str, script: Path, port: int, socket_path: Path, uid: int
+        cls,
+        prefix: Sequence[str],
+        *,
+        python: str,
+        script: Path,
+        port: int,
+        socket_path: Path,
+        uid: int,
+        staged: Mapping[Path, Path],
     ) -> SessionForwarder:
-        """Start the forwarder and wait until it listens.
+        """Start the forwarder and wait until it listens (it starts forwarding at the first connection).
 
         Args:
             prefix: What runs before it (the session's cgroups and rlimits).
@@ -83,12 +106,13 @@ class SessionForwarder:
             port: The loopback port commands reach the proxy on.
             socket_path: The proxy's Unix socket, as ``uid`` reaches it.
             uid: The session's leased host id (uid and gid).
+            staged: Host paths ``uid`` reaches only through a staged bind (the interpreter's prefixes among them).
 
         Raises:
             RuntimeDied: It did not start listening.
         """
-        argv = [*prefix, "unshare", "--net", "--", python, "-I", "-c", _BOOT, str(uid), str(script),
-                "--listen", f"127.0.0.1:{port}", "--connect", str(socket_path)]  # fmt: skip
+        argv = [*prefix, "unshare", "--net", "--", python, "-I", "-S", "-c", _BOOT, str(uid), str(script), str(port),
+                str(socket_path), *(f"{old}={new}" for old, new in staged.items() if old != new)]  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,

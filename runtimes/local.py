@@ -199,13 +199,21 @@ class IsolationProbe:
         return f"the operator's minimum isolation {minimum.value!r} is not available here: {reason}"
 
 
-async def probe_isolation() -> IsolationProbe:
+async def probe_isolation(minimum: Isolation = Isolation.NONE) -> IsolationProbe:
     """Probe, with the flags the runtime runs with, which isolation this host provides (``true`` as command).
 
     Inside a container whose /proc is masked (Docker's default), creating namespaces works but mounting a fresh
-    /proc does not, and both tools need that: the probes find that out.
+    /proc does not, and both tools need that: the probes find that out. gVisor is probed (and chosen) only when
+    ``minimum`` asks for it (:mod:`runtimes.gvisor`); ``auto`` otherwise stays with the namespace levels.
     """
     missing: dict[Isolation, str] = {}
+    if minimum is Isolation.GVISOR:
+        from runtimes.gvisor import probe_gvisor
+
+        gvisor = await probe_gvisor()
+        if gvisor is None:
+            return IsolationProbe(Isolation.GVISOR)
+        missing[Isolation.GVISOR] = gvisor
     bwrap = await _probe_failure("bwrap", [*_BWRAP_PROBE, "true"], "create its sandbox")
     if bwrap is None:
         return IsolationProbe(Isolation.BWRAP)
@@ -309,13 +317,15 @@ class LocalRuntime(SessionRuntime):
         isolation = self._spec.isolation
         minimum = self._spec.min_isolation
         if isolation is Isolation.AUTO:
-            probe = await probe_isolation()
+            probe = await probe_isolation(minimum)
             shortfall = probe.shortfall(minimum)
             if shortfall is not None:
                 raise IsolationUnavailable(shortfall)
             isolation = probe.best
         if isolation.rank < minimum.rank:
             raise IsolationUnavailable(f"isolation {isolation.value!r} is weaker than the minimum {minimum.value!r}")
+        if isolation is Isolation.GVISOR:  # fail closed: create_runtime builds runtimes.gvisor.GVisorRuntime for it
+            raise IsolationUnavailable("isolation 'gvisor' is run by runtimes.gvisor.GVisorRuntime, not LocalRuntime")
         if isolation is Isolation.NONE:
             _log.warning("local runtime %s runs commands WITHOUT ISOLATION (the operator allows it)", self._session_id)
         elif isolation is Isolation.UNSHARE:
@@ -363,7 +373,7 @@ class LocalRuntime(SessionRuntime):
         script = Path(tunnel.__file__)
         return await SessionForwarder.start(self._limit_prefix(), python=sys.executable, script=script,
                                             port=self._spec.proxy_port, socket_path=socket_path,
-                                            uid=self._lease.uid)  # fmt: skip
+                                            uid=self._lease.uid, staged=self._reach)  # fmt: skip
 
     def _reachable_binds(self) -> dict[Path, Path]:
         """Stage, for the leased host id, every host path bubblewrap binds that it could not reach (blocking)."""
