@@ -78,14 +78,14 @@ class EvaluatorApp:
         del tracer_provider
         config = evaluator_config(settings)
         if settings.local_isolation == "auto" and (runtime_factory is None or isolation is not None):
-            probe = isolation or await probe_isolation()
+            probe = isolation or await probe_isolation(Isolation(settings.min_isolation))
             shortfall = probe.shortfall(Isolation(settings.min_isolation))
             if shortfall is not None:
                 _log.error("evaluator refuses evaluations in a local runtime: %s", shortfall)
             else:
                 # Probed once: every local runtime uses the strongest level this host provides.
                 config = dataclasses.replace(config, local_isolation=probe.best.value)
-        if settings.min_isolation != "bwrap":
+        if Isolation(settings.min_isolation).rank < Isolation.BWRAP.rank:
             _log.warning("evaluator allows weak local isolation (min_isolation=%s)", settings.min_isolation)
         endpoint, provider = open_endpoint(
             "polar-evaluator", settings.metrics_host, settings.metrics_port, token=settings.metrics_token

@@ -57,7 +57,7 @@ class EvaluatorSettings(ServiceSettings):
     docker_memory_limit: str = "4g"
     docker_pids_limit: int = 1024
     max_patch_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    min_isolation: Literal["gvisor", "bwrap", "unshare", "none"] = "bwrap"
     task_roots: list[str] = Field(default_factory=list)
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)

@@ -339,13 +339,13 @@ async def _isolation(settings: GatewaySettings, seams: GatewaySeams) -> tuple[Is
     probed = seams.isolation
     if probed is None and (settings.default_runtime != "local" or seams.runtimes is not None):
         return None, ""
-    probe = probed or await probe_isolation()
     minimum = Isolation(settings.min_isolation)
+    probe = probed or await probe_isolation(minimum)
     shortfall = probe.shortfall(minimum)
     if shortfall is not None:
         _log.error("gateway refuses every session: %s (set POLAR_GATEWAY_MIN_ISOLATION to allow weaker)", shortfall)
         return probe, shortfall
-    if minimum is not Isolation.BWRAP:
+    if minimum.rank < Isolation.BWRAP.rank:
         _log.warning("gateway allows weak isolation (min_isolation=%s); this host provides %s",
                      minimum.value, probe.best.value)  # fmt: skip
     return probe, ""

@@ -116,7 +116,7 @@ class GatewaySettings(ServiceSettings):
     advertise_address: str = ""
     default_runtime: Literal["local", "docker", "apptainer"] = "local"
     runtime_network: Literal["host", "none", "proxy"] = "proxy"
-    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    min_isolation: Literal["gvisor", "bwrap", "unshare", "none"] = "bwrap"
     task_roots: list[str] = Field(default_factory=list)
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)

@@ -113,7 +113,7 @@ class RolloutSettings(ServiceSettings):
     default_stale_policy: Literal["keep", "resample"] = "keep"
     task_roots: list[str] = Field(default_factory=list)
     runtime_network: Literal["host", "none", "proxy"] = "proxy"
-    min_isolation: Literal["bwrap", "unshare", "none"] = "bwrap"
+    min_isolation: Literal["gvisor", "bwrap", "unshare", "none"] = "bwrap"
     read_only_roots: list[str] = Field(default_factory=list)
     allowed_images: list[str] = Field(default_factory=list)
     dashboard_address: str = ""

@@ -73,7 +73,7 @@ class OperatorPolicy:
 
     def __post_init__(self) -> None:
         if self.min_isolation is Isolation.AUTO:
-            raise InvalidArgument("min_isolation must be bwrap, unshare or none")
+            raise InvalidArgument("min_isolation must be gvisor, bwrap, unshare or none")
 
 
 def is_under(path: Path, roots: Sequence[Path]) -> bool:

@@ -45,20 +45,26 @@ class NetworkMode(enum.StrEnum):
 
 
 class Isolation(enum.StrEnum):
-    """How the local runtime isolates commands; ``auto`` picks the strongest that works here."""
+    """How the local runtime isolates commands; ``auto`` picks the strongest namespace level that works here.
+
+    ``gvisor`` (a user-space kernel, :mod:`runtimes.gvisor`) ranks above ``bwrap``; ``auto`` picks it only where
+    ``min_isolation`` asks for it.
+    """
 
     AUTO = "auto"
+    GVISOR = "gvisor"
     BWRAP = "bwrap"
     UNSHARE = "unshare"
     NONE = "none"
 
     @property
     def rank(self) -> int:
-        """Strength of an explicit level (``none`` 0, ``unshare`` 1, ``bwrap`` 2); ``auto`` ranks as ``none``."""
+        """Strength of an explicit level (``none`` 0, ``unshare`` 1, ``bwrap`` 2, ``gvisor`` 3); ``auto`` ranks as
+        ``none``."""
         return _ISOLATION_RANK[self]
 
 
-_ISOLATION_RANK = {Isolation.AUTO: 0, Isolation.NONE: 0, Isolation.UNSHARE: 1, Isolation.BWRAP: 2}
+_ISOLATION_RANK = {Isolation.AUTO: 0, Isolation.NONE: 0, Isolation.UNSHARE: 1, Isolation.BWRAP: 2, Isolation.GVISOR: 3}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,7 +140,7 @@ class RuntimeSpec:
             except ValueError:
                 raise InvalidArgument(f"runtime option {name} is not a size: {getattr(self, name)!r}") from None
         if self.min_isolation is Isolation.AUTO:
-            raise InvalidArgument("min_isolation must be bwrap, unshare or none")
+            raise InvalidArgument("min_isolation must be gvisor, bwrap, unshare or none")
         if self.isolation is not Isolation.AUTO and self.isolation.rank < self.min_isolation.rank:
             raise InvalidArgument(
                 f"isolation {self.isolation.value!r} is weaker than the minimum {self.min_isolation.value!r}"
