@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from polar_core.registry import Registry
 from runtimes.base import Runtime
-from runtimes.spec import RuntimeKind, RuntimeSpec
+from runtimes.spec import Isolation, RuntimeKind, RuntimeSpec
 
 if TYPE_CHECKING:
     from runtimes.local import LocalHost
@@ -46,6 +46,10 @@ class RuntimeBuilder(Protocol):
 def _local(
     spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None, local_host: LocalHost | None
 ) -> Runtime:
+    if Isolation.GVISOR in (spec.isolation, spec.min_isolation):
+        from runtimes.gvisor import GVisorRuntime
+
+        return GVisorRuntime(spec, session_id=session_id, base_dir=base_dir)
     from runtimes.local import LocalRuntime
 
     return LocalRuntime(spec, session_id=session_id, base_dir=base_dir, host=local_host)
