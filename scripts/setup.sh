@@ -105,9 +105,10 @@ fi
 
 # System tools: bubblewrap (the local runtime) and git (workspaces, patches) for the main job; with --all also the
 # Docker engine and debootstrap (the docker runtime and its offline test image) and patchelf (setup_harnesses.sh
-# relocates a Python agent's base interpreter into .harnesses). Installed only when missing and when we may.
+# relocates a Python agent's base interpreter into .harnesses) and gVisor's runsc (isolation: gvisor). Installed
+# only when missing and when we may.
 tools=(bwrap:bubblewrap git:git)
-[ "$all" = 1 ] && tools+=(dockerd:docker.io debootstrap:debootstrap patchelf:patchelf)
+[ "$all" = 1 ] && tools+=(dockerd:docker.io debootstrap:debootstrap patchelf:patchelf runsc:runsc)
 missing=()
 for tool in "${tools[@]}"; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
