@@ -8,19 +8,28 @@ Calls without a key go to the healthy replica with the fewest calls in flight.
 
 Only failures before the first chunk fail over: once a replica has streamed tokens, its error is raised, since
 the tokens already sampled cannot be taken back.
+
+Weight updates check the checkpoint on every replica before any replica loads it. When a load still fails on
+some replicas after others loaded it, the pool serves the new weights from those that did and takes the others
+out of rotation until a later load reaches them, so no call is sampled from weights other than the version the
+proxy stamps.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 
 from model_proxy.errors import BackendUnavailable
 from model_proxy.models import GenerationChunk, GenerationRequest
 from model_proxy.ports import Backend
+from polar_core.errors import FailedPrecondition, PolarError
 
 __all__ = ["BackendPool"]
+
+_log = logging.getLogger(__name__)
 
 
 def _weight(key: str, index: int) -> int:
@@ -52,6 +61,7 @@ class BackendPool:
         self._in_flight = [0] * len(self._replicas)
         self._down_until = [0.0] * len(self._replicas)
         self._retry_s = unhealthy_retry_s
+        self._stale: set[int] = set()  # replicas on other weights than the rest: never called
 
     @property
     def replicas(self) -> list[Backend]:
@@ -76,6 +86,7 @@ class BackendPool:
             order = sorted(indices, key=lambda i: _weight(affinity_key, i), reverse=True)
         else:
             order = sorted(indices, key=lambda i: self._in_flight[i])
+        order = [i for i in order if i not in self._stale]
         return [i for i in order if self._up(i)] + [i for i in order if not self._up(i)]
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -124,15 +135,39 @@ class BackendPool:
         return names[0]
 
     async def load_weights(self, path: str) -> None:
-        """Load the checkpoint into every replica, one after another."""
+        """Check the checkpoint on every replica, then load it into each, one after another.
+
+        A replica whose load fails after another's succeeded leaves rotation until a later load reaches it.
+
+        Raises:
+            FailedPrecondition: A replica refused the checkpoint (nothing was loaded), or every load failed.
+        """
         for replica in self._replicas:
-            await replica.load_weights(path)
+            await replica.check_weights(path)
+        failed: dict[int, PolarError] = {}
+        for index, replica in enumerate(self._replicas):
+            try:
+                await replica.load_weights(path)
+            except PolarError as exc:
+                failed[index] = exc
+        reasons = "; ".join(f"replica {i}: {exc.message}" for i, exc in failed.items())
+        if len(failed) == len(self._replicas):
+            raise FailedPrecondition(f"no {self.name} replica loaded {path!r}: {reasons}")
+        self._stale = set(failed)
+        if failed:
+            _log.error(
+                "%d of %d replicas failed to load %s and leave rotation: %s",
+                len(failed),
+                len(self._replicas),
+                path,
+                reasons,
+            )
 
     async def healthy(self) -> bool:
         """Check every replica (updating rotation); true when at least one is healthy."""
         any_up = False
         for index, replica in enumerate(self._replicas):
-            if await replica.healthy():
+            if index not in self._stale and await replica.healthy():
                 self._down_until[index] = 0.0
                 any_up = True
             else:

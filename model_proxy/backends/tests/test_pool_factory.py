@@ -21,7 +21,7 @@ from model_proxy.backends import (
 )
 from model_proxy.errors import BackendOverloaded, BackendUnavailable
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
-from polar_core.errors import InvalidArgument
+from polar_core.errors import FailedPrecondition, InvalidArgument
 
 
 class _Fake:
@@ -35,6 +35,7 @@ class _Fake:
         self.calls = 0
         self.gate: asyncio.Event | None = None
         self.loaded: list[str] = []
+        self.load_error: Exception | None = None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.calls += 1
@@ -60,6 +61,8 @@ class _Fake:
         return f"{self.label}:{path}"
 
     async def load_weights(self, path: str) -> None:
+        if self.load_error is not None:
+            raise self.load_error
         self.loaded.append(path)
 
 
@@ -69,6 +72,21 @@ async def test_pool_checks_and_loads_weights_on_every_replica() -> None:
     assert await pool.check_weights("/ckpt") == "a:/ckpt"
     await pool.load_weights("/ckpt")
     assert a.loaded == b.loaded == ["/ckpt"]
+
+
+async def test_a_replica_that_fails_to_load_leaves_rotation_until_a_load_reaches_it() -> None:
+    a, b = _Fake("a"), _Fake("b")
+    pool = BackendPool([a, b])
+    b.load_error = FailedPrecondition("reload failed")
+    await pool.load_weights("/v1")  # a serves /v1; b still has the old weights and must not be called
+    assert (a.loaded, b.loaded) == (["/v1"], [])
+    assert {await _labels(pool, f"s{i}") for i in range(8)} == {"a"}
+    a.load_error = FailedPrecondition("disk full")
+    with pytest.raises(FailedPrecondition, match=r"no fake replica loaded '/v2': replica 0: disk full; replica 1"):
+        await pool.load_weights("/v2")
+    a.load_error = b.load_error = None
+    await pool.load_weights("/v3")
+    assert {await _labels(pool, f"s{i}") for i in range(8)} == {"a", "b"}
 
 
 def _request(key: str = "") -> GenerationRequest:
