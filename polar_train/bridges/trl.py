@@ -17,6 +17,7 @@ every row). Example::
     trainer = GRPOTrainer(model=model, reward_funcs=[polar_reward], args=args, train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout)
     trainer.train()
+    rollout.sync_policy(trainer)  # the fleet ends on the final weights
     rollout.close()
 
 One call of the rollout function:
@@ -269,7 +270,7 @@ class PolarRollout:
         training = bool(trainer.model.training)
         group_size = int(trainer.num_generations if training else trainer.num_generations_eval)
         heads = _groups(prompts, group_size)
-        self._sync_policy(trainer)
+        self.sync_policy(trainer)
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
         step = int(trainer.state.global_step)
@@ -350,8 +351,13 @@ class PolarRollout:
                 await client.cancel(task_id, "the TRL bridge stopped waiting")
         return results
 
-    def _sync_policy(self, trainer: Any) -> None:
-        """Move the fleet to the trainer's weights if it stepped since the last call."""
+    def sync_policy(self, trainer: Any) -> None:
+        """Move the fleet to the trainer's weights if it stepped since the last sync.
+
+        Each rollout call does this first; call it once more after ``trainer.train()`` to leave the fleet on the
+        final weights (the last step has no rollout after it). The first call only reads the fleet's version:
+        the fleet must then serve the weights the trainer starts from.
+        """
         step = int(trainer.state.global_step)
         if self._synced_step is None:
             self.stats.version = self._loop.run(self._current_version())
