@@ -168,7 +168,7 @@ class ModelProxyServiceServicer:
         """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
         paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
         empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
-        weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+        weights or when the checkpoint is rejected (the previous weights and version stay). Idempotent by
         policy_version and weights_path: loading what is already loaded returns at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -77,7 +77,7 @@ class ModelProxyServiceStub:
     """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
     paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
     empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
-    weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+    weights or when the checkpoint is rejected (the previous weights and version stay). Idempotent by
     policy_version and weights_path: loading what is already loaded returns at once.
     """
     GetPolicy: _grpc.UnaryUnaryMultiCallable[_model_proxy_service_pb2.GetPolicyRequest, _model_proxy_service_pb2.GetPolicyResponse]
@@ -134,7 +134,7 @@ class ModelProxyServiceAsyncStub(ModelProxyServiceStub):
     """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
     paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
     empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
-    weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+    weights or when the checkpoint is rejected (the previous weights and version stay). Idempotent by
     policy_version and weights_path: loading what is already loaded returns at once.
     """
     GetPolicy: _aio.UnaryUnaryMultiCallable[_model_proxy_service_pb2.GetPolicyRequest, _model_proxy_service_pb2.GetPolicyResponse]  # type: ignore[assignment]
@@ -242,7 +242,7 @@ class ModelProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         """LoadWeights loads a checkpoint into the backend and then sets the policy version; generation must be
         paused. Returns INVALID_ARGUMENT for a version that is not a non-negative integer in decimal digits or an
         empty weights path, FAILED_PRECONDITION when generation is not paused, when the backend cannot load
-        weights or when the checkpoint is rejected (the proxy then stays paused). Idempotent by
+        weights or when the checkpoint is rejected (the previous weights and version stay). Idempotent by
         policy_version and weights_path: loading what is already loaded returns at once.
         """
 

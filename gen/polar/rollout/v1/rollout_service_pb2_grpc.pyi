@@ -90,14 +90,16 @@ class RolloutServiceStub:
     """
     UpdatePolicy: _grpc.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]
     """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
-    checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
-    loads the weights into its backend, sets the version and resumes. The new version and weights are
-    stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
-    A proxy that fails to load stays paused and is named in the response (complete is false): no
-    serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
-    version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
-    current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
-    version was applied with other weights, and ABORTED while another version's update is in progress.
+    checkpoint against what it serves (config, tensor names, shapes and dtypes; nothing is paused or
+    stored when one rejects it), then each pauses generation (drain or abort), loads the weights into its
+    backend, sets the version and resumes. The new version and weights are stored at the first load that
+    succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
+    A proxy that fails to load is resumed on its previous weights and version and named in the response
+    (complete is false): no proxy ever answers under this version with other weights. Returns
+    INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
+    is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+    could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
+    weights, and ABORTED while another version's update is in progress.
     Idempotent by version: the same version and weights again returns the stored outcome, after retrying
     the proxies that failed. The update runs to its end even if the caller disconnects.
     """
@@ -173,14 +175,16 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """
     UpdatePolicy: _aio.UnaryUnaryMultiCallable[_rollout_service_pb2.UpdatePolicyRequest, _rollout_service_pb2.UpdatePolicyResponse]  # type: ignore[assignment]
     """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
-    checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
-    loads the weights into its backend, sets the version and resumes. The new version and weights are
-    stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
-    A proxy that fails to load stays paused and is named in the response (complete is false): no
-    serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
-    version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
-    current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
-    version was applied with other weights, and ABORTED while another version's update is in progress.
+    checkpoint against what it serves (config, tensor names, shapes and dtypes; nothing is paused or
+    stored when one rejects it), then each pauses generation (drain or abort), loads the weights into its
+    backend, sets the version and resumes. The new version and weights are stored at the first load that
+    succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
+    A proxy that fails to load is resumed on its previous weights and version and named in the response
+    (complete is false): no proxy ever answers under this version with other weights. Returns
+    INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
+    is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+    could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
+    weights, and ABORTED while another version's update is in progress.
     Idempotent by version: the same version and weights again returns the stored outcome, after retrying
     the proxies that failed. The update runs to its end even if the caller disconnects.
     """
@@ -325,14 +329,16 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_service_pb2.UpdatePolicyResponse, _abc.Awaitable[_rollout_service_pb2.UpdatePolicyResponse]]:
         """UpdatePolicy moves every model proxy of the fleet to a new policy: each proxy first checks the
-        checkpoint (nothing is paused when one rejects it), then each pauses generation (drain or abort),
-        loads the weights into its backend, sets the version and resumes. The new version and weights are
-        stored before any proxy is paused, so a proxy that starts later loads them before it admits a call.
-        A proxy that fails to load stays paused and is named in the response (complete is false): no
-        serving proxy ever answers under this version with other weights. Returns INVALID_ARGUMENT for a
-        version below 1 or an empty weights path, FAILED_PRECONDITION when the version is not above the
-        current one, no proxy is registered, or a proxy rejects the checkpoint, ALREADY_EXISTS when the
-        version was applied with other weights, and ABORTED while another version's update is in progress.
+        checkpoint against what it serves (config, tensor names, shapes and dtypes; nothing is paused or
+        stored when one rejects it), then each pauses generation (drain or abort), loads the weights into its
+        backend, sets the version and resumes. The new version and weights are stored at the first load that
+        succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
+        A proxy that fails to load is resumed on its previous weights and version and named in the response
+        (complete is false): no proxy ever answers under this version with other weights. Returns
+        INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
+        is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+        could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
+        weights, and ABORTED while another version's update is in progress.
         Idempotent by version: the same version and weights again returns the stored outcome, after retrying
         the proxies that failed. The update runs to its end even if the caller disconnects.
         """
