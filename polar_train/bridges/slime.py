@@ -17,6 +17,7 @@ being followed between calls (:mod:`polar_train.bridges.slime_window`), and is k
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -86,7 +87,7 @@ def _template(config: BridgeConfig) -> task_pb2.Task:
     assert config.settings.task is not None
     try:
         template = load_task(config.settings.task)
-    except Exception as exc:  # noqa: BLE001 - any unreadable template is a configuration error
+    except Exception as exc:
         raise BridgeConfigError(f"polar_task {config.settings.task}: {exc}") from exc
     if template.num_samples not in (0, config.n_samples_per_prompt):
         raise BridgeConfigError(
@@ -133,11 +134,11 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     running = _running(args)
     groups = running.thread.call(running.bridge.rollout(rollout_id, data_source))
     metrics = running.bridge.counters.as_metrics()
-    try:
-        from slime.rollout.base_types import RolloutFnTrainOutput
+    try:  # by name: slime is optional, and not on the package index
+        output_type = importlib.import_module("slime.rollout.base_types").RolloutFnTrainOutput
     except ImportError:
         return groups
-    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+    return output_type(samples=groups, metrics=metrics)
 
 
 def running_bridge(journal: Path) -> SlimeBridge | None:

@@ -87,8 +87,7 @@ def trace_problem(trace: trace_pb2.Trace) -> str | None:
     n = len(trace.response_token_ids)
     if len(trace.loss_mask) != n or len(trace.response_logprobs) != n:
         return (
-            f"response {n} tokens, loss_mask {len(trace.loss_mask)}, "
-            f"response_logprobs {len(trace.response_logprobs)}"
+            f"response {n} tokens, loss_mask {len(trace.loss_mask)}, response_logprobs {len(trace.response_logprobs)}"
         )
     if any(m not in (0, 1) for m in trace.loss_mask):
         return "loss_mask holds values other than 0 and 1"

@@ -65,7 +65,7 @@ class DataSource(Protocol):
 class SampleCodec:
     """slime ``Sample`` ↔ the journal's JSON (``Sample.to_dict`` / ``Sample.from_dict``)."""
 
-    sample_type: type
+    sample_type: Any  # slime's Sample class (or a stand-in): has to_dict() and a static from_dict()
 
     @classmethod
     def named(cls, path: str) -> SampleCodec:
@@ -276,7 +276,7 @@ class SlimeBridge:
         try:  # submitted here, so the window is full when the rollout returns
             await self._submit(reservation)
             submitted = True
-        except Exception:  # noqa: BLE001 - the watcher tries once more; a group it cannot follow is discarded
+        except Exception:
             _log.warning("slime bridge: submitting %s failed; retrying once", reservation.task_id, exc_info=True)
             submitted = False
         self._window[number] = self._follow(reservation, submitted=submitted)

@@ -167,9 +167,11 @@ def check_train_contract(groups: Any, *, rollout_batch_size: int, n_samples_per_
     # _post_process_rewards reshapes the rewards to n_samples_per_prompt columns only with this many samples.
     assert len(flat) == rollout_batch_size * n_samples_per_prompt
     for sample in flat:
-        assert isinstance(sample.status, Sample.Status) and sample.status is not Sample.Status.PENDING
+        assert isinstance(sample.status, Sample.Status)
+        assert sample.status is not Sample.Status.PENDING
         assert isinstance(sample.reward, float)
-        assert sample.tokens and 0 < sample.response_length <= len(sample.tokens)
+        assert sample.tokens
+        assert 0 < sample.response_length <= len(sample.tokens)
         assert sample.loss_mask is not None
         assert len(sample.loss_mask) == sample.response_length, "loss mask length != response length"
         assert sample.rollout_log_probs is not None

@@ -43,7 +43,8 @@ def test_a_resolved_session_fills_every_training_field() -> None:
     assert s.metadata["group_id"] == 7
     assert s.metadata["polar_task_id"] == TASK.task_id
     assert s.metadata["polar_session_id"] == f"{TASK.task_id}-s2"
-    assert s.prompt == "Reply in lowercase." and s.label == "label-0"  # the data source's fields are kept
+    assert s.prompt == "Reply in lowercase."
+    assert s.label == "label-0"
     assert not s.remove_sample
     assert counters.zeroed_samples == counters.refused_traces == counters.stale_samples == 0
 
@@ -86,8 +87,11 @@ def test_a_session_without_a_trace_or_result_is_a_masked_one_token_sample() -> N
     for index in (1, 2, 3):  # 1 and 3 never reported, 2 has no trace
         s = samples[index]
         assert s.status is Sample.Status.FAILED
-        assert s.tokens == [1, 2, 3] and s.response_length == 1  # a sibling's prompt; its last token masked
-        assert s.loss_mask == [0] and s.rollout_log_probs == [0.0] and s.reward == 0.0
+        assert s.tokens == [1, 2, 3]
+        assert s.response_length == 1
+        assert s.loss_mask == [0]
+        assert s.rollout_log_probs == [0.0]
+        assert s.reward == 0.0
     assert samples[1].metadata["polar_status"] == "missing"
     assert counters.zeroed_samples == 3
 
@@ -114,7 +118,8 @@ def test_traces_whose_mask_and_logprobs_disagree_never_reach_the_trainer(bad: An
     samples, counters, _ = _fill(results)
     assert counters.refused_traces == 1
     s = samples[3]
-    assert s.status is Sample.Status.FAILED and s.reward == 0.0
+    assert s.status is Sample.Status.FAILED
+    assert s.reward == 0.0
     assert not any(s.loss_mask)
     assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
     check_train_contract([samples], rollout_batch_size=1, n_samples_per_prompt=4)
@@ -125,11 +130,13 @@ def test_a_split_session_gives_one_sample_longest_or_last() -> None:
     long_early = trace(index=0, mask=[1, 1, 1, 1], logprobs=[-0.1] * 4)
     results = {i: result(TASK, i, traces=[long_early, short_late]) for i in range(4)}
     longest, counters, _ = _fill(results)
-    assert longest[0].response_length == 4 and longest[0].metadata["polar_trace_index"] == 0
+    assert longest[0].response_length == 4
+    assert longest[0].metadata["polar_trace_index"] == 0
     assert longest[0].metadata["polar_traces"] == 2
     assert counters.multi_trace_sessions == 4
     last, _, _ = _fill(results, multi_trace="last")
-    assert last[0].tokens == [1, 2, 3, 21, 22] and last[0].metadata["polar_trace_index"] == 1
+    assert last[0].tokens == [1, 2, 3, 21, 22]
+    assert last[0].metadata["polar_trace_index"] == 1
 
 
 def test_a_sample_beyond_the_lag_bound_keeps_its_reward_but_not_its_loss() -> None:
@@ -139,6 +146,8 @@ def test_a_sample_beyond_the_lag_bound_keeps_its_reward_but_not_its_loss() -> No
     assert counters.stale_samples == 4  # version "0" is 3 behind as well
     assert samples[0].metadata["policy_lag"] == 2
     assert samples[0].reward == pytest.approx(0.7)
-    assert samples[0].loss_mask == [0, 0, 0, 0] and samples[0].metadata["polar_stale"]
+    assert samples[0].loss_mask == [0, 0, 0, 0]
+    assert samples[0].metadata["polar_stale"]
     fresh, counters, _ = _fill(results, current_version=1, max_policy_lag=1)
-    assert counters.stale_samples == 0 and fresh[0].loss_mask == [1, 0, 1, 1]
+    assert counters.stale_samples == 0
+    assert fresh[0].loss_mask == [1, 0, 1, 1]

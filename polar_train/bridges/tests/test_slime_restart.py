@@ -64,7 +64,8 @@ async def test_kill_mid_window_and_restart_from_a_checkpoint_samples_no_group_tw
     assert _ids(after) == [6, 7]
     # The rolled-back data source hands out data groups 6-9 again; they are skipped, not sampled again.
     assert second.counters.skipped_reservations == 4
-    assert second.counters.submitted_groups == 2 and second.in_flight == 4
+    assert second.counters.submitted_groups == 2
+    assert second.in_flight == 4
     check_train_contract(after, rollout_batch_size=2, n_samples_per_prompt=3)
 
     assert set(polar.sampled.values()) == {1}  # no prompt group sampled twice
@@ -119,7 +120,7 @@ def test_the_journal_is_append_only_and_survives_a_torn_last_line(tmp_path: Path
 def test_a_malformed_record_before_the_end_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
     path.write_text('{"kind":"run","run_id":"r"}\nnot json\n{"kind":"discard","group":1}\n')
-    with pytest.raises(BridgeConfigError, match="journal.jsonl:2"):
+    with pytest.raises(BridgeConfigError, match=r"journal\.jsonl:2"):
         ReservationJournal(path)
 
 

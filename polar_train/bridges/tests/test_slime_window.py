@@ -38,11 +38,14 @@ async def test_the_window_holds_batch_times_level_groups_and_stays_warm(tmp_path
         assert len(polar.tasks) == len(handed) + 6
     assert len(handed) == len(set(handed)) == 8
     task = polar.tasks[f"{b.run_id}-g00000000"]
-    assert task.num_samples == 4 and task.instruction == "prompt 0"
-    assert task.max_policy_lag == 3 and task.stale_policy == task_pb2.STALE_POLICY_KEEP
+    assert task.num_samples == 4
+    assert task.instruction == "prompt 0"
+    assert task.max_policy_lag == 3
+    assert task.stale_policy == task_pb2.STALE_POLICY_KEEP
     assert task.harness.name == "command"  # the template's
     assert set(polar.sampled.values()) == {1}
-    assert b.counters.consumed_groups == 8 and b.counters.submitted_groups == 14
+    assert b.counters.consumed_groups == 8
+    assert b.counters.submitted_groups == 14
     await b.close()
 
 
