@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from integration_tests.support.egress import UDP_PREFIX, accepted, host_address, listener, received, udp_listener
-from runtimes import ExecResult, Runtime, RuntimeSpec
+from runtimes import ExecResult, Isolation, Runtime, RuntimeSpec
 from runtimes._quota import allocated_bytes
+from runtimes.factory import create_runtime
+from runtimes.gvisor import GVisorRuntime
 from runtimes.local import LocalRuntime
 
 __all__ = [
@@ -119,10 +121,10 @@ ATTACKS: dict[str, str] = {
     "fork_bomb": "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived",
     "memory_bomb": "python3 -c 'b = bytearray(2 * 1024 ** 3); print(len(b))'",
     "memory_grow": "python3 -c 'x = []\nwhile True: x.append(bytearray(10 ** 7))'",
-    "sparse_file": "truncate -s 2G big.bin; echo rc=$?; stat -c %s big.bin",
-    "disk_fill": "dd if=/dev/zero of=fill.bin bs=1M count=200 2>/dev/null; echo rc=$?; stat -c %s fill.bin",
-    "tmp_fill": "dd if=/dev/zero of=/tmp/fill bs=1M count=60 2>/dev/null; stat -c %s /tmp/fill; rm -f /tmp/fill",
-    "shm_fill": "dd if=/dev/zero of=/dev/shm/fill bs=1M count=60 2>/dev/null; stat -c %s /dev/shm/fill",
+    "sparse_file": "truncate -s 2G big.bin; echo rc=$?; wc -c < big.bin",
+    "disk_fill": "dd if=/dev/zero of=fill.bin bs=1M count=200 2>/dev/null; echo rc=$?; wc -c < fill.bin",
+    "tmp_fill": "dd if=/dev/zero of=/tmp/fill bs=1M count=60 2>/dev/null; wc -c < /tmp/fill; rm -f /tmp/fill",
+    "shm_fill": "dd if=/dev/zero of=/dev/shm/fill bs=1M count=60 2>/dev/null; wc -c < /dev/shm/fill",
     "dev_write": "echo pwned > /dev/pwned",
     "etc": (
         "for f in /etc/shadow /etc/gshadow /etc/sudoers /etc/gitconfig /etc/npmrc /etc/machine-id "
@@ -188,10 +190,17 @@ def egress_targets() -> tuple[list[socket.socket], list[socket.socket], list[str
     return [loopback, anywhere, on_lan], [datagrams], targets
 
 
-async def _quota_attack(base_dir: Path) -> dict[str, Any]:
+def _runtime(spec: RuntimeSpec, session_id: str, base_dir: Path) -> LocalRuntime | GVisorRuntime:
+    """The runtime ``create_runtime`` builds for ``spec`` (``isolation: gvisor``: the gVisor runtime)."""
+    runtime = create_runtime(spec, session_id=session_id, base_dir=base_dir)
+    assert isinstance(runtime, LocalRuntime | GVisorRuntime)
+    return runtime
+
+
+async def _quota_attack(base_dir: Path, isolation: Isolation) -> dict[str, Any]:
     """Fill a sandbox with a small quota; report what the runtime did and what was left on the host."""
-    spec = RuntimeSpec(**{**LIMITS, "disk_limit": QUOTA_LIMIT})
-    filler = LocalRuntime(spec, session_id="filler", base_dir=base_dir / "sessions")
+    spec = RuntimeSpec(**{**LIMITS, "disk_limit": QUOTA_LIMIT}, isolation=isolation)
+    filler = _runtime(spec, "filler", base_dir / "sessions")
     await filler.start()
     try:
         try:
@@ -212,8 +221,12 @@ async def _quota_attack(base_dir: Path) -> dict[str, Any]:
             "images_left": [p.name for p in (base_dir / "sessions" / ".polar-disks").glob("filler*")]}  # fmt: skip
 
 
-async def run_attacks(base_dir: Path) -> dict[str, Any]:
-    """Run every attack in a fresh sandbox below ``base_dir``; return the outcomes and host-side facts."""
+async def run_attacks(base_dir: Path, isolation: Isolation = Isolation.AUTO) -> dict[str, Any]:
+    """Run every attack in a fresh sandbox below ``base_dir``; return the outcomes and host-side facts.
+
+    ``isolation``: the sandboxes' (``auto``: the local runtime's strongest namespace level; ``gvisor``: the gVisor
+    runtime).
+    """
     ro_dir = base_dir / "readonly"
     ro_dir.mkdir(parents=True, exist_ok=True)
     (ro_dir / "secret.txt").write_text("original\n")
@@ -226,14 +239,14 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
     canary = secrets.token_hex(16)
     os.environ[CANARY_NAME] = canary  # the host process's and the outsider's environment
     tcp, udp, targets = egress_targets()
-    spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS)
-    victim = LocalRuntime(spec, session_id="victim", base_dir=base_dir / "sessions")
-    attacker = LocalRuntime(spec, session_id="attacker", base_dir=base_dir / "sessions")
+    spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS, isolation=isolation)
+    victim = _runtime(spec, "victim", base_dir / "sessions")
+    attacker = _runtime(spec, "attacker", base_dir / "sessions")
     outsider = subprocess.Popen(["sleep", "120"])  # noqa: ASYNC220 - a host process for the attacks to aim at
     await victim.start()
     await attacker.start()
     victim_command: asyncio.Task[ExecResult] | None = None
-    out: dict[str, Any] = {"canary": canary, "targets": targets}
+    out: dict[str, Any] = {"canary": canary, "targets": targets, "isolation": isolation.value}
     try:
         await victim.upload(b"victim secret\n", "secret.txt")
         victim_command = asyncio.create_task(victim.exec(["sleep", "300"], timeout=600))
@@ -245,7 +258,7 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
         out["symlinks"] = await symlink_attacks(attacker, secrets_dir, host_target)
         out["after"] = _summary(await attacker.exec(["sh", "-c", "echo alive"], timeout=30))
         out["victim_alive"] = not victim_command.done()
-        out["quota"] = await _quota_attack(base_dir)
+        out["quota"] = await _quota_attack(base_dir, isolation)
         out["victim_after_quota"] = _summary(await victim.exec(["cat", "secret.txt"], timeout=30))
     finally:
         if victim_command is not None:
@@ -271,8 +284,9 @@ async def run_attacks(base_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Script entry: ``sandbox_attacks BASE_DIR`` prints the outcomes as JSON."""
-    print(json.dumps(asyncio.run(run_attacks(Path(sys.argv[1])))))
+    """Script entry: ``sandbox_attacks BASE_DIR [ISOLATION]`` prints the outcomes as JSON."""
+    isolation = Isolation(sys.argv[2]) if len(sys.argv) > 2 else Isolation.AUTO
+    print(json.dumps(asyncio.run(run_attacks(Path(sys.argv[1]), isolation))))
 
 
 if __name__ == "__main__":
