@@ -274,7 +274,7 @@ def _env(name: str, ports: Mapping[str, int], n: int, args: argparse.Namespace) 
     # The bench is the operator: the example task's repository lies under its directory.
     roots = json.dumps([str(TASK_FILE.parent)])
     if name == "evaluator":
-        return {"POLAR_EVALUATOR_TASK_ROOTS": roots}
+        return {"POLAR_EVALUATOR_TASK_ROOTS": roots, "POLAR_EVALUATOR_MIN_ISOLATION": args.isolation}
     if name == "proxy":
         return {
             "POLAR_PROXY_BACKEND": "scripted",
@@ -296,6 +296,7 @@ def _env(name: str, ports: Mapping[str, int], n: int, args: argparse.Namespace) 
             "POLAR_GATEWAY_POSTRUN_BACKLOG_LIMIT": str(n),
             "POLAR_GATEWAY_METRICS_PORT": "-1",
             "POLAR_GATEWAY_TASK_ROOTS": roots,
+            "POLAR_GATEWAY_MIN_ISOLATION": args.isolation,
         }
         for key in ("init_workers", "ready_capacity", "postrun_workers"):
             if getattr(args, key) is not None:
@@ -490,6 +491,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--init-workers", type=int, default=None)
     parser.add_argument("--ready-capacity", type=int, default=None)
     parser.add_argument("--postrun-workers", type=int, default=None)
+    parser.add_argument("--isolation", choices=["bwrap", "gvisor"], default="bwrap",
+                        help="the sandboxes' isolation (per-session and per-command costs of each: the Markdown "
+                        "table of `python -m bench.host_capacity.sandbox_cost`)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the run directory (service logs)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
@@ -497,7 +501,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
     if not clis_installed():
         print("the harness CLIs are not installed (scripts/setup_harnesses.sh) or bwrap is missing", file=sys.stderr)
         return 2
-    print(f"host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {args.calls}-call pi tool loops", flush=True)
+    print(f"host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {args.calls}-call pi tool loops; "
+          f"isolation {args.isolation}", flush=True)  # fmt: skip
     results = []
     with contextlib.ExitStack() as stack:
         base = Path(tempfile.mkdtemp(prefix="polar-hc-"))
