@@ -273,12 +273,12 @@ class PolarRollout:
         self.sync_policy(trainer)
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-        step = int(trainer.state.global_step)
+        # Every process of a multi-process run submits its own slice of the batch, so its index is in the id.
+        prefix = f"{self._run_id}-p{int(getattr(trainer.accelerator, 'process_index', 0))}"
+        prefix += f"-s{int(trainer.state.global_step):05d}-c{self.stats.calls:04d}"
         instructions = [self._instruction_of(p) for p in heads]
         tasks = [
-            self._template.task(
-                f"{self._run_id}-s{step:05d}-c{self.stats.calls:04d}-g{i}", group_size=group_size, instruction=text
-            )
+            self._template.task(f"{prefix}-g{i}", group_size=group_size, instruction=text)
             for i, text in enumerate(instructions)
         ]
         results = self._loop.run(self._sample(tasks))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import types
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -225,7 +227,7 @@ def test_one_call_submits_one_task_per_group_and_returns_trl_rows(tmp_path: Path
     finally:
         bridge.close()
     assert [(t.instruction, t.num_samples) for t in client.tasks] == [("a", 3), ("b", 3)]
-    assert [t.task_id for t in client.tasks] == ["r-s00000-c0000-g0", "r-s00000-c0000-g1"]
+    assert [t.task_id for t in client.tasks] == ["r-p0-s00000-c0000-g0", "r-p0-s00000-c0000-g1"]
     assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["logprobs"]) == len(out["env_mask"]) == 6
     assert out[REWARD_KEY] == pytest.approx([0.1, 0.2, 0.0, 0.1, 0.2, 0.0])  # sample 2 failed: reward 0, masked
     assert out["env_mask"][2] == [0]
@@ -319,3 +321,10 @@ def test_polar_reward_returns_the_rewards_and_logs_the_batch_counts() -> None:
     }
     with pytest.raises(InvalidArgument, match="rollout_func"):
         polar_reward(["x"])
+
+
+def test_importing_the_bridge_loads_neither_trl_nor_torch() -> None:
+    code = "import sys, polar_train.bridges.trl; print(sorted({'trl', 'torch'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
