@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_client import ClientSettings, RolloutClient, load_task, task_from_mapping
 from polar_core.channels import open_channel
+from polar_core.errors import InvalidArgument
 from polar_core.policy_version import format_version
 from polar_train.bridges.verl_convert import MultiTrace, VerlSample, convert_session
 
@@ -117,13 +118,11 @@ def session_task(
     """The one-session task of a sample: the template (or the sample's own), its instruction, a fresh id.
 
     Raises:
-        polar_core.errors.InvalidArgument: No task anywhere, or a malformed one.
+        InvalidArgument: No task anywhere, or a malformed one.
     """
     extra = dict(extra_info or {})
     source = extra.get("polar_task", settings.task)
     if source is None:
-        from polar_core.errors import InvalidArgument
-
         raise InvalidArgument("no Polar task: set polar.task or the sample's extra_info.polar_task")
     task = task_from_mapping(source) if isinstance(source, Mapping) else load_task(str(source))
     task.task_id = task_id
