@@ -155,6 +155,7 @@ if [ "$all" = 1 ]; then
     fi
   fi
   [ "${POLAR_SETUP_MINIMAL:-0}" = 1 ] || bash scripts/setup_backends.sh
+  [ "${POLAR_SETUP_MINIMAL:-0}" = 1 ] || bash scripts/setup_verl.sh  # .venv-verl: real verl for the verl bridge test
   bash scripts/setup_slurm.sh  # slurm-wlm and munge for the real-Slurm test of `polar cluster`
 fi
 log "done"
