@@ -223,6 +223,12 @@ def summarize_round(
     )
 
 
+def _log_failure(task: asyncio.Task[EvalRoundReport]) -> None:
+    """Say at once that a background round failed (:meth:`EvalLane.wait` raises it later)."""
+    if not task.cancelled() and task.exception() is not None:
+        _log.error("evaluation %s failed: %s", task.get_name(), task.exception())
+
+
 def _append(path: Path | None, rows: Sequence[dict[str, Any]]) -> None:
     if path is None or not rows:
         return
@@ -296,6 +302,7 @@ class EvalLane:
         index = self._next_round
         self._next_round += 1
         task = asyncio.create_task(self.run_round(policy_version, step=step, round_index=index), name=f"eval-r{index}")
+        task.add_done_callback(_log_failure)
         self._rounds.append(task)
         return task
 

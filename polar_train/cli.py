@@ -33,9 +33,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``polar train``; print one line per step and the table at the end."""
+    from polar_client.evaluation import read_reports
     from polar_core.errors import InvalidArgument
     from polar_run.run import prepare_out_dir
     from polar_train.config import load_config
+    from polar_train.evaluation import EVAL_REPORT
     from polar_train.metrics import StepMetrics, first_and_last, format_table, read_metrics
     from polar_train.run import run_training
 
@@ -63,5 +65,14 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     first, last = first_and_last(rows, config.steps_averaged)
     print(f"mean reward, first {config.steps_averaged} steps {first:.3f} -> last {config.steps_averaged} {last:.3f}")
-    print(f"run directory {config.run_dir}: metrics.jsonl, reward_curve.png, checkpoints/", file=sys.stderr)
+    for report in read_reports(config.run_dir / EVAL_REPORT):
+        print(
+            f"eval round {report['round']}: v{report['policy_version']} mean reward {report['mean_reward']:.3f} "
+            f"resolved {report['resolved_rate']:.2f} over {report['sessions']} sessions"
+            + (f" ({report['mismatched_sessions']} mismatched, left out)" if report["mismatched_sessions"] else "")
+        )
+    written = "metrics.jsonl, reward_curve.png, checkpoints/" + (
+        ", eval.jsonl, eval_sessions.jsonl" if config.eval_every else ""
+    )
+    print(f"run directory {config.run_dir}: {written}", file=sys.stderr)
     return 0

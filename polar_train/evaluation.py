@@ -52,13 +52,13 @@ def eval_tasks(config: TrainConfig, template: GroupTemplate) -> list[EvalTask]:
     return tasks
 
 
-def build_eval_lane(config: TrainConfig, client: EvalClient, template: GroupTemplate) -> EvalLane | None:
-    """The run's evaluation lane (None when ``eval_every`` is 0)."""
+def build_eval_lane(config: TrainConfig, client: EvalClient, tasks: list[EvalTask]) -> EvalLane | None:
+    """The run's evaluation lane over ``tasks`` (:func:`eval_tasks`; None when ``eval_every`` is 0)."""
     if not config.eval_every:
         return None
     return EvalLane(
         client,
-        eval_tasks(config, template),
+        tasks,
         task_id_prefix=f"{config.run_dir.name}-seed{config.seed}",
         report_path=config.run_dir / EVAL_REPORT,
         sessions_path=config.run_dir / EVAL_SESSIONS,

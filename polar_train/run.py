@@ -14,7 +14,7 @@ from polar_core.errors import FailedPrecondition
 from polar_train.batch import SessionSample
 from polar_train.checkpoints import initial_checkpoint, load_policy_model
 from polar_train.config import TrainConfig
-from polar_train.evaluation import build_eval_lane, eval_task_dirs
+from polar_train.evaluation import build_eval_lane, eval_task_dirs, eval_tasks
 from polar_train.loop import PolicyUpdater, RolloutUpdater, Trainer
 from polar_train.metrics import StepMetrics, plot_reward_curve, read_metrics
 from polar_train.tasks import GroupTemplate, load_template
@@ -113,6 +113,7 @@ async def run_training(
         torch.set_num_threads(config.torch_threads)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     template = load_template(config.task, max_policy_lag=config.max_policy_lag, stale_policy=config.stale_policy)
+    held_out = eval_tasks(config, template)  # a malformed eval task file fails here, before anything starts
     weights = initial_checkpoint(config.model, config.run_dir, seed=config.seed)
     factory = updater_factory or _default_updater(config)
     metrics_path = config.run_dir / "metrics.jsonl"
@@ -135,7 +136,7 @@ async def run_training(
             resume=resume,
             on_step=on_step,
             on_sessions=on_sessions,
-            evaluation=build_eval_lane(config, client, template),
+            evaluation=build_eval_lane(config, client, held_out),
         )
         rows = await trainer.run()
     curve = config.run_dir / "reward_curve.png"

@@ -152,7 +152,7 @@ async def test_rounds_run_beside_training_and_never_reach_a_batch(tmp_path: Path
         model=build_tiny_model(tokenizer, seed=0),
         tokenizer=tokenizer,
         on_sessions=lambda _step, sessions: trained.extend(sessions),
-        evaluation=build_eval_lane(config, fleet, template),
+        evaluation=build_eval_lane(config, fleet, eval_tasks(config, template)),
     )
     rows = await trainer.run()
 
