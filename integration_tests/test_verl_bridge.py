@@ -33,12 +33,14 @@ import pytest
 from polar_client import RolloutClient
 from polar_core.model_fixtures import save_tiny_model
 from polar_run.embedded import EmbeddedStack, StackOptions
+from polar_train.bridges.verl import stamp_policy_version
 
 REPO = Path(__file__).resolve().parents[1]
 VERL_PYTHON = REPO / ".venv-verl" / "bin" / "python"
 DRIVER = REPO / "integration_tests" / "support" / "verl_driver.py"
 PROMPT_LENGTH = 256
 RESPONSE_LENGTH = 128
+VERL_STEP = 7
 
 pytestmark = [
     pytest.mark.slow,
@@ -152,6 +154,9 @@ async def test_verl_runs_polar_sessions_into_its_batch(tmp_path: Path) -> None:
             "agent_loop_config": str(config),
             "rows": rows,
         }
+        # What the trainer does after verl's weight sync: the proxy stamps verl's step on the calls it serves.
+        previous = await stamp_policy_version(VERL_STEP, [stack.proxy_address], token=stack.token)
+        assert previous == {stack.proxy_address: "0"}
         out = await _run_driver(spec, tmp_path)
 
         async with RolloutClient(stack.rollout_address, token=stack.token) as client:
@@ -190,6 +195,8 @@ async def test_verl_runs_polar_sessions_into_its_batch(tmp_path: Path) -> None:
     assert columns["polar_dropped_traces"] == [0, 0, 1, 0]
     assert columns["polar_refused_traces"] == [0, 0, 0, 0]
     assert columns["__num_turns__"] == [4, 4, 4, 0]
+    # Every call was served under the version stamped from verl's step, and the batch says so.
+    assert columns["polar_policy_versions"] == [["7"], ["7"], ["7"], []]
 
     for row, result in enumerate(results[:3]):
         trace = max(result.traces, key=lambda t: (sum(t.loss_mask), t.trace_index))
