@@ -182,8 +182,7 @@ async def test_grpo_trainer_trains_on_polar_rollouts(tmp_path: Path, monkeypatch
     # the proxy's behaviour logprobs are the trainer's own under the weights being trained.
     assert [out["polar_policy_version"] for out in outputs] == list(range(STEPS))
     for k, out in enumerate(outputs):
-        sampled = zip(out["polar_sampled_version"], out["polar_status"], strict=True)
-        assert {v for v, status in sampled if status != "infra_error"} == {k}
+        assert {v for v in out["polar_sampled_version"] if v >= 0} == {k}  # -1: a failed session's placeholder
     assert bridge.stats.policy_updates == STEPS
     assert policy.policy.version == STEPS
     assert policy.proxies
