@@ -289,6 +289,24 @@ def docker_env() -> Iterator[Any]:
         yield env
 
 
+def _status_ids(pid: int) -> tuple[list[int], list[int]]:
+    """The ``Uid:`` and ``Gid:`` lines of a host process (real, effective, saved, filesystem)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    ids = {line.split(":")[0]: [int(x) for x in line.split()[1:]] for line in lines if line[:4] in ("Uid:", "Gid:")}
+    return ids["Uid"], ids["Gid"]
+
+
+async def _container_pids(client: Any, container_id: str | None, *, until: str) -> list[int]:
+    """Host pids of a container's processes, once one of them runs ``until``."""
+    for _ in range(100):
+        top = await asyncio.to_thread(client.api.top, container_id)
+        pid_col, cmd_col = top["Titles"].index("PID"), top["Titles"].index("CMD")
+        if any(proc[cmd_col].startswith(until) for proc in top["Processes"]):
+            return [int(proc[pid_col]) for proc in top["Processes"]]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no process {until!r} in the container")
+
+
 async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: Any) -> None:
     daemon, client, image = docker_env
     spec = RuntimeSpec(kind=RuntimeKind.DOCKER, image=image, docker_host=daemon.url, pids_limit=64)
@@ -299,6 +317,14 @@ async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: 
         assert "CapEff:\t0000000000000000" in caps.stdout
         assert "CapPrm:\t0000000000000000" in caps.stdout
         assert caps.stdout.split()[-1] == "65534"
+        # Read from the host while they run: no process of the container (the keeper included) is host uid 0.
+        sleeper = asyncio.create_task(runtime.exec(["sleep", "30"], timeout=60))
+        pids = await _container_pids(client, runtime.container_id, until="sleep")
+        for pid in pids:
+            uids, gids = _status_ids(pid)
+            assert 0 not in uids, (pid, uids)
+            assert 0 not in gids, (pid, gids)
+        sleeper.cancel()
         root_write = await runtime.exec(["sh", "-c", "echo x > /etc/pwned"], timeout=30)
         assert root_write.exit_code != 0
         usr_write = await runtime.exec(["sh", "-c", "echo x > /usr/pwned"], timeout=30)
@@ -324,7 +350,7 @@ async def test_docker_sandbox_is_unprivileged_read_only_and_bounded(docker_env: 
         await runtime.stop()
 
 
-async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The attacks that apply to a container: network, credentials, signals, limits, links, disk quota."""
     daemon, client, image = docker_env
     canary = "canary-" + os.urandom(8).hex()
@@ -363,16 +389,29 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
         for sock in (*tcp, *udp):
             sock.close()
     quota_spec = dataclasses.replace(spec, disk_limit=QUOTA_LIMIT)
-    filler = DockerRuntime(quota_spec, session_id="redteam-fill", client=client)
+    disks = tmp_path / "disks"
+    filler = DockerRuntime(quota_spec, session_id="redteam-fill", client=client, disk_dir=disks)
     await filler.start()
     try:
-        with pytest.raises(DiskQuotaExceeded, match="disk quota"):
-            await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
-        with pytest.raises(DiskQuotaExceeded):
-            await filler.exec(["true"], timeout=30)
+        if os.geteuid() == 0:
+            # Root next to a local daemon: the session volume is an image of the quota's size, bind-mounted. The
+            # write past it fails (ENOSPC), nothing lands past the quota on the host's disk, the container lives on.
+            fill = await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
+            assert fill.exit_code == 28, fill
+            assert "No space left on device" in fill.stdout
+            await asyncio.to_thread(os.sync)
+            (image_file,) = disks.glob("*.img")
+            assert image_file.stat().st_blocks * 512 <= parse_size(QUOTA_LIMIT)
+            assert (await filler.exec(["true"], timeout=30)).ok
+        else:
+            with pytest.raises(DiskQuotaExceeded, match="disk quota"):
+                await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
+            with pytest.raises(DiskQuotaExceeded):
+                await filler.exec(["true"], timeout=30)
     finally:
         await filler.stop()
     assert not client.containers.list(all=True, filters={"label": "polar.session=redteam-fill"})
+    assert not list(disks.glob("*"))  # the image is unmounted and deleted with its container
 
 
 class _GiantPatchAgent(FakeAgentRunner):

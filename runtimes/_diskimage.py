@@ -9,10 +9,11 @@ reserved for root, so what a sandbox may allocate is the image's size minus ext4
 128 MiB, under 2 % at 4 GiB) — never more than ``disk_limit``.
 
 This needs root (``mount``, a loop device) and ``mkfs.ext4``; :func:`unsupported` says why not, and the runtimes
-then keep the watchdog of :mod:`runtimes._quota`. Images live in one directory (``<base_dir>/.polar-disks`` for the
-local runtime) as ``<name>.img``, with ``<name>.mount`` naming the mount point; the owning process holds an
-exclusive ``flock`` on each image as long as its session lives. :func:`sweep` unmounts and deletes every image
-whose lock is free (its owner crashed): the runtimes call it once per directory before their first session.
+then keep the watchdog of :mod:`runtimes._quota`. Images live in one directory per runtime factory
+(``<base_dir>/.polar-disks``) as ``<name>.img``, and each is listed in the host-wide registry :data:`REGISTRY` (its
+image and mount point); the owning process holds an exclusive ``flock`` on each image as long as its session lives.
+:func:`sweep` unmounts and deletes every registered image whose lock is free (its owner crashed, wherever its
+directory): the runtimes call it before each session starts.
 Admission (:func:`check_space`) refuses a quota larger than the file system's free space minus what the live
 images of that directory may still grow by, so sparse images never promise more disk than there is.
 """
@@ -27,14 +28,20 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from runtimes.errors import DiskSpaceUnavailable
 
-__all__ = ["IMAGE_DIR_NAME", "SessionDisk", "check_space", "sweep", "unsupported"]
+__all__ = ["IMAGE_DIR_NAME", "REGISTRY", "SessionDisk", "check_space", "sweep", "unsupported"]
 
 _log = logging.getLogger(__name__)
 
+REGISTRY = Path("/run/polar-sandbox/disks")
+"""Every session image of this host, one record per image: its path and its mount point (root's own, on tmpfs)."""
+MOUNT_DIR = Path("/run/polar-sandbox/mnt")
+"""Where images are mounted: never below a session's own directory tree, so a mount that outlives a crashed owner
+cannot block whoever deletes that tree (the local runtime's session directory is a symlink to the mount)."""
 IMAGE_DIR_NAME = ".polar-disks"
 """The directory below a local runtime's ``base_dir`` that holds its sessions' images."""
 _TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -115,30 +122,45 @@ class SessionDisk:
     mountpoint: Path
     size: int
     _lock_fd: int = -1
+    _record: Path | None = None
 
     @classmethod
-    def create(cls, image_dir: Path, mountpoint: Path, size: int, *, owner: tuple[int, int]) -> SessionDisk:
-        """Make a sparse ext4 image of ``size`` bytes owned by ``owner`` and mount it at ``mountpoint`` (blocking).
+    def create(
+        cls,
+        image_dir: Path,
+        name: str,
+        size: int,
+        *,
+        owner: tuple[int, int],
+        registry: Path = REGISTRY,
+        mount_dir: Path = MOUNT_DIR,
+    ) -> SessionDisk:
+        """Make a sparse ext4 image ``<image_dir>/<name>.img`` of ``size`` bytes owned by ``owner``, and mount it in
+        ``mount_dir`` (blocking).
 
         Raises:
             DiskSpaceUnavailable: The host has not the space (:func:`check_space`).
             OSError: The image could not be made or mounted.
         """
         check_space(image_dir, size)
-        name = mountpoint.name
-        image, record, partial = image_dir / f"{name}.img", image_dir / f"{name}.mount", image_dir / f".{name}.new"
+        unique = f"{name}-{uuid.uuid4().hex[:12]}"
+        mountpoint = mount_dir / unique
+        image, partial = image_dir / f"{name}.img", image_dir / f".{name}.new"
+        registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+        record = registry / unique
         # Locked before it gets the name the sweep looks for, so a sweep in another process never takes it.
         fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        disk = cls(image, mountpoint, size, fd)
+        disk = cls(image, mountpoint, size, fd, record)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(fd, size)
-            record.write_text(str(mountpoint))
             os.rename(partial, image)
+            record.write_text(f"{image}\n{mountpoint}\n")
             uid, gid = owner
             _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
                   f"nodiscard,root_owner={uid}:{gid}", "-L", "polar-session", str(image)])  # fmt: skip
-            mountpoint.mkdir(parents=True, exist_ok=True)
+            mount_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+            mountpoint.mkdir()
             _run(["mount", "-o", _MOUNT_OPTIONS, str(image), str(mountpoint)])
             # ext4's lost+found would show in the session directory; nothing here ever runs fsck.
             with contextlib.suppress(OSError):
@@ -153,55 +175,61 @@ class SessionDisk:
     def remove(self) -> None:
         """Unmount the image, delete it and its mount point's directory. Idempotent; errors are logged."""
         _umount(self.mountpoint)
-        _discard(self.image, self.mountpoint)
+        if _discard(self.image, self.mountpoint) and self._record is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._record.unlink()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
 
-def _discard(image: Path, mountpoint: Path) -> None:
+def _discard(image: Path, mountpoint: Path) -> bool:
+    """Delete an unmounted image and its empty mount point; ``False`` (nothing deleted) while still mounted."""
     if os.path.ismount(mountpoint):
         _log.warning("cannot unmount the session image at %s; it stays until the next sweep", mountpoint)
-        return
+        return False
     with contextlib.suppress(OSError):
         mountpoint.rmdir()  # empty once unmounted; a caller that wants its directory gone removes the rest
-    for path in (image, image.with_suffix(".mount")):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        image.unlink()
+    return True
 
 
-def sweep(image_dir: Path) -> list[Path]:
-    """Unmount and delete the images in ``image_dir`` whose owner is gone (their lock is free).
+def sweep(registry: Path = REGISTRY) -> list[Path]:
+    """Unmount and delete the registered images whose owner is gone (their lock is free), wherever they are.
 
     Returns:
         The mount points of the images removed.
     """
     removed: list[Path] = []
-    if not image_dir.is_dir():
+    if not registry.is_dir():
         return removed
-    for image in sorted(image_dir.glob("*.img")):
+    for record in sorted(registry.iterdir()):
+        try:
+            image_text, mount_text = record.read_text().splitlines()[:2]
+        except (OSError, ValueError):
+            continue  # being written, or already gone
+        image, mountpoint = Path(image_text), Path(mount_text)
         try:
             fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            continue
+            fd = -1  # deleted, perhaps while still mounted
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live session's
-            record = image.with_suffix(".mount")
-            mountpoint = Path(record.read_text().strip()) if record.exists() else None
-            if mountpoint is not None:
-                _umount(mountpoint)
-                if not os.path.ismount(mountpoint):
-                    shutil.rmtree(mountpoint, ignore_errors=True)
-                _discard(image, mountpoint)
-                removed.append(mountpoint)
-            else:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live session's
+            _umount(mountpoint)
+            if not os.path.ismount(mountpoint):
+                shutil.rmtree(mountpoint, ignore_errors=True)
+            if _discard(image, mountpoint):
                 with contextlib.suppress(FileNotFoundError):
-                    image.unlink()
+                    record.unlink()
+                removed.append(mountpoint)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
     if removed:
         _log.warning("removed %d session image(s) left by a process that ended: %s", len(removed),
                      ", ".join(map(str, removed)))  # fmt: skip

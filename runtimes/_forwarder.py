@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ __all__ = ["SessionForwarder"]
 # /root): its library is imported through the staged binds of runtimes._hostids (``ORIGINAL=STAGED`` arguments).
 _BOOT = """
 import fcntl, os, select, socket, struct, sys
-uid, script, port, target = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+uid, script, port, target, lifeline = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 s = socket.socket()
 flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
@@ -37,18 +38,22 @@ listener.bind(("127.0.0.1", port))
 listener.listen(128)
 source = open(script, encoding="utf-8").read()
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
-for pair in sys.argv[5:]:
+for pair in sys.argv[6:]:
     old, new = pair.split("=", 1)
     sys.path = [new + p[len(old):] if p == old or p.startswith(old + "/") else p for p in sys.path]
-select.select([listener], [], [])
+if lifeline in select.select([listener, lifeline], [], [])[0]:
+    sys.exit(0)  # the runtime's process ended without stopping us
 import asyncio
 tunnel = {"__name__": "polar_tunnel"}
 exec(compile(source, script, "exec"), tunnel)
 async def handle(reader, writer):
     await tunnel["_splice"](reader, writer, lambda: asyncio.open_unix_connection(target))
 async def serve():
+    ended = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().add_reader(lifeline, lambda: ended.done() or ended.set_result(None))
     server = await asyncio.start_server(handle, sock=listener)
-    await server.serve_forever()
+    await ended
+    server.close()
 asyncio.run(serve())
 """
 _READY_S = 20.0
@@ -72,8 +77,11 @@ class SessionForwarder:
         process: The running forwarder.
     """
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, lifeline: int) -> None:
         self._process = process
+        # The write end of a pipe whose read end the forwarder watches: when this process ends, however it ends,
+        # the forwarder sees end-of-file and exits (a forwarder never outlives its runtime's process).
+        self._lifeline = lifeline
 
     @property
     def netns(self) -> str:
@@ -111,18 +119,27 @@ class SessionForwarder:
         Raises:
             RuntimeDied: It did not start listening.
         """
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
         argv = [*prefix, "unshare", "--net", "--", python, "-I", "-S", "-c", _BOOT, str(uid), str(script), str(port),
-                str(socket_path), *(f"{old}={new}" for old, new in staged.items() if old != new)]  # fmt: skip
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            cwd="/",
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
-            start_new_session=True,
-        )
-        forwarder = cls(process)
+                str(socket_path), str(read_end),
+                *(f"{old}={new}" for old, new in staged.items() if old != new)]  # fmt: skip
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                cwd="/",
+                env={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
+                start_new_session=True,
+                pass_fds=(read_end,),
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        forwarder = cls(process, write_end)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _READY_S
         while not _listening(process.pid, port):
@@ -139,3 +156,6 @@ class SessionForwarder:
             with contextlib.suppress(ProcessLookupError):
                 self._process.send_signal(signal.SIGKILL)
         await self._process.wait()
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1

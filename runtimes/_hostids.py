@@ -31,7 +31,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-__all__ = ["HostIdLease", "HostIdRange", "lease_host_id"]
+__all__ = ["HostIdLease", "HostIdRange", "lease_host_id", "sweep_leases"]
 
 _TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -136,6 +136,33 @@ def _clear(staging: Path) -> None:
                     entry.rmdir()
                 else:
                     entry.unlink()
+
+
+def sweep_leases(ids: HostIdRange) -> int:
+    """Unmount what crashed owners staged (their lease is free); returns how many staging directories were cleared.
+
+    A staged bind of a session directory keeps that session's image busy: run this before sweeping images.
+    """
+    cleared = 0
+    if not ids.lock_dir.is_dir():
+        return cleared
+    for staging in ids.lock_dir.iterdir():
+        if not staging.name.isdigit() or not staging.is_dir() or not any(staging.iterdir()):
+            continue
+        try:
+            fd = os.open(ids.lock_dir / f"{staging.name}.lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live runtime's
+        else:
+            _clear(staging)
+            cleared += 1
+        finally:
+            os.close(fd)
+    return cleared
 
 
 def lease_host_id(ids: HostIdRange) -> HostIdLease:

@@ -1,11 +1,13 @@
 """The Docker runtime: one container per session, driven through the Docker SDK.
 
 Containers run ``sleep infinity`` under ``--init`` with ``--network none`` (unless the spec says otherwise),
-no capabilities, ``no-new-privileges``, every command as an unprivileged user (the keeper as uid 0, which commands
-cannot signal), a read-only root file system (tmpfs ``/tmp``, the
-session directory on a volume), memory and pids limits, a disk quota on the session volume (the watchdog of
-:mod:`runtimes._quota`; ``storage_opt`` size on the writable layer when the root is writable and the storage
-driver supports it), and labels that name their owner, so
+no capabilities, ``no-new-privileges``, every command as an unprivileged user and the keeper as another
+unprivileged user (which commands cannot signal): no process of the container is uid 0. A read-only root file
+system (tmpfs ``/tmp``, the session directory on a volume), memory and pids limits, and a disk quota: where the
+daemon is local and this process root, the session volume is a loop-mounted ext4 image of ``disk_limit`` bytes
+bind-mounted into the container (:mod:`runtimes._diskimage`: the write past the quota fails with ``ENOSPC``),
+elsewhere an anonymous volume under the watchdog of :mod:`runtimes._quota`; ``storage_opt`` size on the writable
+layer when the root is writable and the storage driver supports it. Labels name the owner, so
 :func:`reap_orphaned_containers` can remove containers whose owning process died. ``cancel`` and ``stop``
 remove the container and its volume (``force``).
 Commands run through ``docker exec`` wrapped in coreutils ``timeout``, which kills the command's whole
@@ -33,6 +35,7 @@ import docker.errors
 import docker.types
 
 from polar_core.errors import InvalidArgument, NotFound
+from runtimes._diskimage import SessionDisk, sweep, unsupported
 from runtimes._limits import parse_size, unique_name
 from runtimes._process import DOWNLOAD_LIMIT_BYTES
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
@@ -70,6 +73,15 @@ _FORWARDER_READY_S = 20.0
 # ``timeout`` leads a process group of its own; when the command ends, whatever it left in that group (a fork
 # bomb's children, background jobs) is killed too, so one command cannot leave the container full of processes.
 _REAP = 'timeout -k 5 "$0" "$@" & pid=$!; wait $pid; rc=$?; kill -9 -- -$pid 2>/dev/null; exit $rc'
+DEFAULT_DISK_DIR = Path("/var/tmp/polar-disks")
+"""Where session images go when the runtime is given no directory (on disk: never a tmpfs such as ``/tmp``)."""
+_KEEPER_IDS = (65533, 65532)
+
+
+def _keeper_user(sandbox_uid: int) -> str:
+    """The keeper's ``uid:gid``: unprivileged, and not the sandbox user (whose commands could signal it)."""
+    uid = next(u for u in _KEEPER_IDS if u != sandbox_uid)
+    return f"{uid}:{uid}"
 
 
 def container_name(session_id: str) -> str:
@@ -171,11 +183,17 @@ class DockerRuntime(SessionRuntime):
         session_id: The session; it labels the container (``polar.session``) and begins its name, which is
             unique per runtime (:func:`container_name`).
         client: A ``docker.DockerClient``; built from ``spec.docker_host`` when omitted.
+        disk_dir: Where this host keeps session images (a local daemon, started as root); the factory passes
+            ``<base_dir>/.polar-disks``.
     """
 
-    def __init__(self, spec: RuntimeSpec, *, session_id: str, client: Any | None = None) -> None:
+    def __init__(
+        self, spec: RuntimeSpec, *, session_id: str, client: Any | None = None, disk_dir: Path = DEFAULT_DISK_DIR
+    ) -> None:
         super().__init__(spec, session_id=session_id)
         self._client = client
+        self._disk_dir = disk_dir
+        self._disk: SessionDisk | None = None
         self._container: Any | None = None
         self._root = PurePosixPath(spec.container_root)
         self._volume_host_dir: Path | None = None
@@ -210,7 +228,17 @@ class DockerRuntime(SessionRuntime):
         self._raise_if_cancelled()
         if self._container is not None:
             return
-        self._container = await asyncio.to_thread(self._run_container)
+        try:
+            if self._image_dir() is not None:
+                await asyncio.to_thread(sweep)
+                self._disk = await asyncio.to_thread(
+                    SessionDisk.create, self._disk_dir, self._name,
+                    parse_size(self._spec.disk_limit or 0), owner=(0, 0),
+                )  # fmt: skip
+            self._container = await asyncio.to_thread(self._run_container)
+        except BaseException:
+            await self._remove_disk()
+            raise
         self._volume_host_dir = await asyncio.to_thread(self._readable_volume_dir)
         # The session directory lives in a fresh volume (owned by root) mounted on its parent; an archive makes it
         # and its standard subdirectories the sandbox user's, without giving the container a capability to chown.
@@ -248,6 +276,19 @@ class DockerRuntime(SessionRuntime):
                 f"{(ready.stderr or ready.stdout).strip()[-300:]}"
             )
 
+    def _image_dir(self) -> Path | None:
+        """Where this session's image goes, or ``None`` where the volume gets the watchdog instead."""
+        if self._spec.disk_limit is None or unsupported() is not None:
+            return None
+        # Only a daemon on this host (a Unix socket) mounts what this process mounted.
+        base_url = str(getattr(getattr(self._docker(), "api", None), "base_url", ""))
+        return self._disk_dir if base_url.startswith("http+docker://") else None
+
+    async def _remove_disk(self) -> None:
+        disk, self._disk = self._disk, None
+        if disk is not None:
+            await asyncio.to_thread(disk.remove)
+
     def _volume_target(self) -> PurePosixPath:
         """Where the session volume is mounted: the session directory's parent (``/polar``)."""
         if self._root.parent == PurePosixPath("/"):
@@ -268,14 +309,18 @@ class DockerRuntime(SessionRuntime):
             "working_dir": "/",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            # The keeper (init and ``sleep infinity``) runs as uid 0 without capabilities, every command as the
-            # sandbox user: a command cannot signal the keeper, so ``kill -9 -1`` cannot end its own container.
-            "user": "0:0",
+            # The keeper (init and ``sleep infinity``) runs as an unprivileged user other than the sandbox's: a
+            # command cannot signal it, so ``kill -9 -1`` cannot end its own container; nothing runs as uid 0.
+            "user": _keeper_user(self._spec.sandbox_uid),
             "read_only": self._spec.read_only_root,
             "tmpfs": {"/tmp": f"size={parse_size(self._spec.tmp_size)},mode=1777,exec"},
             # An anonymous volume (removed with the container): writable under a read-only root, and reachable
-            # by put_archive/get_archive, which a tmpfs is not.
-            "mounts": [docker.types.Mount(target=str(self._volume_target()), source=None, type="volume")],
+            # by put_archive/get_archive, which a tmpfs is not. With a session image, that image's mount instead.
+            "mounts": [
+                docker.types.Mount(target=str(self._volume_target()), source=str(self._disk.mountpoint), type="bind")
+                if self._disk is not None
+                else docker.types.Mount(target=str(self._volume_target()), source=None, type="volume")
+            ],
         }
         if self._spec.cpus is not None:
             kwargs["nano_cpus"] = int(self._spec.cpus * 1e9)
@@ -312,6 +357,7 @@ class DockerRuntime(SessionRuntime):
         container, self._container = self._container, None
         if container is not None:
             await asyncio.to_thread(_remove, container)
+        await self._remove_disk()
 
     def _live(self) -> Any:
         self._raise_unless_started(self._container is not None)
@@ -331,8 +377,8 @@ class DockerRuntime(SessionRuntime):
         container = self._live()
         workdir = str(resolve_in_root(self._root, cwd)) if cwd is not None else str(self._root)
         command = self._exec_in(container, argv, workdir, env, timeout)
-        if self._spec.disk_limit is None:
-            return await command
+        if self._spec.disk_limit is None or self._disk is not None:
+            return await command  # an image of the quota's size refuses the write past it: nothing to watch
         limit = parse_size(self._spec.disk_limit)
         try:
             result, _breach = await watch_quota(

@@ -58,9 +58,10 @@ def _local(
 def _docker(
     spec: RuntimeSpec, *, session_id: str, base_dir: Path, docker_client: Any | None, local_host: LocalHost | None
 ) -> Runtime:
+    from runtimes._diskimage import IMAGE_DIR_NAME
     from runtimes.docker import DockerRuntime
 
-    return DockerRuntime(spec, session_id=session_id, client=docker_client)
+    return DockerRuntime(spec, session_id=session_id, client=docker_client, disk_dir=base_dir / IMAGE_DIR_NAME)
 
 
 def _apptainer(

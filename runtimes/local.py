@@ -42,7 +42,7 @@ from runtimes import tunnel
 from runtimes._diskimage import IMAGE_DIR_NAME, SessionDisk, sweep, unsupported
 from runtimes._forwarder import SessionForwarder
 from runtimes._hostdir import HostSessionDir
-from runtimes._hostids import HostIdLease, HostIdRange, lease_host_id
+from runtimes._hostids import HostIdLease, HostIdRange, lease_host_id, sweep_leases
 from runtimes._limits import LimitProbe, parse_size, prlimit_argv, probe_limits, remove_cgroups
 from runtimes._process import run_process
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
@@ -299,12 +299,20 @@ class LocalRuntime(SessionRuntime):
         if _is_root():
             self._lease = await asyncio.to_thread(lease_host_id, self._host.host_ids)
         owner = (self._lease.uid, self._lease.uid) if self._lease is not None else (os.getuid(), os.getgid())
+        if _is_root():
+            # What crashed owners left on this host: staged binds first (they keep images busy), then images.
+            await asyncio.to_thread(sweep_leases, self._host.host_ids)
+            if self._host.disk_images:
+                await asyncio.to_thread(sweep)
         if self._spec.disk_limit is not None and self._host.disk_images:
             images = root.parent / IMAGE_DIR_NAME
-            await asyncio.to_thread(sweep, images)
             self._disk = await asyncio.to_thread(
-                SessionDisk.create, images, root, parse_size(self._spec.disk_limit), owner=owner
+                SessionDisk.create, images, root.name, parse_size(self._spec.disk_limit), owner=owner
             )
+            # The session directory is a link to the image's mount, which lives outside base_dir (a mount left by a
+            # crash never blocks deleting base_dir; the next start sweeps it).
+            root.parent.mkdir(parents=True, exist_ok=True)
+            root.symlink_to(self._disk.mountpoint, target_is_directory=True)
         for sub in SESSION_SUBDIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
         if self._lease is not None:
@@ -379,7 +387,8 @@ class LocalRuntime(SessionRuntime):
         """Stage, for the leased host id, every host path bubblewrap binds that it could not reach (blocking)."""
         lease = self._lease
         assert lease is not None
-        reach = {self.host_root: lease.reachable(self.host_root, writable=True)}
+        # The session directory itself: a link to its image's mount where it has one, bound as what it links to.
+        reach = {self.host_root: lease.reachable(Path(os.path.realpath(self.host_root)), writable=True)}
         for path in self._read_only_paths():
             reach[path] = lease.reachable(path)
         socket_path = self._spec.proxy_socket
@@ -413,7 +422,7 @@ class LocalRuntime(SessionRuntime):
         disk, self._disk = self._disk, None
         if disk is not None:
             await asyncio.to_thread(disk.remove)
-        await asyncio.to_thread(shutil.rmtree, self.host_root, True)
+        await asyncio.to_thread(_remove_session_dir, self.host_root)
         cgroups, self._cgroups = self._cgroups, []
         await asyncio.to_thread(remove_cgroups, cgroups)
 
@@ -424,7 +433,7 @@ class LocalRuntime(SessionRuntime):
 
     def _check_running(self) -> None:
         self._raise_unless_started(self._started)
-        if not self.host_root.is_dir() or (self._disk is not None and not os.path.ismount(self.host_root)):
+        if not self.host_root.is_dir() or (self._disk is not None and not os.path.ismount(self._disk.mountpoint)):
             raise RuntimeDied(f"session directory {self.host_root} has vanished")
 
     def _own_variables(self) -> dict[str, str]:
@@ -597,6 +606,14 @@ class LocalRuntime(SessionRuntime):
 
 
 _GENERATED_ETC = ("passwd", "group", "hosts", "hostname")
+
+
+def _remove_session_dir(path: Path) -> None:
+    """Delete a session directory, or the link to its image's (already unmounted) mount."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_etc(directory: Path, uid: int, gid: int) -> None:
