@@ -108,6 +108,9 @@ fi
 # relocates a Python agent's base interpreter into .harnesses) and gVisor's runsc (isolation: gvisor). Installed
 # only when missing and when we may.
 tools=(bwrap:bubblewrap git:git)
+# As root, the local and docker runtimes give each session a loop-mounted ext4 image of its disk quota (mkfs.ext4);
+# setpriv, nsenter and unshare (util-linux, essential in Debian) run sandboxes as unprivileged host ids.
+[ "$(id -u)" = 0 ] && tools+=(mkfs.ext4:e2fsprogs setpriv:util-linux)
 [ "$all" = 1 ] && tools+=(dockerd:docker.io debootstrap:debootstrap patchelf:patchelf runsc:runsc)
 missing=()
 for tool in "${tools[@]}"; do
