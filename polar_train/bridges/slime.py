@@ -58,15 +58,25 @@ class _Running:
 
     def __init__(self, config: BridgeConfig, template: task_pb2.Task, codec: SampleCodec) -> None:
         self.thread = _LoopThread()
-        self.bridge, self.client = self.thread.call(self._open(config, template, codec))
+        try:
+            self.bridge, self.client = self.thread.call(self._open(config, template, codec))
+        except BaseException:
+            self.thread.stop()
+            raise
 
     @staticmethod
     async def _open(
         config: BridgeConfig, template: task_pb2.Task, codec: SampleCodec
     ) -> tuple[SlimeBridge, RolloutClient]:
         s = config.settings
+        journal = ReservationJournal(config.journal)
         client = RolloutClient(s.server, token=s.token, timeout_s=s.rpc_timeout_s)
-        return SlimeBridge(config, client, template, codec, ReservationJournal(config.journal)), client
+        try:
+            return SlimeBridge(config, client, template, codec, journal), client
+        except BaseException:
+            journal.close()
+            await client.close()
+            raise
 
     def close(self) -> None:
         async def _close() -> None:

@@ -22,6 +22,7 @@ import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
+import grpc
 from polar.common.v1 import session_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 
@@ -144,8 +145,14 @@ class SlimeBridge:
         self._finished = 0
         self._wakeup = asyncio.Event()
         self._replay: dict[int, list[int]] | None = None
+        wanted = config.settings.run_id
         if not journal.state.run_id:
-            journal.append({"kind": "run", "run_id": config.settings.run_id or f"slime-{secrets.token_hex(4)}"})
+            journal.append({"kind": "run", "run_id": wanted or f"slime-{secrets.token_hex(4)}"})
+        elif wanted and wanted != journal.state.run_id:
+            raise BridgeConfigError(
+                f"polar_run_id {wanted!r} differs from the run {journal.state.run_id!r} that {journal.path} records: "
+                "a new run wants a new journal"
+            )
 
     @property
     def run_id(self) -> str:
@@ -313,7 +320,13 @@ class SlimeBridge:
         task_id = group.reservation.task_id
         try:
             if not submitted:
-                await self._submit(group.reservation)
+                try:
+                    await self._submit(group.reservation)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+                        raise
+                    # Submitted before a restart from a template changed since: follow what was sampled.
+                    _log.warning("slime bridge: %s exists with another spec; following it", task_id)
             async for result in self._client.watch(task_id):
                 group.results[int(result.sample_index)] = result
         except asyncio.CancelledError:

@@ -11,8 +11,9 @@ import pytest
 
 from polar_train.bridges.slime_journal import ReservationJournal
 from polar_train.bridges.slime_settings import BridgeConfigError
-from polar_train.bridges.tests.slime_fakes import FakePolar, bridge, config
-from polar_train.bridges.tests.slime_sample_standin import StandInDataSource, check_train_contract
+from polar_train.bridges.slime_window import SampleCodec, SlimeBridge
+from polar_train.bridges.tests.slime_fakes import FakePolar, bridge, config, template
+from polar_train.bridges.tests.slime_sample_standin import Sample, StandInDataSource, check_train_contract
 
 PROMPTS = [f"prompt {i}" for i in range(100)]
 
@@ -130,3 +131,16 @@ def test_a_record_that_is_not_json_is_refused_before_it_is_written(tmp_path: Pat
         journal.append({"kind": "reserve", "samples": [{"image": object()}]})
     journal.close()
     assert (tmp_path / "journal.jsonl").read_text() == ""
+
+
+async def test_a_journal_of_another_run_is_refused(tmp_path: Path) -> None:
+    first = bridge(config(tmp_path / "journal.jsonl", run_id="run-a"), FakePolar())
+    assert first.run_id == "run-a"
+    await first.close()
+    journal = ReservationJournal(tmp_path / "journal.jsonl")
+    with pytest.raises(BridgeConfigError, match="a new run wants a new journal"):
+        SlimeBridge(config(journal.path, run_id="run-b"), FakePolar(), template(), SampleCodec(Sample), journal)
+    journal.close()
+    again = bridge(config(tmp_path / "journal.jsonl"), FakePolar())  # no run id given: the journal's
+    assert again.run_id == "run-a"
+    await again.close()
