@@ -289,12 +289,15 @@ async def test_a_quota_larger_than_the_free_disk_is_refused_at_start(tmp_path: P
 _CRASHING_OWNER = """
 import asyncio, os, sys
 from pathlib import Path
-from runtimes import Isolation, RuntimeSpec
+from runtimes import Isolation, NetworkMode, RuntimeSpec
 from runtimes.local import LocalRuntime
-spec = RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m")
+spec = RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m", network=NetworkMode.PROXY,
+                   proxy_socket=Path(sys.argv[1]) / "proxy.sock")
 rt = LocalRuntime(spec, session_id="crashed", base_dir=Path(sys.argv[1]))
+import socket
+socket.socket(socket.AF_UNIX).bind(str(spec.proxy_socket))
 asyncio.run(rt.start())
-print(rt.host_root, flush=True)
+print(rt.host_root, rt._forwarder._process.pid, flush=True)
 os.kill(os.getpid(), 9)
 """
 
@@ -306,9 +309,16 @@ async def test_images_of_a_crashed_owner_are_swept_at_the_next_start(tmp_path: P
         subprocess.run, [sys.executable, "-c", _CRASHING_OWNER, str(tmp_path)], capture_output=True, text=True,
         cwd=repo, env={**os.environ, "PYTHONPATH": f"{repo}:{repo / 'gen'}"}, check=False,
     )  # fmt: skip
-    left = Path(done.stdout.strip())
+    left_text, forwarder_text = done.stdout.split()
+    left = Path(left_text)
     assert left.name == "crashed", done.stderr
     assert _mounted(left)
+    # The session's proxy forwarder does not outlive its owner (it watches a pipe the owner held).
+    for _ in range(200):
+        if not _exists(Path(f"/proc/{forwarder_text}")):
+            break
+        await asyncio.sleep(0.05)
+    assert not _exists(Path(f"/proc/{forwarder_text}"))
     rt = LocalRuntime(RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m"), session_id="next", base_dir=tmp_path)
     await rt.start()
     try:

@@ -393,9 +393,9 @@ class LocalRuntime(SessionRuntime):
             reach[path] = lease.reachable(path)
         socket_path = self._spec.proxy_socket
         if self._spec.network is NetworkMode.PROXY and socket_path is not None:
-            # The socket's directory when others may pass through it (a re-created socket stays reachable), else
-            # the socket itself.
-            if socket_path.parent.stat().st_mode & 0o001:
+            # The socket's directory when others may pass through it (a re-created socket stays reachable) or the
+            # socket is not there yet, else the socket itself.
+            if socket_path.parent.stat().st_mode & 0o001 or not socket_path.exists():
                 reach[socket_path.parent] = lease.reachable(socket_path.parent, writable=True)
             else:
                 reach[socket_path] = lease.reachable(socket_path, writable=True)
