@@ -5,8 +5,8 @@ Per-process rlimits (``prlimit``) are always set: address-space-free data size (
 (which the kernel does not enforce for host uid 0). Where a ``pids`` / ``memory`` cgroup can be created here —
 cgroup v2 with the controller enabled for our cgroup's children, or a writable v1 hierarchy (root) — each
 session gets its own cgroup with ``pids.max`` and a memory maximum for the whole sandbox. :func:`probe_limits`
-says once which limits hold on this host; the runtime logs what is not enforced. The workspace disk quota is
-enforced on every host by the watchdog of :mod:`runtimes._quota`.
+says once which limits hold on this host; the runtime logs what is not enforced. The workspace disk quota is a
+loop-mounted image as root (:mod:`runtimes._diskimage`), else the watchdog of :mod:`runtimes._quota`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The workspace disk quota: a watchdog that measures a session's allocated disk while its commands run.
+"""The workspace disk quota where no file system of its own can be mounted: a watchdog over allocated disk.
 
-No host this runtime targets reliably offers a per-directory quota to an unprivileged process (project quotas
-need XFS/ext4 mounted with ``prjquota`` and ``CAP_SYS_ADMIN``; a loop-mounted image needs root, ``losetup`` and
-a fixed preallocation per session), so every runtime uses the same mechanism: while a command runs, a watchdog
+Started as root, the runtimes give a session an image of its quota's size (:mod:`runtimes._diskimage`), which
+refuses the write past it. Without root no host offers a per-directory quota (project quotas need XFS/ext4
+mounted with ``prjquota`` and ``CAP_SYS_ADMIN``; a loop mount needs root), so there: while a command runs, a watchdog
 sums the *allocated* blocks (``st_blocks``, so a sparse file counts what it really occupies, not its apparent
 size) below the session directory, hard links once, symlinks never followed. Over the quota, the runtime kills
 the sandbox's processes and the command raises :class:`runtimes.errors.DiskQuotaExceeded`; every later command

@@ -7,7 +7,9 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
   system directories and the Python in use, a private ``/etc`` holding only what programs need (generated
   ``passwd``/``group``/``hosts``/``hostname``), and the session directory as the only writable place besides a
   private ``/tmp``. Host files outside those (other sessions, the task's reference fix, credentials under
-  ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside.
+  ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside,
+  mapped to an unprivileged host id leased for the session (:mod:`runtimes._hostids`; bubblewrap itself runs as
+  that id), and a ``network: proxy`` session has one socket-activated forwarder (:mod:`runtimes._forwarder`).
 * ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
 * ``none`` — a plain subprocess; for machines without namespaces.
@@ -18,7 +20,8 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
 reason for each missing level, what this host provides (the gateway and the evaluator call it at start).
 
 Every command runs under the resource limits of :mod:`runtimes._limits` (cgroups where they can be made here,
-rlimits always) and the workspace disk quota of :mod:`runtimes._quota` (a watchdog on the session directory);
+rlimits always) and the workspace disk quota: started as root, the session directory is a loop-mounted image of
+the quota's size (:mod:`runtimes._diskimage`), otherwise the watchdog of :mod:`runtimes._quota` watches it;
 the first session logs what this host cannot enforce. Every command gets a clean
 environment: a fixed ``PATH`` plus what every runtime sets
 (:meth:`runtimes._session.SessionRuntime.environment`: ``HOME=<session>/home``, ``TMPDIR=<session>/tmp``,
