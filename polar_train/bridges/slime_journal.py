@@ -8,7 +8,9 @@ lets a restarted bridge use them instead of sampling them again:
     The first line: the run id every task id starts with (``<run_id>-g<group>``).
 ``reserve``
     A group taken from slime's data source, written *before* its task is submitted: the group number, the
-    task id, the data source's ``group_index``, the instruction and the prompt samples (``Sample.to_dict()``).
+    task id, the data source's ``group_index``, the instruction and the prompt samples (``Sample.to_dict()``;
+    stored once with each copy's ``index`` when the copies differ in nothing else, as slime's data source makes
+    them, so a group of 16 does not store its prompt 16 times).
 ``consume``
     The groups a rollout handed to slime, written *before* they are returned: ``rollout_id`` and group numbers.
 ``discard``
@@ -31,7 +33,7 @@ from typing import IO, Any
 
 from polar_train.bridges.slime_settings import BridgeConfigError
 
-__all__ = ["JournalState", "Reservation", "ReservationJournal"]
+__all__ = ["JournalState", "Reservation", "ReservationJournal", "compact_samples"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,7 +101,7 @@ class JournalState:
                 task_id=str(record["task_id"]),
                 data_group_index=record.get("data_group_index"),
                 instruction=str(record["instruction"]),
-                samples=list(record["samples"]),
+                samples=_samples(record),
                 rollout_id=int(record["rollout_id"]),
             )
         elif kind == "consume":
@@ -112,6 +114,23 @@ class JournalState:
             self.discarded.add(int(record["group"]))
         else:
             raise ValueError(f"unknown record kind {kind!r}")
+
+
+def _samples(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A reserve record's prompt samples: listed, or one prompt and each copy's ``index``."""
+    if "samples" in record:
+        return list(record["samples"])
+    prompt = dict(record["prompt"])
+    return [{**prompt, "index": index} for index in record["indices"]]
+
+
+def compact_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields of a reserve record that hold ``samples``: one prompt and the indices when the copies differ
+    only in ``index``, else the list."""
+    first = {k: v for k, v in samples[0].items() if k != "index"}
+    if all({k: v for k, v in s.items() if k != "index"} == first for s in samples[1:]):
+        return {"prompt": samples[0], "indices": [s.get("index") for s in samples]}
+    return {"samples": samples}
 
 
 def _read(path: Path) -> JournalState:

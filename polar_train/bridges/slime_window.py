@@ -15,6 +15,7 @@ task says ``resample``) keeps a group that waited too long out of the loss.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import importlib
 import logging
@@ -28,7 +29,7 @@ from polar.rollout.v1 import rollout_service_pb2 as pb
 
 from polar_core.errors import FailedPrecondition
 from polar_train.bridges.slime_convert import BridgeCounters, fill_group
-from polar_train.bridges.slime_journal import Reservation, ReservationJournal
+from polar_train.bridges.slime_journal import Reservation, ReservationJournal, compact_samples
 from polar_train.bridges.slime_settings import BridgeConfig, BridgeConfigError
 
 __all__ = ["GroupsUnusable", "PolarRollouts", "SampleCodec", "SlimeBridge", "instruction_of"]
@@ -88,7 +89,7 @@ class SampleCodec:
 
     def decode(self, data: Mapping[str, Any]) -> Any:
         """A sample from its dictionary."""
-        return self.sample_type.from_dict(dict(data))
+        return self.sample_type.from_dict(copy.deepcopy(dict(data)))  # no state shared between copies
 
 
 def instruction_of(prompt: Any) -> str:
@@ -275,7 +276,7 @@ class SlimeBridge:
             "task_id": f"{self.run_id}-g{number:08d}",
             "data_group_index": index,
             "instruction": instruction_of(prompt_group[0].prompt),
-            "samples": [self._codec.encode(s) for s in prompt_group],
+            **compact_samples([self._codec.encode(s) for s in prompt_group]),
             "rollout_id": rollout_id,
         }
         self._journal.append(record)  # before the submission: a restart follows it up

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from polar_train.bridges.slime_journal import ReservationJournal
+from polar_train.bridges.slime_journal import ReservationJournal, compact_samples
 from polar_train.bridges.slime_settings import BridgeConfigError
 from polar_train.bridges.slime_window import SampleCodec, SlimeBridge
 from polar_train.bridges.tests.slime_fakes import FakePolar, bridge, config, template
@@ -144,3 +144,26 @@ async def test_a_journal_of_another_run_is_refused(tmp_path: Path) -> None:
     again = bridge(config(tmp_path / "journal.jsonl"), FakePolar())  # no run id given: the journal's
     assert again.run_id == "run-a"
     await again.close()
+
+
+def test_a_groups_prompt_is_journaled_once_unless_its_copies_differ() -> None:
+    copies = [Sample(prompt="p", index=i, group_index=3).to_dict() for i in range(16)]
+    compact = compact_samples(copies)
+    assert set(compact) == {"prompt", "indices"}
+    assert compact["indices"] == list(range(16))
+    copies[5]["metadata"] = {"seed": 5}
+    assert compact_samples(copies) == {"samples": copies}
+
+
+async def test_the_journal_holds_each_prompt_once_and_restores_every_copy(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "journal.jsonl", batch=1, samples=4, level=1)
+    b = bridge(cfg, FakePolar())
+    await b.rollout(0, StandInDataSource(PROMPTS, 4))
+    await b.close()
+    reserve = json.loads(cfg.journal.read_text().splitlines()[1])
+    assert reserve["kind"] == "reserve"
+    assert reserve["indices"] == [0, 1, 2, 3]
+    assert "samples" not in reserve
+    restored = ReservationJournal(cfg.journal)
+    assert [s["index"] for s in restored.state.reserved[0].samples] == [0, 1, 2, 3]
+    restored.close()
