@@ -1,11 +1,13 @@
 """Run one command in a gVisor sandbox and leave nothing of it behind (``python3 _reaper.py TIMEOUT ARGV...``).
 
-Standard library only: it is copied into the sandbox's read-only root and run by the Python the sandbox sees, as
-the sandbox user. It runs the command and, when the command ends (or after ``TIMEOUT`` seconds: exit status 124),
-sends ``SIGKILL`` to every process it may signal (``kill(-1)``: the sandbox user's, never pid 1, never itself) until
-none is left. A process-group kill is not enough under gVisor: a fork bomb's children, reparented to pid 1, are
-not found by ``kill(-pgid)`` once their group's leader has exited, and would outlive the command holding the
-sandbox's process limit. The runtime runs one command at a time, so this kills nothing but the command's own.
+Standard library only: it is copied into the sandbox's read-only root and run by the Python the sandbox sees. It
+starts the command in a new session and, when the command ends (or after ``TIMEOUT`` seconds: exit status 124),
+stops every process of that session (``SIGSTOP``, until none runs: a stopped process cannot fork), then kills
+them all. A process-group kill
+is not enough under gVisor: a fork bomb's children, reparented to pid 1, are not found by ``kill(-pgid)`` once
+their group's leader has exited, and would outlive the command holding the sandbox's process limit. A process
+that leaves the session (``setsid``) on purpose survives the command, as it would leave a process group in a
+container; the sandbox's ``RLIMIT_NPROC`` still bounds it, and ``stop`` ends it.
 """
 
 from __future__ import annotations
@@ -25,22 +27,51 @@ def _expire(signum: int, frame: object) -> None:
     raise _Expired
 
 
-def _sweep() -> None:
-    for _ in range(100000):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
+def _members(sid: int) -> dict[int, str]:
+    """Live (not zombie) processes of session ``sid`` and their states."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as fh:
+                    text = fh.read()
+                fields = text[text.rindex(")") + 2 :].split()
+                if fields[0] not in "ZX" and int(fields[3]) == sid:
+                    found[int(entry)] = fields[0]
+    return found
+
+
+def _signal_all(pids: dict[int, str], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+def _sweep(sid: int) -> None:
+    """Stop every process of the session (a stopped process cannot fork), then kill them all."""
+    for _ in range(1000):
+        members = _members(sid)
+        running = {pid: state for pid, state in members.items() if state != "T"}
+        if not running:
+            break
+        _signal_all(running, signal.SIGSTOP)
+        time.sleep(0.01)
+    for _ in range(1000):
+        members = _members(sid)
+        if not members:
             return
+        _signal_all(members, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
-        time.sleep(0.005)
+        time.sleep(0.01)
 
 
 def main(argv: list[str]) -> int:
     timeout, command = float(argv[0]), argv[1:]
     pid = os.fork()
     if pid == 0:
+        os.setsid()
         try:
             os.execvp(command[0], command)
         except OSError as exc:
@@ -55,8 +86,7 @@ def main(argv: list[str]) -> int:
     except _Expired:
         code = 124
     signal.setitimer(signal.ITIMER_REAL, 0)
-    if os.geteuid() != 0:  # kill(-1) as root would reach far more than the command's own processes
-        _sweep()
+    _sweep(pid)
     return code
 
 

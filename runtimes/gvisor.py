@@ -66,16 +66,17 @@ _RUNSC_FAILED = 128
 _EXEC_GRACE_S = 30.0
 _TIMEOUT_EXIT_CODE = 124
 # Each command runs under runtimes/_reaper.py, kept in the sandbox's read-only root: it kills whatever the command
-# left behind (a process-group kill misses reparented processes under gVisor). Commands therefore run one at a time.
+# left behind: every process of the command's session (a process-group kill misses reparented processes here).
 _REAPER = "/.polar/reaper.py"
 # pid 1 of the sandbox: reaps every orphan (gVisor hands them to pid 1; unreaped zombies would hold RLIMIT_NPROC).
 _KEEPER = (
     "import os, signal\nsignal.signal(signal.SIGCHLD, lambda *_: None)\nwhile True:\n    try:\n"
     "        os.wait()\n    except ChildProcessError:\n        signal.pause()\n"
 )
-# What gVisor itself needs beyond the sandbox's own memory and processes (the Sentry, the gofer, ptrace stubs).
+# What gVisor itself needs beyond the sandbox's own memory (the Sentry, the gofer, ptrace stubs). No pids backstop:
+# the Sentry panics when the host refuses it a thread (a fork bomb's churn reached 4096 extra host tasks).
 _BACKSTOP_MEMORY = 512 * 1024**2
-_BACKSTOP_PIDS = 4096
+_BACKSTOP_PIDS = 1_000_000
 _CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 126; shift; done; shift; exec "$@"'
 
 
@@ -130,7 +131,6 @@ class GVisorRuntime(SessionRuntime):
         self._limits = probe_limits()
         self._cgroups: list[Path] = []
         self._quota_breach: str | None = None
-        self._one_at_a_time = asyncio.Lock()
         self._uid, self._gid = (spec.sandbox_uid, spec.sandbox_gid) if _is_root() else (os.getuid(), os.getgid())
 
     @property
@@ -354,10 +354,6 @@ class GVisorRuntime(SessionRuntime):
         host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
         inner_cwd = self.root / host_cwd.relative_to(self.host_root)
         wrapped = self.wrap_argv(argv, cwd=inner_cwd, env=self.environment(env), timeout=timeout)
-        async with self._one_at_a_time:
-            return await self._exec_alone(wrapped, timeout)
-
-    async def _exec_alone(self, wrapped: list[str], timeout: float) -> ExecResult:  # noqa: ASYNC109
         started = time.monotonic()
         process = run_process(wrapped, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=timeout + _EXEC_GRACE_S)
         if self._spec.disk_limit is None:
