@@ -161,15 +161,15 @@ def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
     assert quota["removed"]
     assert quota["images_left"] == []
     if out["host_uid"] == 0 and out["isolation"] != "gvisor":
-        # Root: the session directory is a file system of the quota's size. The write past it fails (ENOSPC) and
-        # nothing is written beyond the quota, neither in the session nor on the host's disk; later commands run.
-        assert quota["raised"] == "", quota
-        assert "No space left on device" in quota["message"], quota
-        assert '"exit_code": 28' in quota["message"], quota
+        # Root: the session directory is a file system of the quota's size. The write past it fails (ENOSPC):
+        # nothing is written beyond the quota, neither in the session nor on the host's disk. A sandbox that filled
+        # it has reached its quota: DiskQuotaExceeded for this and every later command, as with the watchdog.
+        assert quota["raised"] == "DiskQuotaExceeded", quota
+        assert "filled its disk quota" in quota["message"], quota
         assert quota["host_bytes"] <= parse_size(QUOTA_LIMIT)
         assert quota["image_bytes"] is not None
         assert quota["image_bytes"] <= parse_size(QUOTA_LIMIT)
-        assert quota["later"] == "ok"
+        assert quota["later"] == "DiskQuotaExceeded"
     else:
         # No loop mount without root (nor for gVisor's sessions): the watchdog kills the command with
         # DiskQuotaExceeded, and every later one; what it left on the host is bounded (the quota plus what a writer
@@ -395,14 +395,15 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
     try:
         if os.geteuid() == 0:
             # Root next to a local daemon: the session volume is an image of the quota's size, bind-mounted. The
-            # write past it fails (ENOSPC), nothing lands past the quota on the host's disk, the container lives on.
-            fill = await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
-            assert fill.exit_code == 28, fill
-            assert "No space left on device" in fill.stdout
+            # write past it fails (ENOSPC), nothing lands past the quota on the host's disk; the session has
+            # reached its quota (DiskQuotaExceeded, then for every later command).
+            with pytest.raises(DiskQuotaExceeded, match="filled its disk quota"):
+                await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)
             await asyncio.to_thread(os.sync)
             (image_file,) = disks.glob("*.img")
             assert image_file.stat().st_blocks * 512 <= parse_size(QUOTA_LIMIT)
-            assert (await filler.exec(["true"], timeout=30)).ok
+            with pytest.raises(DiskQuotaExceeded):
+                await filler.exec(["true"], timeout=30)
         else:
             with pytest.raises(DiskQuotaExceeded, match="disk quota"):
                 await filler.exec(["sh", "-c", QUOTA_FILL], timeout=120)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtimes import Isolation, NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeSpec
-from runtimes.errors import DiskSpaceUnavailable
+from runtimes.errors import DiskQuotaExceeded, DiskSpaceUnavailable
 from runtimes.local import LocalRuntime
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -255,19 +255,25 @@ async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: Networ
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a loop-mounted image needs root")
 async def test_disk_quota_is_a_file_system_of_its_own(tmp_path: Path) -> None:
-    """The write past the quota fails with ENOSPC, nothing lands past it; stop unmounts and deletes the image."""
+    """The write past the quota fails with ENOSPC and nothing lands past it; a sandbox left full has reached its
+    quota (DiskQuotaExceeded); stop unmounts and deletes the image."""
     rt = LocalRuntime(RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="64m"), session_id="q", base_dir=tmp_path)
     await rt.start()
     try:
         assert _mounted(rt.host_root)
-        fill = await rt.exec(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=100"], timeout=60)
-        assert fill.exit_code != 0
-        assert "No space left on device" in fill.stderr
+        fill = "dd if=/dev/zero of=big bs=1M count=100; rc=$?; du -k big; rm big; exit $rc"
+        refused = await rt.exec(["sh", "-c", fill], timeout=60)  # fills, is refused, frees: the session goes on
+        assert refused.exit_code != 0
+        assert "No space left on device" in refused.stderr
+        assert int(refused.stdout.split()[0]) * 1024 <= 64 * 2**20
+        with pytest.raises(DiskQuotaExceeded, match="filled its disk quota"):
+            await rt.exec(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=100"], timeout=60)
         os.sync()
         (image,) = (tmp_path / ".polar-disks").glob("*.img")
         assert image.stat().st_blocks * 512 <= 64 * 2**20
         assert (rt.host_root / "big").stat().st_blocks * 512 <= 64 * 2**20
-        assert (await rt.exec(["rm", "big"], timeout=30)).ok  # the session goes on
+        with pytest.raises(DiskQuotaExceeded):
+            await rt.exec(["true"], timeout=30)
     finally:
         await rt.stop()
     assert not rt.host_root.exists()

@@ -47,6 +47,10 @@ IMAGE_DIR_NAME = ".polar-disks"
 _TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
 _UMOUNT_TRIES = 20
+# ext4 keeps a little back (reserved clusters, metadata): after a write was refused, a few hundred KiB can still show
+# as free. Less than this much free means the sandbox has reached its quota.
+_FULL_MARGIN = 2 * 2**20
+_FULL_SHARE = 50
 
 
 def unsupported() -> str | None:
@@ -171,6 +175,15 @@ class SessionDisk:
                 partial.unlink()
             raise
         return disk
+
+    def full(self) -> bool:
+        """Whether the sandbox reached its quota: less than 2 % (at least 2 MiB) free, or no inode left (blocking)."""
+        stat = os.statvfs(self.mountpoint)
+        return stat.f_bavail * stat.f_frsize < max(_FULL_MARGIN, self.size // _FULL_SHARE) or stat.f_favail == 0
+
+    def quota_message(self, what: str) -> str:
+        """The reason a session ends with once :meth:`full`."""
+        return f"{what} filled its disk quota ({self.size // 2**20} MiB; the writes past it were refused)"
 
     def remove(self) -> None:
         """Unmount the image, delete it and its mount point's directory. Idempotent; errors are logged."""

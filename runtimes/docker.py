@@ -377,8 +377,17 @@ class DockerRuntime(SessionRuntime):
         container = self._live()
         workdir = str(resolve_in_root(self._root, cwd)) if cwd is not None else str(self._root)
         command = self._exec_in(container, argv, workdir, env, timeout)
-        if self._spec.disk_limit is None or self._disk is not None:
-            return await command  # an image of the quota's size refuses the write past it: nothing to watch
+        if self._disk is not None:
+            # An image of the quota's size refuses the write past it (ENOSPC); a container that filled it has reached
+            # its quota, and the session ends as with the watchdog, with nothing written past the quota.
+            result = await command
+            if await asyncio.to_thread(self._disk.full):
+                self._quota_breach = self._disk.quota_message(f"the container of {self._session_id}")
+                _log.warning("docker runtime: %s", self._quota_breach)
+                raise DiskQuotaExceeded(self._quota_breach)
+            return result
+        if self._spec.disk_limit is None:
+            return await command
         limit = parse_size(self._spec.disk_limit)
         try:
             result, _breach = await watch_quota(

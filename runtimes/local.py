@@ -572,8 +572,15 @@ class LocalRuntime(SessionRuntime):
             on_start=self._live_groups.add,
             on_end=self._live_groups.discard,
         )
-        if self._spec.disk_limit is None or self._disk is not None:
-            # An image of the quota's size refuses the write past it (ENOSPC): nothing to watch.
+        if self._disk is not None:
+            # An image of the quota's size refuses the write past it (ENOSPC). A sandbox that filled it has reached
+            # its quota: the session ends as before (DiskQuotaExceeded), with nothing written past the quota.
+            result = await process
+            if await asyncio.to_thread(self._disk.full):
+                self._quota_breach = self._disk.quota_message(f"the sandbox of {self._session_id}")
+                _log.warning("local runtime: %s", self._quota_breach)
+                raise DiskQuotaExceeded(self._quota_breach)
+        elif self._spec.disk_limit is None:
             result = await process
         else:
             result, breach = await watch_quota(
