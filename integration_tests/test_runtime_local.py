@@ -234,6 +234,8 @@ async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: Networ
         seen = {pid: _host_ids(pid) for pid in pids}
         ids = {pid: found for pid, found in seen.items() if found is not None}
         assert "bwrap" in names
+        # A command that never calls the model starts no forwarder (one per session, outside the command).
+        assert not [name for name in names if name.startswith("python")], names
         for uids, gids in ids.values():
             assert 0 not in uids
             assert 0 not in gids
