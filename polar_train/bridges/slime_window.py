@@ -190,7 +190,7 @@ class SlimeBridge:
             del self._followed[number]
             samples = self._filled(group, version)
             if samples is None:
-                raise BridgeConfigError(f"journaled group {number} of rollout {rollout_id} has no usable trace")
+                raise GroupsUnusable(f"journaled group {number} of rollout {rollout_id} has no usable trace now")
             out.append(samples)
             self.counters.replayed_groups += 1
         _log.info("slime bridge: replayed rollout %d (%d groups) from the journal", rollout_id, len(out))
