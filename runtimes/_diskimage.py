@@ -86,8 +86,8 @@ def check_space(image_dir: Path, size: int) -> None:
     Raises:
         DiskSpaceUnavailable: ``size`` is larger than the free space minus what the live images may still grow by.
     """
-    image_dir.mkdir(parents=True, exist_ok=True)
-    stat = os.statvfs(image_dir)
+    existing = next(p for p in (image_dir, *image_dir.parents) if p.exists())
+    stat = os.statvfs(existing)
     free = stat.f_bavail * stat.f_frsize
     promised = sum(_reserved(image) for image in image_dir.glob("*.img"))
     if size > free - promised:
@@ -153,7 +153,7 @@ class SessionDisk:
         registry.mkdir(mode=0o700, parents=True, exist_ok=True)
         record = registry / unique
         # Locked before it gets the name the sweep looks for, so a sweep in another process never takes it.
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = _create(partial)
         disk = cls(image, mountpoint, size, fd, record)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -183,7 +183,7 @@ class SessionDisk:
 
     def quota_message(self, what: str) -> str:
         """The reason a session ends with once :meth:`full`."""
-        return f"{what} filled its disk quota ({self.size // 2**20} MiB; the writes past it were refused)"
+        return f"{what} filled its disk quota (quota {self.size // 2**20} MiB; the writes past it were refused)"
 
     def remove(self) -> None:
         """Unmount the image, delete it and its mount point's directory. Idempotent; errors are logged."""
@@ -205,7 +205,20 @@ def _discard(image: Path, mountpoint: Path) -> bool:
         mountpoint.rmdir()  # empty once unmounted; a caller that wants its directory gone removes the rest
     with contextlib.suppress(FileNotFoundError):
         image.unlink()
+    with contextlib.suppress(OSError):
+        image.parent.rmdir()  # the last image of its directory: leave nothing behind in base_dir
     return True
+
+
+def _create(path: Path) -> int:
+    """Create ``path`` exclusively, making its directory again should another owner's cleanup just remove it."""
+    for _ in range(3):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            continue
+    raise OSError(f"cannot create {path}: its directory keeps vanishing")
 
 
 def sweep(registry: Path = REGISTRY) -> list[Path]:
