@@ -13,6 +13,9 @@ subprocess, registers ``PolarAgentLoop``, builds verl's real ``AgentLoopWorker``
   taken, the other is dropped and counted);
 * row 3: an agent that exits 3 before calling the model (``infra_error``): reward 0, mask all 0.
 
+Before generating, the driver runs the bridge's wrap of verl's weight sync (``stamp_after_weight_sync``) on a
+stand-in checkpoint manager, so the proxy stamps verl's step (7) on every call.
+
 The test checks verl's ``DataProto`` against the session results the rollout server holds: every row's prompt
 (left-padded) and response (right-padded) tokens, its mask, its behaviour log-probabilities, its reward in
 ``rm_scores`` at the last response token, and the bridge's columns.
@@ -33,7 +36,6 @@ import pytest
 from polar_client import RolloutClient
 from polar_core.model_fixtures import save_tiny_model
 from polar_run.embedded import EmbeddedStack, StackOptions
-from polar_train.bridges.verl import stamp_policy_version
 
 REPO = Path(__file__).resolve().parents[1]
 VERL_PYTHON = REPO / ".venv-verl" / "bin" / "python"
@@ -153,10 +155,10 @@ async def test_verl_runs_polar_sessions_into_its_batch(tmp_path: Path) -> None:
             "response_length": RESPONSE_LENGTH,
             "agent_loop_config": str(config),
             "rows": rows,
+            "proxy_address": stack.proxy_address,
+            "token": stack.token,
+            "stamp_step": VERL_STEP,
         }
-        # What the trainer does after verl's weight sync: the proxy stamps verl's step on the calls it serves.
-        previous = await stamp_policy_version(VERL_STEP, [stack.proxy_address], token=stack.token)
-        assert previous == {stack.proxy_address: "0"}
         out = await _run_driver(spec, tmp_path)
 
         async with RolloutClient(stack.rollout_address, token=stack.token) as client:
@@ -172,6 +174,8 @@ async def test_verl_runs_polar_sessions_into_its_batch(tmp_path: Path) -> None:
     assert out["is_subclass"]
     assert out["output_type"] == "DataProto"
     assert out["batch_size"] == 4
+    # verl's weight sync ran (synchronously, then awaited) and each time the proxy was stamped with its step.
+    assert out["synced_steps"] == [VERL_STEP - 1, VERL_STEP]
 
     # verl's batch: fixed widths, one row per sample.
     for key, width in [
@@ -195,7 +199,8 @@ async def test_verl_runs_polar_sessions_into_its_batch(tmp_path: Path) -> None:
     assert columns["polar_dropped_traces"] == [0, 0, 1, 0]
     assert columns["polar_refused_traces"] == [0, 0, 0, 0]
     assert columns["__num_turns__"] == [4, 4, 4, 0]
-    # Every call was served under the version stamped from verl's step, and the batch says so.
+    # Every call was served under the version stamped from verl's step, and the batch says so (the rollout
+    # server's fleet version did not move: see docs/training.md, "verl", on the gap).
     assert columns["polar_policy_versions"] == [["7"], ["7"], ["7"], []]
 
     for row, result in enumerate(results[:3]):

@@ -12,7 +12,11 @@ of the generation batch. The driver
    hydra for each row, runs it, pads each output (``_agent_loop_postprocess``) and stacks them into its batch
    (``_postprocess``);
 
-and writes the batch's tensors and non-tensor columns to OUT as JSON.
+Before that, as ``RayPPOTrainer`` does after its weight sync, it calls the ``update_weights`` of a stand-in for
+verl's checkpoint manager (verl's ``auto_await``, as the real one) wrapped by
+:func:`polar_train.bridges.verl.stamp_after_weight_sync`: once synchronously (step ``stamp_step - 1``) and once
+awaited (``stamp_step``), so the proxy stamps verl's step on the calls the rows make. It writes the batch's
+tensors and non-tensor columns, and the steps the stand-in synced, to OUT as JSON.
 """
 
 from __future__ import annotations
@@ -42,6 +46,25 @@ def _config(spec: dict[str, Any]) -> Any:
     return config
 
 
+def _checkpoint_manager(spec: dict[str, Any]) -> Any:
+    """A stand-in for verl's ``CheckpointEngineManager`` (its ``update_weights`` only), wrapped by the bridge."""
+    from verl.utils.ray_utils import auto_await  # type: ignore[import-not-found]
+
+    from polar_train.bridges.verl import stamp_after_weight_sync
+
+    class Checkpoints:
+        def __init__(self) -> None:
+            self.synced: list[int | None] = []
+
+        @auto_await  # type: ignore[misc]
+        async def update_weights(self, global_steps: int | None = None) -> None:
+            self.synced.append(global_steps)
+
+    manager = Checkpoints()
+    stamp_after_weight_sync(manager, [spec["proxy_address"]], token=spec["token"])
+    return manager
+
+
 def _jsonable(value: Any) -> Any:
     import numpy as np
     import torch
@@ -59,7 +82,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-async def _main(spec: dict[str, Any]) -> dict[str, Any]:
+async def _main(spec: dict[str, Any], manager: Any) -> dict[str, Any]:
     import numpy as np
     from omegaconf import OmegaConf  # type: ignore[import-not-found]
     from verl.experimental.agent_loop import agent_loop  # type: ignore[import-not-found]
@@ -67,6 +90,7 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
 
     from polar_train.bridges.verl import AGENT_NAME, VERL_VERSION, register_polar_loop
 
+    await manager.update_weights(spec["stamp_step"])  # awaited, from a coroutine
     loop_class = register_polar_loop()
     registered = dict(agent_loop._agent_loop_registry[AGENT_NAME])
     is_subclass = issubclass(loop_class, agent_loop.AgentLoopBase)
@@ -97,13 +121,16 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         "batch": {key: _jsonable(output.batch[key]) for key in output.batch.keys()},  # noqa: SIM118  # a TensorDict
         "non_tensor": {key: _jsonable(value) for key, value in output.non_tensor_batch.items()},
         "meta_keys": sorted(output.meta_info),
+        "synced_steps": list(manager.synced),
     }
 
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = asyncio.run(_main(spec))
+    manager = _checkpoint_manager(spec)
+    manager.update_weights(spec["stamp_step"] - 1)  # synchronously, as RayPPOTrainer.fit calls it
+    result = asyncio.run(_main(spec, manager))
     Path(sys.argv[2]).write_text(json.dumps(result))
 
 

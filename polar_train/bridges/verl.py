@@ -45,6 +45,7 @@ __all__ = [
     "register_polar_loop",
     "run_session",
     "session_task",
+    "stamp_after_weight_sync",
     "stamp_policy_version",
     "to_agent_loop_output",
 ]
@@ -199,6 +200,31 @@ async def stamp_policy_version(
         finally:
             await channel.close(None)
     return previous
+
+
+def stamp_after_weight_sync(checkpoint_manager: Any, proxy_addresses: Sequence[str], *, token: str = "") -> None:
+    """Make verl's ``checkpoint_manager.update_weights(global_steps)`` stamp ``global_steps`` on the proxies.
+
+    Replaces the manager's ``update_weights`` (verl's ``CheckpointEngineManager``, which ``RayPPOTrainer`` calls
+    after each step, synchronously or awaited) with one that runs verl's own sync and then
+    :func:`stamp_policy_version` with the step; wrapped in verl's ``auto_await`` like the original, so both ways
+    of calling it keep working.
+
+    Raises:
+        ImportError: verl is not installed.
+    """
+    from verl.utils.ray_utils import auto_await  # type: ignore[import-not-found]  # .venv-verl only
+
+    sync = checkpoint_manager.update_weights
+    addresses = tuple(proxy_addresses)
+
+    @auto_await  # type: ignore[untyped-decorator]
+    async def update_weights(global_steps: int | None = None) -> None:
+        await sync(global_steps)
+        if global_steps is not None:
+            await stamp_policy_version(global_steps, addresses, token=token)
+
+    checkpoint_manager.update_weights = update_weights
 
 
 def _plain(value: Any) -> Any:
