@@ -78,6 +78,8 @@ def main(argv: list[str]) -> int:
             print(f"{command[0]}: {exc.strerror}", file=sys.stderr)
         os._exit(127)
     signal.signal(signal.SIGALRM, _expire)
+    # SIGTERM: the runtime's caller gave up on the command (its exec was cancelled): end it the same way.
+    signal.signal(signal.SIGTERM, _expire)
     signal.setitimer(signal.ITIMER_REAL, max(timeout, 0.001))
     try:
         _, status = os.waitpid(pid, 0)

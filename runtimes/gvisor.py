@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -353,7 +354,25 @@ class GVisorRuntime(SessionRuntime):
             raise DiskQuotaExceeded(self._quota_breach)
         host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
         inner_cwd = self.root / host_cwd.relative_to(self.host_root)
+        pid_file = self._private / f"exec-{uuid.uuid4().hex}.pid"
         wrapped = self.wrap_argv(argv, cwd=inner_cwd, env=self.environment(env), timeout=timeout)
+        wrapped.insert(wrapped.index("exec") + 1, f"--internal-pid-file={pid_file}")
+        # Shielded: the guest command holds runsc exec's pipes, so killing runsc exec does not end the wait; a
+        # cancelled exec first ends the command inside (SIGTERM to its reaper), then waits for it.
+        work = asyncio.ensure_future(self._exec_wrapped(wrapped, timeout))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text())
+                await self._runsc(["kill", "--pid", str(pid), self._id, "TERM"])
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(work, 30.0)
+            raise
+        finally:
+            pid_file.unlink(missing_ok=True)
+
+    async def _exec_wrapped(self, wrapped: list[str], timeout: float) -> ExecResult:  # noqa: ASYNC109
         started = time.monotonic()
         process = run_process(wrapped, cwd=None, env={"PATH": _DEFAULT_PATH}, timeout=timeout + _EXEC_GRACE_S)
         if self._spec.disk_limit is None:
