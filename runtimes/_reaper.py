@@ -48,15 +48,18 @@ def _signal_all(pids: dict[int, str], signum: int) -> None:
 
 
 def _sweep(sid: int) -> None:
-    """Stop every process of the session (a stopped process cannot fork), then kill them all."""
-    for _ in range(1000):
+    """Stop every process of the session (a stopped process cannot fork), then kill them all; at most ~20 s."""
+    deadline = time.monotonic() + 5.0
+    seen: set[int] = set()
+    while time.monotonic() < deadline:
         members = _members(sid)
-        running = {pid: state for pid, state in members.items() if state != "T"}
-        if not running:
-            break
-        _signal_all(running, signal.SIGSTOP)
+        if set(members) <= seen and all(state in "Tt" for state in members.values()):
+            break  # no new process since the last scan, and every one stopped
+        seen |= set(members)
+        _signal_all(members, signal.SIGSTOP)
         time.sleep(0.01)
-    for _ in range(1000):
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
         members = _members(sid)
         if not members:
             return
