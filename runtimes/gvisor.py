@@ -386,7 +386,8 @@ class GVisorRuntime(SessionRuntime):
         self._raise_if_cancelled(" while a command ran")
         if result.timed_out:
             await self._destroy()
-            raise RuntimeDied(f"runsc exec hung past its timeout in {self._session_id}")
+            command = " ".join(wrapped[wrapped.index(_REAPER) + 2 :])[:120]
+            raise RuntimeDied(f"runsc exec hung past its timeout in {self._session_id} ({command})")
         if result.exit_code == _RUNSC_FAILED and not await self._running():
             raise RuntimeDied(f"the gVisor sandbox of {self._session_id} stopped: {result.stderr.strip()[-300:]}")
         if not self.host_root.is_dir():
