@@ -95,21 +95,28 @@ def runsc_flags(state_dir: Path, network: NetworkMode) -> list[str]:
 
 
 async def probe_gvisor() -> str | None:
-    """``None`` when a gVisor sandbox runs here (``runsc do true`` with the runtime's platform); else why not."""
+    """``None`` when a gVisor sandbox like the sessions' runs here (a bundle started and ``true`` run in it, with
+    the runtime's flags); else why not (runsc missing, or what it said)."""
     if shutil.which("runsc", path=_DEFAULT_PATH) is None:
         return "gVisor (runsc) is not installed"
-    with tempfile.TemporaryDirectory(prefix="polar-runsc-probe-") as state:
-        argv = [*runsc_flags(Path(state), NetworkMode.NONE), "do", "true"]
+    with tempfile.TemporaryDirectory(prefix="polar-runsc-probe-") as base:
+        runtime = GVisorRuntime(RuntimeSpec(disk_limit=None), session_id="probe", base_dir=Path(base))
         try:
-            result = await run_process(argv, cwd=Path(state), env={"PATH": _DEFAULT_PATH}, timeout=30.0)
-        except OSError as exc:
-            return f"runsc cannot be started: {exc}"
+            await runtime.start()
+            result = await runtime.exec(["true"], timeout=30.0)
+        except IsolationUnavailable as exc:
+            return str(exc).removeprefix(_UNAVAILABLE)
+        except (OSError, RuntimeDied) as exc:
+            return f"runsc cannot run a command in its sandbox: {exc}"
+        finally:
+            await runtime.stop()
     if result.ok:
         return None
     detail = (result.stderr or result.stdout).strip()[-300:] or f"exit status {result.exit_code}"
-    if result.timed_out:
-        detail = f"runsc do true did not finish in 30 s (platform {PLATFORM})"
-    return f"runsc cannot create its sandbox: {detail}"
+    return f"runsc cannot run a command in its sandbox: {detail}"
+
+
+_UNAVAILABLE = "isolation 'gvisor' is not available here: "
 
 
 class GVisorRuntime(SessionRuntime):
@@ -153,7 +160,8 @@ class GVisorRuntime(SessionRuntime):
         return runsc_flags(self._private / "state", self._spec.network)
 
     async def start(self) -> None:
-        """Create the session directory and the bundle, then start the sandbox.
+        """Create the session directory and the bundle, then start the sandbox (the full check that a sandbox runs
+        here is :func:`probe_gvisor`, run once by the gateway and the evaluator, not per session).
 
         Raises:
             IsolationUnavailable: runsc is missing or cannot create a sandbox on this host (the message says why).
@@ -161,9 +169,8 @@ class GVisorRuntime(SessionRuntime):
         self._raise_if_cancelled()
         if self._started:
             return
-        reason = await probe_gvisor()
-        if reason is not None:
-            raise IsolationUnavailable(f"isolation 'gvisor' is not available here: {reason}")
+        if shutil.which("runsc", path=_DEFAULT_PATH) is None:
+            raise IsolationUnavailable(_UNAVAILABLE + "gVisor (runsc) is not installed")
         root = self.host_root
         for sub in SESSION_SUBDIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -206,7 +213,7 @@ class GVisorRuntime(SessionRuntime):
         if code != 0:
             detail = log.read_text(errors="replace").strip()[-300:] or f"exit status {code}"
             await self._destroy()
-            raise IsolationUnavailable(f"isolation 'gvisor' is not available here: runsc run failed: {detail}")
+            raise IsolationUnavailable(f"{_UNAVAILABLE}runsc run failed: {detail}")
 
     def _own_tree(self, path: Path) -> None:
         """Give the sandbox user what the host wrote into the session directory (root only: else it is ours)."""
