@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtimes import Isolation, IsolationUnavailable, NetworkMode, RuntimeCancelled, RuntimeSpec, create_runtime, gvisor
+from runtimes import Isolation, IsolationUnavailable, NetworkMode, RuntimeCancelled, RuntimeSpec, create_runtime
 from runtimes.gvisor import GVisorRuntime, probe_gvisor
 
 pytestmark = pytest.mark.timeout(240)
@@ -133,7 +133,7 @@ async def test_cancel_kills_running_commands(runtime: GVisorRuntime) -> None:
 
 
 async def test_without_runsc_it_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gvisor.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr("runtimes.gvisor.shutil.which", lambda *a, **k: None)
     rt = create_runtime(RuntimeSpec(min_isolation=Isolation.GVISOR), session_id="g5", base_dir=tmp_path)
     with pytest.raises(IsolationUnavailable, match="gVisor"):
         await rt.start()

@@ -53,7 +53,7 @@ def test_a_task_may_ask_for_gvisor_but_not_below_an_operators_gvisor() -> None:
 
 
 async def test_missing_runsc_fails_closed_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gvisor.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr("runtimes.gvisor.shutil.which", lambda *a, **k: None)
     runtime = GVisorRuntime(RuntimeSpec(isolation=Isolation.GVISOR), session_id="s", base_dir=tmp_path)
     with pytest.raises(IsolationUnavailable, match=r"isolation 'gvisor' is not available here: gVisor \(runsc\)"):
         await runtime.start()
