@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import inspect
 import os
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -63,16 +64,20 @@ def served_tensors(model: Any) -> tuple[dict[str, TensorSpec], frozenset[str]]:
     """What a checkpoint of ``model`` holds: its ``state_dict``'s names, shapes and dtypes, and its aliases.
 
     A tensor reachable under two names (tied input and output embeddings) is saved once, under its first
-    name; the later names are returned as aliases, which a checkpoint may hold or leave out. Nothing is copied.
+    name; the later names are returned as aliases, which a checkpoint may hold or leave out, as are the names
+    the model class itself leaves out of what it saves (``_keys_to_ignore_on_save``). Nothing is copied.
     """
     tensors: dict[str, TensorSpec] = {}
     aliases: set[str] = set()
     seen: set[int] = set()
+    unsaved = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_save", None) or []]
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) in seen:
             aliases.add(name)
             continue
         seen.add(id(tensor))
+        if any(p.search(name) for p in unsaved):
+            aliases.add(name)  # optional, but compared when present
         dtype = _SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
         tensors[name] = TensorSpec(tuple(int(d) for d in tensor.shape), dtype)
     return tensors, frozenset(aliases)
