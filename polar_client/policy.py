@@ -32,7 +32,8 @@ class ProxyUpdateResult:
     Attributes:
         proxy_id: The proxy.
         address: Its gRPC address.
-        updated: Whether it serves the new policy (otherwise it stays paused; see ``error``).
+        updated: Whether it serves the new policy (otherwise it was resumed on its previous weights, or stays paused
+            only when it could not be reached; see ``error``).
         error: Why it failed; empty when updated.
         load_seconds: Seconds its backend took to load the weights.
         aborted_calls: In-flight calls the pause aborted (``pause_mode="abort"``).
