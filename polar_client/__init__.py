@@ -7,7 +7,7 @@ Example::
     async with RolloutClient("rollout:50051", token=TOKEN) as client:
         reply = await client.submit("TASK.yaml")
         traces = [t async for r in client.watch(reply.task_id) for t in r.traces]
-        # ... train, save a checkpoint, then move the whole fleet (update.failed names any proxy left paused):
+        # ... train, save a checkpoint, then move the whole fleet (update.failed names any proxy that did not load it):
         update = await client.update_policy(1, "/ckpt/v1")
     batch = traces_to_tensors(traces, pad_token_id=0)
 """
