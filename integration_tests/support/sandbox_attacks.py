@@ -242,9 +242,10 @@ async def run_attacks(base_dir: Path, isolation: Isolation = Isolation.AUTO) -> 
     spec = RuntimeSpec(read_only_paths=(ro_dir,), **LIMITS, isolation=isolation)
     victim = _runtime(spec, "victim", base_dir / "sessions")
     attacker = _runtime(spec, "attacker", base_dir / "sessions")
-    outsider = subprocess.Popen(["sleep", "120"])  # noqa: ASYNC220 - a host process for the attacks to aim at
     await victim.start()
     await attacker.start()
+    # After the starts: a runtime that cannot start must not leave it holding a caller's pipes for 120 s.
+    outsider = subprocess.Popen(["sleep", "120"])  # noqa: ASYNC220 - a host process for the attacks to aim at
     victim_command: asyncio.Task[ExecResult] | None = None
     out: dict[str, Any] = {"canary": canary, "targets": targets, "isolation": isolation.value}
     try:
