@@ -10,7 +10,8 @@ One sandbox per session: ``runsc run --detach`` of an OCI bundle kept outside th
 sandbox does), a private ``/etc`` (:data:`runtimes.local._ETC_ALLOWED` plus generated ``passwd``/``group``/
 ``hosts``/``hostname``), tmpfs ``/tmp`` and ``/dev/shm`` of ``tmp_size``, and the session directory read-write at
 ``container_root``. Commands run with ``runsc exec`` as ``sandbox_uid:sandbox_gid`` (root) or the caller's own id
-(an ordinary user: ``runsc --rootless``, with a user namespace mapping that id to itself), with no capability, a
+(an ordinary user: ``runsc --rootless``, with a user namespace mapping that id to itself; the 2022-12 runsc refuses
+to start the gofer that way on our machines, so there the probe fails closed with its reason), with no capability, a
 clean environment, and the per-process limits applied inside gVisor (``prlimit``: ``RLIMIT_AS`` for memory, since
 gVisor does not count ``mmap`` in ``RLIMIT_DATA``; ``RLIMIT_NPROC``, which gVisor counts per sandbox, for
 processes; CPU time, file size, open files, no core). Where this host can make them, a memory and a pids cgroup
