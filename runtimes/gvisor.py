@@ -14,9 +14,10 @@ sandbox does), a private ``/etc`` (:data:`runtimes.local._ETC_ALLOWED` plus gene
 to start the gofer that way on our machines, so there the probe fails closed with its reason), with no capability, a
 clean environment, and the per-process limits applied inside gVisor (``prlimit``: ``RLIMIT_AS`` for memory, since
 gVisor does not count ``mmap`` in ``RLIMIT_DATA``; ``RLIMIT_NPROC``, which gVisor counts per sandbox, for
-processes; CPU time, file size, open files, no core). Where this host can make them, a memory and a pids cgroup
-hold the whole sandbox (``runsc`` itself is told ``--ignore-cgroups``: its own cgroup set-up fails here) as a
-backstop: past it the host kills gVisor and the runtime reports :class:`~runtimes.errors.RuntimeDied`.
+processes; CPU time, file size, open files, no core). Where this host can make one, a memory cgroup holds the
+whole sandbox (``runsc`` itself is told ``--ignore-cgroups``: its own cgroup set-up fails here) as a backstop: past
+it the host kills gVisor and the runtime reports :class:`~runtimes.errors.RuntimeDied`. No pids backstop: the Sentry
+panics when the host refuses it a thread.
 
 Network: ``--network=none`` (gVisor's own loopback only) or ``host``; ``network: proxy`` binds the proxy's Unix
 socket at ``/run/polar/proxy.sock`` (``--host-uds=open`` lets the sandbox connect to it, nothing more) and wraps each
