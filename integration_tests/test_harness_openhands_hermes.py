@@ -44,6 +44,7 @@ def _case(harness: str) -> Any:
         id=harness,
         marks=[
             pytest.mark.slow,
+            pytest.mark.timeout(360),  # the harness itself may take up to its 240 s deadline on loaded cores
             pytest.mark.skipif(not _installed(harness), reason=f"{harness} environment or bubblewrap not installed"),
         ],
     )

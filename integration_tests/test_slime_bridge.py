@@ -82,6 +82,8 @@ def _check(groups: list[list[Any]]) -> None:
         assert sample.status is Sample.Status.COMPLETED, sample.metadata
         assert sample.metadata["polar_status"] == "resolved"
         assert sample.reward == 1.0
+        assert sample.loss_mask is not None
+        assert sample.rollout_log_probs is not None
         assert sum(sample.loss_mask) == sample.response_length  # one call: every response token was sampled
         assert all(lp <= 0.0 for lp in sample.rollout_log_probs)
         assert sample.metadata["policy_version"] == 0

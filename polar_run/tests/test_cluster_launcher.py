@@ -36,7 +36,7 @@ class FakeSlurm(Slurm):
     def partition(self, name: str) -> PartitionInfo | None:
         return PartitionInfo(name=name, nodes=3, cpus_per_node=4, mem_mb_per_node=4000, max_time_s=None)
 
-    def submit(self, script: Path) -> str:
+    def submit(self, script: Path, *, hold: bool = False) -> str:
         self._next += 1
         job = str(self._next)
         self.submitted.append(script.name)
@@ -99,8 +99,8 @@ async def test_gateways_wait_for_the_rollout_server(tmp_path: Path) -> None:
     del slurm.queue["1"]  # the rollout server's job ended: it is replaced first, gateways wait for it to run
     slurm.queue["2"] = JobView("2", "x", "RUNNING", "node1", "None")
 
-    def submit_pending(script: Path) -> str:
-        job = FakeSlurm.submit(slurm, script)
+    def submit_pending(script: Path, *, hold: bool = False) -> str:
+        job = FakeSlurm.submit(slurm, script, hold=hold)
         slurm.queue[job] = JobView(job, script.stem, "PENDING", "", "Resources")
         return job
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from runtimes import _diskimage
 from runtimes._diskimage import check_space, sweep
 from runtimes._hostids import HostIdRange, _passable, lease_host_id, sweep_leases
 from runtimes.errors import DiskSpaceUnavailable
@@ -20,7 +19,7 @@ class _StatVfs:
 
 
 def test_admission_counts_what_live_images_may_still_grow_by(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_diskimage.os, "statvfs", lambda _: _StatVfs(1024 * 2**20))
+    monkeypatch.setattr(os, "statvfs", lambda _: _StatVfs(1024 * 2**20))
     check_space(tmp_path, 1000 * 2**20)  # 1 GiB free, nothing promised
     with (tmp_path / "live.img").open("wb") as image:
         image.truncate(600 * 2**20)  # a live session's sparse image may still grow by 600 MiB

@@ -120,6 +120,8 @@ def test_traces_whose_mask_and_logprobs_disagree_never_reach_the_trainer(bad: An
     s = samples[3]
     assert s.status is Sample.Status.FAILED
     assert s.reward == 0.0
+    assert s.loss_mask is not None
+    assert s.rollout_log_probs is not None
     assert not any(s.loss_mask)
     assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
     check_train_contract([samples], rollout_batch_size=1, n_samples_per_prompt=4)
