@@ -101,15 +101,20 @@ class WeightManager:
         Both happen under the load lock, so an update's LoadWeights never runs with the gate opened under it.
 
         Raises:
-            InvalidArgument: A negative version, or a version above 0 with an empty path.
+            InvalidArgument: A negative version.
             FailedPrecondition: The backend refused or failed the load (the gate stays shut).
+
+        A version above 0 with an empty path is a fleet policy whose weights the trainer synced into the inference
+        servers itself (``UpdatePolicy`` with ``weights_synced``): it is stamped without a load.
         """
         stamp = _stamp(version)
         async with self._lock:
             if version > 0 and self.version_number < version:
-                if not weights_path:
-                    raise InvalidArgument("weights_path is required")
-                await self._load(stamp, weights_path)
+                if weights_path:
+                    await self._load(stamp, weights_path)
+                else:
+                    self._engine.policy_version = stamp
+                    _log.info("policy version %s taken from the fleet without a load (weights synced)", stamp)
             self._engine.gate.resume()
 
     async def set_version(self, version: int) -> str:

@@ -222,13 +222,18 @@ class RolloutClient:
     async def update_policy(
         self,
         version: int,
-        weights_path: str | Path,
+        weights_path: str | Path = "",
         *,
         pause_mode: PauseModeName = "drain",
         drain_timeout_s: float | None = None,
         timeout_s: float | None = None,
+        weights_synced: bool = False,
     ) -> PolicyUpdateResult:
         """Move every model proxy of the fleet to policy ``version`` served from the checkpoint ``weights_path``.
+
+        With ``weights_synced=True`` (and no path) the trainer has already pushed the weights into the inference
+        servers the proxies use as backends (verl, slime: their own servers, synced outside Polar): every proxy
+        is paused, stamps ``version`` on the calls it records from then on, and resumes; nothing is loaded.
 
         ``pause_mode="drain"`` lets calls in flight finish on the old weights (for up to ``drain_timeout_s``,
         default the server's); ``"abort"`` cuts them (the harness gets its provider's retryable error). Safe to
@@ -237,13 +242,17 @@ class RolloutClient:
         when the caller goes away, so calling again with the same version picks up its outcome.
 
         Raises:
-            grpc.aio.AioRpcError: INVALID_ARGUMENT (version < 1, empty path), FAILED_PRECONDITION (version not
-                above the current one, no proxy registered, checkpoint rejected before anything was paused),
-                ALREADY_EXISTS (version applied with other weights), ABORTED (another version's update runs).
+            grpc.aio.AioRpcError: INVALID_ARGUMENT (version < 1, an empty path without ``weights_synced`` or a
+                path with it), FAILED_PRECONDITION (version not above the current one, no proxy registered,
+                checkpoint rejected before anything was paused), ALREADY_EXISTS (version applied with other
+                weights), ABORTED (another version's update runs).
             ValueError: An unknown ``pause_mode``.
         """
         request = pb.UpdatePolicyRequest(
-            version=version, weights_path=str(weights_path), pause_mode=pause_mode_to_proto(pause_mode)
+            version=version,
+            weights_path=str(weights_path),
+            pause_mode=pause_mode_to_proto(pause_mode),
+            weights_synced=weights_synced,
         )
         if drain_timeout_s is not None:
             request.drain_timeout.CopyFrom(duration(drain_timeout_s))

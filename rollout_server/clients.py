@@ -303,6 +303,11 @@ class GrpcProxyClient:
         reply = await rpc(self._stub(address).LoadWeights(request, timeout=self._load_timeout), address)
         return reply.load_seconds
 
+    async def set_policy_version(self, address: str, policy_version: int) -> None:
+        """Call SetPolicyVersion (weights synced into the proxy's backend outside Polar)."""
+        request = model_proxy_service_pb2.SetPolicyVersionRequest(policy_version=format_version(policy_version))
+        await rpc(self._stub(address).SetPolicyVersion(request, timeout=self._timeout), address)
+
     async def resume(self, address: str) -> int:
         """Call ResumeGeneration; return the released calls."""
         reply = await rpc(

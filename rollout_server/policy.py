@@ -27,6 +27,11 @@ load and resume are idempotent on the proxy). Steps 2-4 run as one task shielded
 that disconnects mid-update and calls again with the same version gets the awaited (or stored) outcome.
 Replaying an incomplete update of the current version first retries the proxies that failed; an update
 interrupted by a restart of the rollout server after its commit is finished the same way.
+
+**Weights the trainer synced itself** (``weights_synced``: verl, slime and other trainers that push weights into
+their own inference servers, which the proxies use as backends): there is no checkpoint to check or load, so
+step 2 is skipped and step 3 stamps the version (the proxy's ``SetPolicyVersion``) between pause and resume. The
+stored policy has an empty weights path, and a proxy that starts later stamps the version without loading.
 """
 
 from __future__ import annotations
@@ -150,13 +155,19 @@ class PolicyCoordinator:
         *,
         pause_mode: PauseMode = PauseMode.DRAIN,
         drain_timeout_s: float | None = None,
+        weights_synced: bool = False,
     ) -> UpdateOutcome:
         """Move every proxy to ``version`` served from ``weights_path`` (see the module docstring).
 
-        The work runs in a task of its own: cancelling this call does not stop the update.
+        With ``weights_synced`` the trainer has put the weights into the proxies' inference servers itself (its
+        own servers, synced outside Polar): nothing is checked or loaded, each proxy is paused, stamps
+        ``version`` and resumes, and the stored policy has an empty weights path (a proxy that starts later
+        stamps the version alone). The work runs in a task of its own: cancelling this call does not stop the
+        update.
 
         Raises:
-            InvalidArgument: ``version`` below 1, an empty ``weights_path`` or a non-positive drain timeout.
+            InvalidArgument: ``version`` below 1, an empty ``weights_path`` (or one given with ``weights_synced``)
+                or a non-positive drain timeout.
             AlreadyExists: ``version`` was applied with other weights.
             FailedPrecondition: ``version`` is not above the current one, no proxy is registered, a proxy
                 rejected the checkpoint (or did not answer) before anything was paused, or no proxy could load
@@ -165,8 +176,10 @@ class PolicyCoordinator:
         """
         if version < 1:
             raise InvalidArgument(f"version must be at least 1, got {version}")
-        if not weights_path:
-            raise InvalidArgument("weights_path is required")
+        if weights_synced and weights_path:
+            raise InvalidArgument("weights_synced means the weights are already in the backends: give no weights_path")
+        if not weights_path and not weights_synced:
+            raise InvalidArgument("weights_path is required (or weights_synced, for weights the trainer synced itself)")
         if drain_timeout_s is not None and drain_timeout_s <= 0:
             raise InvalidArgument("drain_timeout must be positive")
         drain = drain_timeout_s if drain_timeout_s is not None else self._config.drain_timeout_s
@@ -228,7 +241,8 @@ class PolicyCoordinator:
         self, version: int, weights_path: str, proxies: Sequence[ProxyRecord], mode: PauseMode, drain_s: float
     ) -> UpdateOutcome:
         started = time.monotonic()
-        await self._check(proxies, weights_path)
+        if weights_path:  # synced weights (no path) are in the backends already: nothing to check
+            await self._check(proxies, weights_path)
         policy = PolicyRecord(version, weights_path, self._clock())
         commit = _Commit(self._store, policy)
         outcomes = await self._drive(await self._store.list_proxies(), policy, mode, drain_s, commit)
@@ -328,8 +342,18 @@ class PolicyCoordinator:
             _, aborted = await self._proxies.pause(
                 address, abort_in_flight=mode is PauseMode.ABORT, drain_timeout_s=drain_s
             )
-            load_s = await self._proxies.load_weights(address, policy.version, policy.weights_path)
+            if policy.weights_path:
+                load_s = await self._proxies.load_weights(address, policy.version, policy.weights_path)
+            else:  # the trainer synced the weights into this proxy's backend: stamp the version only
+                await self._proxies.set_policy_version(address, policy.version)
+                load_s = 0.0
         except PolarError as exc:
+            if not policy.weights_path:
+                # Its backend serves the trainer's new weights already: resumed, it would stamp them with the old
+                # version. It stays paused until a replay of this update (or the next one) stamps it.
+                error = f"could not stamp synced policy version {policy.version}, left paused: {exc.message}"
+                await self._store.set_proxy_state(proxy.proxy_id, version=None, paused=True, error=error)
+                return ProxyOutcome(proxy.proxy_id, address, ProxyUpdateState.FAILED, error, aborted_calls=aborted)
             return await self._failed(proxy, exc.message, aborted, version=None)
         try:
             await commit()  # before the first proxy serves the new version, a proxy that starts loads it too

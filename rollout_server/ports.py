@@ -137,6 +137,9 @@ class ProxyClient(Protocol):
     async def load_weights(self, address: str, policy_version: int, weights_path: str) -> float:
         """Load a checkpoint (generation paused) and set the version; return the load's seconds."""
 
+    async def set_policy_version(self, address: str, policy_version: int) -> None:
+        """Stamp a version without loading weights (the trainer synced them into the proxy's backend)."""
+
     async def resume(self, address: str) -> int:
         """Resume generation; return how many held calls were released."""
 

@@ -189,6 +189,7 @@ class RolloutServicer(rollout_service_pb2_grpc.RolloutServiceServicer):
             request.weights_path,
             pause_mode=pause_mode_from_proto(request.pause_mode),
             drain_timeout_s=drain,
+            weights_synced=request.weights_synced,
         )
         return outcome_to_proto(outcome)
 

@@ -182,3 +182,18 @@ async def test_version_zero_keeps_the_configured_weights(
     assert backend.loaded == []
     assert not app.engine.gate.paused
     await membership.stop()
+
+
+async def test_a_fleet_version_without_a_path_is_stamped_without_a_load(
+    make_app: Callable[..., ProxyApp], backend: FakeBackend
+) -> None:
+    """Weights the trainer synced into its inference servers itself (UpdatePolicy with weights_synced)."""
+    app = make_app(backend)
+    await app.engine.gate.pause(abort_in_flight=False, drain_timeout_s=1)
+    membership = _membership(app, FakeRegistrar(FleetPolicy(4, "")))
+    membership.start()
+    await asyncio.wait_for(membership.ready.wait(), 5)
+    assert app.engine.policy_version == "4"
+    assert backend.loaded == []
+    assert not app.engine.gate.paused
+    await membership.stop()

@@ -50,6 +50,11 @@ class SlimeBridgeSettings(BaseSettings):
         sample_type: ``module:Class`` of slime's ``Sample`` (rebuilds journaled prompts after a restart).
         task_timeout_s: Deadline of each task (0: the rollout server's default).
         rpc_timeout_s: Deadline of each unary call to the rollout server.
+        stamp_versions: At the start of each rollout, stamp the fleet's policy version = ``rollout_id`` when it is
+            above the fleet's (``UpdatePolicy`` with ``weights_synced``): for slime's synchronous loop, which syncs
+            the new weights into its SGLang servers right before asking for the next rollout. Off: the trainer
+            stamps versions itself (:func:`polar_train.bridges.fleet_version.stamp_fleet_version` after each
+            sync), or every call keeps version 0 and the lag bound never acts.
     """
 
     model_config = SettingsConfigDict(env_prefix="POLAR_SLIME_", frozen=True, extra="forbid")
@@ -66,6 +71,7 @@ class SlimeBridgeSettings(BaseSettings):
     sample_type: str = "slime.utils.types:Sample"
     task_timeout_s: float = 0.0
     rpc_timeout_s: float = 60.0
+    stamp_versions: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,13 +21,15 @@ import importlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import grpc
 from polar.common.v1 import session_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 
+from polar_client import PolicyUpdateResult
 from polar_core.errors import FailedPrecondition
+from polar_train.bridges.fleet_version import stamp_with
 from polar_train.bridges.slime_convert import BridgeCounters, fill_group
 from polar_train.bridges.slime_journal import Reservation, ReservationJournal, compact_samples
 from polar_train.bridges.slime_settings import BridgeConfig, BridgeConfigError
@@ -55,6 +57,17 @@ class PolarRollouts(Protocol):
     def watch(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]: ...
 
     async def get_policy(self) -> pb.GetPolicyResponse: ...
+
+    async def update_policy(
+        self,
+        version: int,
+        weights_path: str = "",
+        *,
+        pause_mode: Literal["drain", "abort"] = "drain",
+        drain_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+        weights_synced: bool = False,
+    ) -> PolicyUpdateResult: ...
 
 
 class DataSource(Protocol):
@@ -169,6 +182,8 @@ class SlimeBridge:
 
     async def rollout(self, rollout_id: int, data_source: DataSource) -> list[list[Any]]:
         """The ``rollout_batch_size`` groups of rollout ``rollout_id``, filled; the window is full again after."""
+        if self.config.settings.stamp_versions and rollout_id > await self._version():
+            await stamp_with(self._client, rollout_id)
         if self._replay is None:
             await self._recover(rollout_id)
         assert self._replay is not None

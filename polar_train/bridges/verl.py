@@ -36,6 +36,7 @@ from polar_client import ClientSettings, RolloutClient, load_task, task_from_map
 from polar_core.channels import open_channel
 from polar_core.errors import InvalidArgument
 from polar_core.policy_version import format_version
+from polar_train.bridges.fleet_version import stamp_fleet_version
 from polar_train.bridges.verl_convert import MultiTrace, VerlSample, convert_session
 
 __all__ = [
@@ -202,8 +203,15 @@ async def stamp_policy_version(
     return previous
 
 
-def stamp_after_weight_sync(checkpoint_manager: Any, proxy_addresses: Sequence[str], *, token: str = "") -> None:
+def stamp_after_weight_sync(
+    checkpoint_manager: Any, proxy_addresses: Sequence[str] = (), *, token: str = "", rollout_address: str = ""
+) -> None:
     """Make verl's ``checkpoint_manager.update_weights(global_steps)`` stamp ``global_steps`` on the proxies.
+
+    With ``rollout_address`` the whole fleet is stamped through the rollout server
+    (:func:`polar_train.bridges.fleet_version.stamp_fleet_version`: ``UpdatePolicy`` with ``weights_synced``), so
+    its fleet version, ``max_policy_lag`` and proxies that start later follow verl's steps; otherwise each of
+    ``proxy_addresses`` is stamped directly (:func:`stamp_policy_version`; the fleet version does not move).
 
     Replaces the manager's ``update_weights`` (verl's ``CheckpointEngineManager``, which ``RayPPOTrainer`` calls
     after each step, synchronously or awaited) with one that runs verl's own sync and then
@@ -221,7 +229,11 @@ def stamp_after_weight_sync(checkpoint_manager: Any, proxy_addresses: Sequence[s
     @auto_await  # type: ignore[untyped-decorator]
     async def update_weights(global_steps: int | None = None) -> None:
         await sync(global_steps)
-        if global_steps is not None:
+        if global_steps is None:
+            return
+        if rollout_address:
+            await stamp_fleet_version(rollout_address, global_steps, token=token)
+        else:
             await stamp_policy_version(global_steps, addresses, token=token)
 
     checkpoint_manager.update_weights = update_weights

@@ -22,7 +22,7 @@ class FakeProxy:
         paused: Whether its gate is closed.
         down: Every call fails with ``Unavailable``.
         reject_check: A non-empty reason makes CheckWeights fail with it.
-        fail_load: A non-empty reason makes LoadWeights fail with it.
+        fail_load: A non-empty reason makes LoadWeights (and SetPolicyVersion) fail with it.
         loads: How many loads actually ran.
         load_gate: When set, LoadWeights waits for it (tests hold an update in the middle).
     """
@@ -86,6 +86,13 @@ class FakeProxyClient:
             proxy.loads += 1
             proxy.policy_version, proxy.weights_path = stamp, weights_path
         return 0.25
+
+    async def set_policy_version(self, address: str, policy_version: int) -> None:
+        """Stamp the version without a load (weights synced outside Polar); the path is kept."""
+        proxy = self._get(address, "set_version")
+        if proxy.fail_load:
+            raise FailedPrecondition(f"{address}: {proxy.fail_load}")
+        proxy.policy_version = format_version(policy_version)
 
     async def resume(self, address: str) -> int:
         """Open the gate."""

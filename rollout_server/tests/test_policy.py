@@ -319,3 +319,50 @@ async def test_an_update_interrupted_by_a_restart_is_finished_by_the_replay(env:
     assert outcome.complete
     assert [p.proxy_id for p in outcome.proxies] == ["a", "b", "c"]
     assert all(p.policy_version == "1" for p in env.fleet.proxies.values())
+
+
+async def test_weights_synced_stamps_every_proxy_without_a_check_or_load(env: Env) -> None:
+    """A trainer that synced weights into its own inference servers moves the fleet's version alone."""
+    await env.add("a", "b")
+    env.fleet.proxies["addr-a"].weights_path = "/served"
+    env.fleet.proxies["addr-b"].reject_check = "would refuse any checkpoint"  # not asked: nothing to check
+    with pytest.raises(InvalidArgument, match="no weights_path"):
+        await env.coordinator.update_policy(1, "/ckpt/v1", weights_synced=True)
+    with pytest.raises(InvalidArgument, match="weights_synced"):
+        await env.coordinator.update_policy(1, "")
+    outcome = await env.coordinator.update_policy(1, "", weights_synced=True)
+    assert outcome.complete
+    assert [o.state for o in outcome.proxies] == [ProxyUpdateState.UPDATED] * 2
+    names = [name for _, name in env.fleet.calls]
+    assert "check" not in names
+    assert "load" not in names
+    for address in ("addr-a", "addr-b"):
+        proxy = env.fleet.proxies[address]
+        assert (proxy.policy_version, proxy.paused, proxy.loads) == ("1", False, 0)
+    assert env.fleet.proxies["addr-a"].weights_path == "/served"  # what it loaded last is kept
+    stored, _ = await env.coordinator.get_policy()
+    assert (stored.version, stored.weights_path) == (1, "")
+    # Idempotent by version; a checkpoint for the same version is another update.
+    assert (await env.coordinator.update_policy(1, "", weights_synced=True)).replayed
+    with pytest.raises(AlreadyExists):
+        await env.coordinator.update_policy(1, "/ckpt/v1")
+    # A proxy registering later is handed the version with no path: it stamps it without a load.
+    env.fleet.add("addr-c")
+    assert (await env.coordinator.register_proxy("c", "addr-c", "vllm")).weights_path == ""
+
+
+async def test_a_proxy_that_cannot_stamp_synced_weights_stays_paused_until_the_replay(env: Env) -> None:
+    """Its backend serves the trainer's new weights already: resumed, it would stamp them with the old version."""
+    await env.add("a", "b")
+    await env.coordinator.update_policy(1, "", weights_synced=True)
+    env.fleet.proxies["addr-b"].fail_load = "stamp refused"
+    outcome = await env.coordinator.update_policy(2, "", weights_synced=True)
+    assert not outcome.complete
+    states = {o.proxy_id: (o.state, "left paused" in o.error) for o in outcome.proxies}
+    assert states == {"a": (ProxyUpdateState.UPDATED, False), "b": (ProxyUpdateState.FAILED, True)}
+    b = env.fleet.proxies["addr-b"]
+    assert (env.fleet.proxies["addr-a"].policy_version, b.policy_version, b.paused) == ("2", "1", True)
+    b.fail_load = ""
+    replay = await env.coordinator.update_policy(2, "", weights_synced=True)
+    assert replay.complete
+    assert (b.policy_version, b.paused) == ("2", False)

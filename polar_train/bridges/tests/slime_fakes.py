@@ -12,11 +12,12 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from polar.common.v1 import session_pb2, task_pb2, trace_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 
+from polar_client import PolicyUpdateResult
 from polar_train.bridges.slime_journal import ReservationJournal
 from polar_train.bridges.slime_settings import BridgeConfig, SlimeBridgeSettings
 from polar_train.bridges.slime_window import SampleCodec, SlimeBridge
@@ -70,6 +71,7 @@ class FakePolar:
         self.tasks: dict[str, task_pb2.Task] = {}
         self.sampled: Counter[str] = Counter()  # by instruction: how often each prompt group was sampled
         self.submissions = 0
+        self.stamps: list[int] = []  # versions stamped through update_policy
         self._gates: dict[str, asyncio.Event] = {}
 
     async def submit(self, task: Any, *, task_timeout_s: float | None = None) -> pb.SubmitTaskResponse:
@@ -95,6 +97,24 @@ class FakePolar:
 
     async def get_policy(self) -> pb.GetPolicyResponse:
         return pb.GetPolicyResponse(policy=pb.PolicyInfo(version=self.version))
+
+    async def update_policy(
+        self,
+        version: int,
+        weights_path: str = "",
+        *,
+        pause_mode: Literal["drain", "abort"] = "drain",
+        drain_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+        weights_synced: bool = False,
+    ) -> PolicyUpdateResult:
+        """A synced stamp (the only kind the bridge makes): the fleet's version moves."""
+        assert weights_synced
+        assert not weights_path
+        assert version > self.version
+        self.version = version
+        self.stamps.append(version)
+        return PolicyUpdateResult(version, "", complete=True, replayed=False, seconds=0.0, proxies=())
 
 
 def config(journal: Path, *, batch: int = 2, samples: int = 4, level: int = 2, **settings: Any) -> BridgeConfig:

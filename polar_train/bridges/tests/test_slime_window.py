@@ -95,3 +95,22 @@ async def test_group_after_group_without_a_trace_stops_the_run_with_the_reason(t
         await b.rollout(0, StandInDataSource(PROMPTS, 2))
     assert b.counters.discarded_groups == 3
     await b.close()
+
+
+async def test_stamp_versions_moves_the_fleet_to_each_rollout_id_once(tmp_path: Path) -> None:
+    """slime syncs weights into its own servers before each rollout; the bridge stamps that on the fleet."""
+    polar = FakePolar()
+    source = StandInDataSource(PROMPTS, 4)
+    off = bridge(config(tmp_path / "off.jsonl"), polar)
+    await off.rollout(0, source)
+    await off.rollout(1, source)
+    assert polar.stamps == []  # off by default: the trainer stamps versions itself
+    await off.close()
+    polar = FakePolar()
+    b = bridge(config(tmp_path / "journal.jsonl", stamp_versions=True), polar)
+    for rollout_id in range(3):
+        groups = await b.rollout(rollout_id, source)
+        check_train_contract(groups, rollout_batch_size=2, n_samples_per_prompt=4)
+    assert polar.stamps == [1, 2]  # rollout 0 is the initial policy, version 0: nothing to stamp
+    assert polar.version == 2
+    await b.close()

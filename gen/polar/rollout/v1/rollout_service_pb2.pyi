@@ -61,16 +61,18 @@ class ProxyUpdate(_message.Message):
     def __init__(self, proxy_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[ProxyUpdateState, str]] = ..., error: _Optional[str] = ..., load_seconds: _Optional[float] = ..., aborted_calls: _Optional[int] = ...) -> None: ...
 
 class UpdatePolicyRequest(_message.Message):
-    __slots__ = ("version", "weights_path", "pause_mode", "drain_timeout")
+    __slots__ = ("version", "weights_path", "pause_mode", "drain_timeout", "weights_synced")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_PATH_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_SYNCED_FIELD_NUMBER: _ClassVar[int]
     version: int
     weights_path: str
     pause_mode: PauseMode
     drain_timeout: _duration_pb2.Duration
-    def __init__(self, version: _Optional[int] = ..., weights_path: _Optional[str] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    weights_synced: bool
+    def __init__(self, version: _Optional[int] = ..., weights_path: _Optional[str] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., weights_synced: _Optional[bool] = ...) -> None: ...
 
 class UpdatePolicyResponse(_message.Message):
     __slots__ = ("policy", "proxies", "complete", "replayed", "seconds")

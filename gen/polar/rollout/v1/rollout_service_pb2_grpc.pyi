@@ -95,9 +95,11 @@ class RolloutServiceStub:
     backend, sets the version and resumes. The new version and weights are stored at the first load that
     succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
     A proxy that fails to load is resumed on its previous weights and version and named in the response
-    (complete is false): no proxy ever answers under this version with other weights. Returns
-    INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
-    is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+    (complete is false): no proxy ever answers under this version with other weights. With
+    weights_synced (the trainer synced the weights into the proxies' inference servers itself) nothing is
+    checked or loaded: each proxy is paused, stamps the version and resumes. Returns INVALID_ARGUMENT for
+    a version below 1, an empty weights path (or a path with weights_synced), FAILED_PRECONDITION when the
+    version is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
     could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
     weights, and ABORTED while another version's update is in progress.
     Idempotent by version: the same version and weights again returns the stored outcome, after retrying
@@ -180,9 +182,11 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     backend, sets the version and resumes. The new version and weights are stored at the first load that
     succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
     A proxy that fails to load is resumed on its previous weights and version and named in the response
-    (complete is false): no proxy ever answers under this version with other weights. Returns
-    INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
-    is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+    (complete is false): no proxy ever answers under this version with other weights. With
+    weights_synced (the trainer synced the weights into the proxies' inference servers itself) nothing is
+    checked or loaded: each proxy is paused, stamps the version and resumes. Returns INVALID_ARGUMENT for
+    a version below 1, an empty weights path (or a path with weights_synced), FAILED_PRECONDITION when the
+    version is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
     could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
     weights, and ABORTED while another version's update is in progress.
     Idempotent by version: the same version and weights again returns the stored outcome, after retrying
@@ -334,9 +338,11 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         backend, sets the version and resumes. The new version and weights are stored at the first load that
         succeeds, before that proxy resumes, so a proxy that starts later loads them before it admits a call.
         A proxy that fails to load is resumed on its previous weights and version and named in the response
-        (complete is false): no proxy ever answers under this version with other weights. Returns
-        INVALID_ARGUMENT for a version below 1 or an empty weights path, FAILED_PRECONDITION when the version
-        is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
+        (complete is false): no proxy ever answers under this version with other weights. With
+        weights_synced (the trainer synced the weights into the proxies' inference servers itself) nothing is
+        checked or loaded: each proxy is paused, stamps the version and resumes. Returns INVALID_ARGUMENT for
+        a version below 1, an empty weights path (or a path with weights_synced), FAILED_PRECONDITION when the
+        version is not above the current one, no proxy is registered, a proxy rejects the checkpoint, or no proxy
         could load it (then nothing is stored), ALREADY_EXISTS when the version was applied with other
         weights, and ABORTED while another version's update is in progress.
         Idempotent by version: the same version and weights again returns the stored outcome, after retrying
