@@ -339,3 +339,39 @@ async def test_the_embedded_stack_registers_its_proxy(tmp_path: Path) -> None:
         update = await client.update_policy(1, checkpoint(tmp_path, "v1"))
         assert update.complete
         assert [p.address for p in update.proxies] == [stack.proxy_address]
+
+
+async def test_weights_synced_by_the_trainer_stamp_the_fleet_without_a_load(fleet: Fleet, tmp_path: Path) -> None:
+    """verl/slime push weights into their own servers; UpdatePolicy(weights_synced) moves the version alone."""
+    await fleet.start_rollout(f"sqlite:///{tmp_path / 'rollout.sqlite3'}")
+    p1, p2 = await fleet.add_proxy("p1"), await fleet.add_proxy("p2")
+    async with RolloutClient(fleet.target, token=TOKEN) as client:
+        await registered(client, 2)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await client.update_policy(1, checkpoint(tmp_path, "v1"), weights_synced=True)
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "give no weights_path" in (exc.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await client.update_policy(1)
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "weights_synced" in (exc.value.details() or "")
+
+        update = await client.update_policy(5, weights_synced=True)
+        assert update.complete
+        assert (update.version, update.weights_path) == (5, "")
+        for proxy in (p1, p2):
+            served = await proxy.policy()
+            assert (served.policy_version, served.weights_path, served.paused) == ("5", "", False)
+            assert (await proxy.chat(f"synced-{proxy.proxy_id}")).policy_version == "5"
+        assert (await client.update_policy(5, weights_synced=True)).replayed
+
+        # A proxy that starts later takes the version without a checkpoint to load.
+        p3 = await fleet.add_proxy("p3")
+        assert (await p3.chat("late-synced")).policy_version == "5"
+        state = await client.get_policy()
+        assert (state.policy.version, state.policy.weights_path) == (5, "")
+        assert [(p.proxy_id, p.version, p.paused) for p in state.proxies] == [
+            ("p1", 5, False),
+            ("p2", 5, False),
+            ("p3", 5, False),
+        ]
