@@ -130,7 +130,12 @@ async def test_runtime_that_dies_is_infra_error(service, factory) -> None:
     handle = await service.prepare(PrepareParams(spec=spec))
     runtime = factory.built[-1]
     assert isinstance(runtime, LocalRuntime)
-    shutil.rmtree(runtime.host_root)  # the sandbox vanishes underneath the evaluator
+    root = runtime.host_root
+    if root.is_symlink():  # a link to the session's own disk image (started as root)
+        shutil.rmtree(root.resolve(), ignore_errors=True)  # its mount point itself stays
+        root.unlink()
+    else:
+        shutil.rmtree(root)  # the sandbox vanishes underneath the evaluator
     result = await service.evaluate(handle, Artifacts(patch=fix))
     assert result.status is TerminalStatus.INFRA_ERROR
     assert result.error_message

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.timeout(300)
 async def test_real_sessions_leave_no_processes_or_sandboxes(tmp_path: Path) -> None:
-    args = argparse.Namespace(calls=3, timeout=120.0, init_workers=None, ready_capacity=None, postrun_workers=2)
+    args = argparse.Namespace(
+        calls=3, timeout=120.0, init_workers=None, ready_capacity=None, postrun_workers=2, isolation="bwrap"
+    )
     result = await run_one(3, tmp_path / "host", args)
     assert result.statuses == {"resolved": 3}, result
     assert result.calls == [3, 3, 3]

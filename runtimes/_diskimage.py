@@ -164,6 +164,8 @@ class SessionDisk:
             _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
                   f"nodiscard,root_owner={uid}:{gid}", "-L", "polar-session", str(image)])  # fmt: skip
             mount_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+            for traversed in (mount_dir.parent, mount_dir):  # whatever the umask: the leased id passes through
+                os.chmod(traversed, 0o711)
             mountpoint.mkdir()
             _run(["mount", "-o", _MOUNT_OPTIONS, str(image), str(mountpoint)])
             # ext4's lost+found would show in the session directory; nothing here ever runs fsck.

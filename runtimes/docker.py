@@ -381,8 +381,9 @@ class DockerRuntime(SessionRuntime):
             # An image of the quota's size refuses the write past it (ENOSPC); a container that filled it has reached
             # its quota, and the session ends as with the watchdog, with nothing written past the quota.
             result = await command
-            if await asyncio.to_thread(self._disk.full):
-                self._quota_breach = self._disk.quota_message(f"the container of {self._session_id}")
+            disk = self._disk  # None once the runtime was stopped while the command ran
+            if disk is not None and await asyncio.to_thread(disk.full):
+                self._quota_breach = disk.quota_message(f"the container of {self._session_id}")
                 _log.warning("docker runtime: %s", self._quota_breach)
                 raise DiskQuotaExceeded(self._quota_breach)
             return result

@@ -296,10 +296,17 @@ class LocalRuntime(SessionRuntime):
             await self._release()
             raise
 
-    async def _make_session_dir(self) -> None:
-        """The session directory: a loop-mounted image of ``disk_limit`` (root), owned by the sandbox's host id."""
+    async def _make_session_dir(self, isolation: Isolation) -> None:
+        """The session directory: a loop-mounted image of ``disk_limit`` (root), owned by the sandbox's host id.
+
+        Only bubblewrap sandboxes run as a leased host id on their own image: bubblewrap binds the image at the
+        sandbox's path and lets that id reach what it needs. Without bubblewrap (``unshare``, ``none``: the operator
+        allows the host's file system) commands run as the runtime's own user in a plain directory under the
+        quota's watchdog, as before: a leased id could not reach the root-only directories they use, and the link
+        to an image would show in every path they compute.
+        """
         root = self.host_root
-        if _is_root():
+        if _is_root() and isolation is Isolation.BWRAP:
             self._lease = await asyncio.to_thread(lease_host_id, self._host.host_ids)
         owner = (self._lease.uid, self._lease.uid) if self._lease is not None else (os.getuid(), os.getgid())
         if _is_root():
@@ -307,7 +314,7 @@ class LocalRuntime(SessionRuntime):
             await asyncio.to_thread(sweep_leases, self._host.host_ids)
             if self._host.disk_images:
                 await asyncio.to_thread(sweep)
-        if self._spec.disk_limit is not None and self._host.disk_images:
+        if self._spec.disk_limit is not None and isolation is Isolation.BWRAP and self._host.disk_images:
             images = root.parent / IMAGE_DIR_NAME
             self._disk = await asyncio.to_thread(
                 SessionDisk.create, images, root.name, parse_size(self._spec.disk_limit), owner=owner
@@ -323,8 +330,6 @@ class LocalRuntime(SessionRuntime):
                 os.lchown(path, *owner)
 
     async def _start(self) -> None:
-        await self._make_session_dir()
-        root = self.host_root
         isolation = self._spec.isolation
         minimum = self._spec.min_isolation
         if isolation is Isolation.AUTO:
@@ -337,6 +342,8 @@ class LocalRuntime(SessionRuntime):
             raise IsolationUnavailable(f"isolation {isolation.value!r} is weaker than the minimum {minimum.value!r}")
         if isolation is Isolation.GVISOR:  # fail closed: create_runtime builds runtimes.gvisor.GVisorRuntime for it
             raise IsolationUnavailable("isolation 'gvisor' is run by runtimes.gvisor.GVisorRuntime, not LocalRuntime")
+        await self._make_session_dir(isolation)
+        root = self.host_root
         if isolation is Isolation.NONE:
             _log.warning("local runtime %s runs commands WITHOUT ISOLATION (the operator allows it)", self._session_id)
         elif isolation is Isolation.UNSHARE:
@@ -576,8 +583,9 @@ class LocalRuntime(SessionRuntime):
             # An image of the quota's size refuses the write past it (ENOSPC). A sandbox that filled it has reached
             # its quota: the session ends as before (DiskQuotaExceeded), with nothing written past the quota.
             result = await process
-            if await asyncio.to_thread(self._disk.full):
-                self._quota_breach = self._disk.quota_message(f"the sandbox of {self._session_id}")
+            disk = self._disk  # None once the runtime was stopped while the command ran
+            if disk is not None and await asyncio.to_thread(disk.full):
+                self._quota_breach = disk.quota_message(f"the sandbox of {self._session_id}")
                 _log.warning("local runtime: %s", self._quota_breach)
                 raise DiskQuotaExceeded(self._quota_breach)
         elif self._spec.disk_limit is None:
@@ -629,6 +637,8 @@ def _remove_session_dir(path: Path) -> None:
 def _write_etc(directory: Path, uid: int, gid: int) -> None:
     """Write the sandbox's own ``passwd``, ``group``, ``hosts`` and ``hostname`` (nothing of the host's)."""
     directory.mkdir(parents=True, exist_ok=True)
+    # Readable by the sandbox's leased host id whatever the umask (a Slurm job may run under 077).
+    os.chmod(directory, 0o755)
     users = {0: ("root", 0), 65534: ("nobody", 65534)}
     users.setdefault(uid, ("sandbox", gid))
     groups = {0: "root", 65534: "nogroup"}
@@ -643,3 +653,4 @@ def _write_etc(directory: Path, uid: int, gid: int) -> None:
     }
     for name, text in contents.items():
         (directory / name).write_text(text)
+        os.chmod(directory / name, 0o644)
