@@ -249,6 +249,11 @@ class PolicyCoordinator:
         if not commit.done:
             reasons = "; ".join(f"{o.address} ({o.proxy_id}): {o.error}" for o in outcomes)
             _log.error("policy version %d loaded nowhere; nothing stored: %s", version, reasons)
+            if not weights_path:
+                raise FailedPrecondition(
+                    f"no proxy could stamp synced policy version {version}; each is left paused (its backend "
+                    f"holds the new weights) and nothing was stored; call again to retry: {reasons}"
+                )
             raise FailedPrecondition(
                 f"no proxy could load {weights_path!r} as policy version {version}; every proxy serves its "
                 f"previous version again and nothing was stored: {reasons}"

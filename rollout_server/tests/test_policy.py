@@ -366,3 +366,15 @@ async def test_a_proxy_that_cannot_stamp_synced_weights_stays_paused_until_the_r
     replay = await env.coordinator.update_policy(2, "", weights_synced=True)
     assert replay.complete
     assert (b.policy_version, b.paused) == ("2", False)
+
+
+async def test_a_synced_version_no_proxy_could_stamp_is_not_stored_and_they_stay_paused(env: Env) -> None:
+    await env.add("a")
+    env.fleet.proxies["addr-a"].fail_load = "stamp refused"
+    with pytest.raises(FailedPrecondition, match="left paused"):
+        await env.coordinator.update_policy(1, "", weights_synced=True)
+    assert await env.store.current_policy() is None
+    assert env.fleet.proxies["addr-a"].paused
+    env.fleet.proxies["addr-a"].fail_load = ""
+    assert (await env.coordinator.update_policy(1, "", weights_synced=True)).complete
+    assert not env.fleet.proxies["addr-a"].paused
