@@ -21,15 +21,14 @@ import importlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import grpc
 from polar.common.v1 import session_pb2, task_pb2
 from polar.rollout.v1 import rollout_service_pb2 as pb
 
-from polar_client import PolicyUpdateResult
 from polar_core.errors import FailedPrecondition
-from polar_train.bridges.fleet_version import stamp_with
+from polar_train.bridges.fleet_version import PolicyUpdater, stamp_with
 from polar_train.bridges.slime_convert import BridgeCounters, fill_group
 from polar_train.bridges.slime_journal import Reservation, ReservationJournal, compact_samples
 from polar_train.bridges.slime_settings import BridgeConfig, BridgeConfigError
@@ -49,7 +48,7 @@ def _first_error(group: _Group) -> str:
     return errors[0] if errors else "no session result"
 
 
-class PolarRollouts(Protocol):
+class PolarRollouts(PolicyUpdater, Protocol):
     """The part of :class:`polar_client.RolloutClient` the bridge uses (a fake stands in for it in unit tests)."""
 
     async def submit(self, task: Any, *, task_timeout_s: float | None = None) -> pb.SubmitTaskResponse: ...
@@ -57,17 +56,6 @@ class PolarRollouts(Protocol):
     def watch(self, task_id: str) -> AsyncIterator[session_pb2.SessionResult]: ...
 
     async def get_policy(self) -> pb.GetPolicyResponse: ...
-
-    async def update_policy(
-        self,
-        version: int,
-        weights_path: str = "",
-        *,
-        pause_mode: Literal["drain", "abort"] = "drain",
-        drain_timeout_s: float | None = None,
-        timeout_s: float | None = None,
-        weights_synced: bool = False,
-    ) -> PolicyUpdateResult: ...
 
 
 class DataSource(Protocol):
