@@ -14,7 +14,6 @@ runs the shipped examples in ``test_evaluator_docker.py``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -24,7 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ import pytest
 
 from evaluator import EvaluatorSettings, EvaluatorSpec
 from evaluator.models import EvaluationResult, TestStatus
-from integration_tests import test_redteam_sandbox as sandbox
 from integration_tests.support.evaluator import (
     EXAMPLE_TASKS_DIR,
     editable_service,
@@ -41,6 +39,7 @@ from integration_tests.support.evaluator import (
     make_patch,
     run_case,
 )
+from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from polar_core.records import TerminalStatus
 
 # Marks every test passed: the cheat each configuration and plugin attack tries to get loaded.
@@ -57,11 +56,15 @@ FORCE_PASS = textwrap.dedent("""\
 """)
 PLUGIN = {"evil_plugin.py": FORCE_PASS}
 TEST_FILE = "tests/test_pagination.py"
-_REPO = Path(__file__).resolve().parent.parent
 
-# The same fixture as the sandbox red team's: an unprivileged host user (created when missing) and a directory
-# it owns; skipped, with the reason, where there is none.
-user_dir = sandbox.user_dir
+# As in the sandbox red team: an unprivileged host user (created when missing) and a directory it owns; skipped,
+# with the reason, where there is none.
+
+
+@pytest.fixture
+def user_dir() -> Iterator[tuple[str, Path]]:
+    with unprivileged_dir() as found:
+        yield found
 
 
 def _naive_run(repo: Path, patch: bytes, tmp_path: Path) -> int:
@@ -359,24 +362,10 @@ async def test_attack_gets_the_honest_verdict_as_an_unprivileged_user(user_dir: 
     site = sysconfig.get_paths()["purelib"]
     case["site_dirs"] = [site]
     (directory / "case.json").write_text(json.dumps(case))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "gen"), site])}
-    argv = [
-        str(sandbox._RUNUSER),
-        "-u",
-        user,
-        "--",
-        sandbox._SYSTEM_PYTHON,
-        "-m",
-        "integration_tests.support.evaluator",
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, str(directory / "case.json"), cwd=_REPO, env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), 110)
-    if proc.returncode != 0 and b"No module named" in stderr:
-        pytest.skip(f"the system python cannot import the evaluator: {stderr.decode()[-300:]}")
-    assert proc.returncode == 0, stderr.decode()[-2000:]
+    returncode, stdout, stderr = await run_module_as(
+        user, "integration_tests.support.evaluator", str(directory / "case.json"), timeout_s=110, extra_path=[site]
+    )
+    assert returncode == 0, stderr.decode()[-2000:]
     result = EvaluationResult.from_dict(json.loads(stdout.splitlines()[-1]))
     assert Path(result.log_ref).is_relative_to(directory)
     assert _owner(result.log_ref) != 0  # written by the unprivileged evaluator

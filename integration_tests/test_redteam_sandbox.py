@@ -18,10 +18,7 @@ import asyncio
 import dataclasses
 import json
 import os
-import pwd
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +58,7 @@ from integration_tests.support.sandbox_attacks import (
     egress_targets,
     run_attacks,
 )
+from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from polar_core.errors import NotFound
 from polar_core.records import TerminalStatus
 from runtimes import ExecResult, Isolation, Runtime, RuntimeKind, RuntimeSpec
@@ -69,26 +67,7 @@ from runtimes.docker import DockerRuntime
 from runtimes.errors import DiskQuotaExceeded
 from runtimes.local import LocalRuntime, probe_isolation
 
-_REPO = Path(__file__).resolve().parent.parent
-_USER = "polar-redteam"
-_SYSTEM_PYTHON = "/usr/bin/python3"
-_RUNUSER = shutil.which("runuser", path="/usr/sbin:/usr/bin:/sbin:/bin")
-
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-
-def _unprivileged_user() -> str | None:
-    """A non-root host user to run the runtime as (created when missing), or None when impossible."""
-    try:
-        pwd.getpwnam(_USER)
-        return _USER
-    except KeyError:
-        pass
-    if shutil.which("useradd") is None:
-        return None
-    done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _USER],
-                          capture_output=True, check=False)  # fmt: skip
-    return _USER if done.returncode == 0 else None
 
 
 def _check_outcomes(out: dict[str, Any], *, pids_limit: int) -> None:
@@ -206,20 +185,8 @@ async def test_attacks_fail_as_root(tmp_path: Path, isolation: Isolation) -> Non
 
 @pytest.fixture
 def user_dir() -> Iterator[tuple[str, Path]]:
-    if os.geteuid() != 0:
-        # Already unprivileged: the root test covers nothing then, and this one runs the attacks directly.
-        with tempfile.TemporaryDirectory() as name:
-            yield "", Path(name)
-        return
-    user = _unprivileged_user()
-    if user is None or _RUNUSER is None or not Path(_SYSTEM_PYTHON).exists():
-        pytest.skip("cannot run as an unprivileged user here (no useradd/runuser or no system python3)")
-    directory = Path(tempfile.mkdtemp(prefix="polar-redteam-"))
-    shutil.chown(directory, user, user)
-    try:
-        yield user, directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with unprivileged_dir() as found:
+        yield found
 
 
 @pytest.mark.timeout(400)
@@ -230,19 +197,12 @@ async def test_attacks_fail_as_an_unprivileged_user(user_dir: tuple[str, Path], 
         await _require(isolation)
         out = await run_attacks(directory, isolation)
     else:
-        # The system Python: the one running the tests may live where the user cannot read (e.g. /root).
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{_REPO}:{_REPO / 'gen'}"}
-        proc = await asyncio.create_subprocess_exec(
-            str(_RUNUSER), "-u", user, "--", _SYSTEM_PYTHON, "-m", "integration_tests.support.sandbox_attacks",
-            str(directory), isolation.value, cwd=_REPO, env=env, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
-        if proc.returncode != 0 and b"No module named" in stderr:
-            pytest.skip(f"the system python cannot import the runtime: {stderr.decode()[-300:]}")
-        if proc.returncode != 0 and b"IsolationUnavailable: " in stderr:  # the probe as that user: its reason
+        returncode, stdout, stderr = await run_module_as(
+            user, "integration_tests.support.sandbox_attacks", str(directory), isolation.value
+        )
+        if returncode != 0 and b"IsolationUnavailable: " in stderr:  # the probe as that user: its reason
             pytest.skip(stderr.decode().split("IsolationUnavailable: ")[-1].strip()[:300])
-        assert proc.returncode == 0, stderr.decode()[-2000:]
+        assert returncode == 0, stderr.decode()[-2000:]
         out = json.loads(stdout)
         assert out["host_uid"] != 0
         assert b"not enforced on this host" in stderr  # the runtime says what it cannot enforce

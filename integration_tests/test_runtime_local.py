@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from integration_tests.support import forwarder_probe
+from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from runtimes import Isolation, NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeSpec
 from runtimes.errors import DiskQuotaExceeded, DiskSpaceUnavailable
 from runtimes.local import LocalRuntime
@@ -255,6 +259,48 @@ async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: Networ
         server.close()
 
 
+async def _forwarder_probe_as_a_user(*args: str) -> dict[str, Any]:
+    with unprivileged_dir() as (user, directory):
+        if not user:
+            return await forwarder_probe.probe(directory, no_user_namespace=args == ("no-userns",))
+        module = "integration_tests.support.forwarder_probe"
+        returncode, stdout, stderr = await run_module_as(user, module, str(directory), *args)
+        assert returncode == 0, stderr.decode()[-2000:]
+        out: dict[str, Any] = json.loads(stdout)
+        out["stderr"] = stderr.decode()
+        return out
+
+
+@pytest.mark.timeout(300)
+async def test_an_ordinary_users_session_has_one_forwarder_in_a_namespace_of_its_own() -> None:
+    """As an ordinary host user too, a ``proxy`` session's commands start no forwarder of their own: they join the
+    session's network namespace, owned by a user namespace of the forwarder's, and reach the proxy through it;
+    they keep the host user's ids and cannot take the shared loopback down; stop ends the forwarder."""
+    out = await _forwarder_probe_as_a_user()
+    assert out["host_uid"] != 0
+    assert out["session_forwarder"], out
+    names = out["command_processes"]
+    assert names.count("sleep") == 2, names
+    assert not [name for name in names if name.startswith("python")], names  # no forwarder in the command
+    assert [(code, text) for code, text, _ in out["calls"]] == [(0, "proxy:hello")] * 2, out["calls"]
+    assert out["ids_inside"] == [str(out["host_uid"]), str(out["host_gid"])]
+    assert out["lo_down"][0] != 0
+    assert "Operation not permitted" in out["lo_down"][1]
+    assert out["calls_after_lo_down"] == "proxy:hello"
+    assert not out["forwarder_left"]
+
+
+@pytest.mark.timeout(300)
+async def test_without_a_user_namespace_each_command_starts_its_own_forwarder() -> None:
+    """Where an ordinary user cannot make the forwarder's user namespace, the session still reaches the proxy:
+    each command then starts its own forwarder inside its sandbox, and the runtime says so."""
+    out = await _forwarder_probe_as_a_user("no-userns")
+    assert not out["session_forwarder"]
+    assert [name for name in out["command_processes"] if name.startswith("python")], out["command_processes"]
+    assert [(code, text) for code, text, _ in out["calls"]] == [(0, "proxy:hello")] * 2, out["calls"]
+    assert "each command starts its own" in out.get("stderr", "each command starts its own")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a loop-mounted image needs root")
 async def test_disk_quota_is_a_file_system_of_its_own(tmp_path: Path) -> None:
     """The write past the quota fails with ENOSPC and nothing lands past it; a sandbox left full has reached its
@@ -297,6 +343,8 @@ async def test_a_quota_larger_than_the_free_disk_is_refused_at_start(tmp_path: P
 _CRASHING_OWNER = """
 import asyncio, os, sys
 from pathlib import Path
+from integration_tests.support import forwarder_probe
+from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from runtimes import Isolation, NetworkMode, RuntimeSpec
 from runtimes.local import LocalRuntime
 spec = RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m", network=NetworkMode.PROXY,

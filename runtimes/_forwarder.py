@@ -1,12 +1,18 @@
-"""One model-proxy forwarder per session, in a network namespace the session's commands join (root only).
+"""One model-proxy forwarder per session, in a network namespace the session's commands join.
 
 Without it, every command of a ``network: proxy`` sandbox started the forwarder of :mod:`runtimes.tunnel` inside
 its own bubblewrap (a Python interpreter and asyncio per command, about 0.2 CPU-seconds a session, most of it in
-commands that never call the model: ``git``, ``mkdir``, patch collection). A runtime started as root instead
-makes one network namespace per session (``unshare --net``, loopback only, owned by the host's user namespace, so
-no sandbox can reconfigure it), runs the forwarder there once, as the session's leased host id, and starts every
-command's bubblewrap inside that namespace (``nsenter --net``, then ``--share-net``): commands that never
-connect pay nothing. Commands of one session share its loopback (as in a container); sessions do not.
+commands that never call the model: ``git``, ``mkdir``, patch collection). A runtime instead makes one network
+namespace per session (loopback only), runs the forwarder there once, and starts every command's bubblewrap inside
+that namespace (``nsenter``, then ``--share-net``): commands that never connect pay nothing. Commands of one
+session share its loopback (as in a container); sessions do not.
+
+* Started as root (``uid`` given): ``unshare --net``, a namespace owned by the host's user namespace, so no sandbox
+  can reconfigure it; the forwarder drops to the session's leased host id once it listens.
+* Started as an ordinary user (``uid=None``): ``unshare --user --map-root-user --net``, a user namespace of its
+  own that owns the network namespace; commands enter both (``nsenter --user --net --preserve-credentials``) and
+  bubblewrap then makes each sandbox's user namespace a child of it, where no capability over the namespace
+  reaches. The forwarder stays the runtime's own user, as the sandboxes are then.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from runtimes.errors import RuntimeDied
 
 __all__ = ["SessionForwarder"]
 
-# Run as root in the new network namespace: bring loopback up, listen, read the forwarder's source, and drop to the
-# leased id. Then wait for the first connection before paying for asyncio (socket activation: a session that never
-# calls the model pays one bare interpreter start). The interpreter may live where the leased id cannot read (under
-# /root): its library is imported through the staged binds of runtimes._hostids (``ORIGINAL=STAGED`` arguments).
+# Run as root in the new network namespace (the host's root, or root of its own user namespace): bring loopback up,
+# listen, read the forwarder's source, and drop to the leased id (a uid of -1: stay). Then wait for the first
+# connection before paying for asyncio (socket activation: a session that never calls the model pays one bare
+# interpreter start). The interpreter may live where the leased id cannot read (under /root): its library is
+# imported through the staged binds of runtimes._hostids (``ORIGINAL=STAGED`` arguments).
 _BOOT = """
 import fcntl, os, select, socket, struct, sys
 uid, script, port, target, lifeline = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
@@ -37,7 +44,8 @@ listener = socket.socket()
 listener.bind(("127.0.0.1", port))
 listener.listen(128)
 source = open(script, encoding="utf-8").read()
-os.setgroups([]); os.setgid(uid); os.setuid(uid)
+if uid >= 0:
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
 for pair in sys.argv[6:]:
     old, new = pair.split("=", 1)
     sys.path = [new + p[len(old):] if p == old or p.startswith(old + "/") else p for p in sys.path]
@@ -77,8 +85,9 @@ class SessionForwarder:
         process: The running forwarder.
     """
 
-    def __init__(self, process: asyncio.subprocess.Process, lifeline: int) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, lifeline: int, *, rootless: bool = False) -> None:
         self._process = process
+        self._rootless = rootless
         # The write end of a pipe whose read end the forwarder watches: when this process ends, however it ends,
         # the forwarder sees end-of-file and exits (a forwarder never outlives its runtime's process).
         self._lifeline = lifeline
@@ -87,6 +96,18 @@ class SessionForwarder:
     def netns(self) -> str:
         """The session's network namespace, for ``nsenter --net=``."""
         return f"/proc/{self._process.pid}/ns/net"
+
+    @property
+    def rootless(self) -> bool:
+        """Whether the namespace is owned by a user namespace of its own (started as an ordinary user)."""
+        return self._rootless
+
+    def enter_argv(self) -> list[str]:
+        """The command prefix that runs what follows in the session's network namespace."""
+        if self._rootless:
+            return ["nsenter", f"--user=/proc/{self._process.pid}/ns/user", f"--net={self.netns}",
+                    "--preserve-credentials", "--"]  # fmt: skip
+        return ["nsenter", f"--net={self.netns}", "--"]
 
     @property
     def alive(self) -> bool:
@@ -102,7 +123,7 @@ class SessionForwarder:
         script: Path,
         port: int,
         socket_path: Path,
-        uid: int,
+        uid: int | None,
         staged: Mapping[Path, Path],
     ) -> SessionForwarder:
         """Start the forwarder and wait until it listens (it starts forwarding at the first connection).
@@ -110,18 +131,20 @@ class SessionForwarder:
         Args:
             prefix: What runs before it (the session's cgroups and rlimits).
             python: The host's Python.
-            script: The forwarder (``runtimes/tunnel.py``), read as root before the id drops.
+            script: The forwarder (``runtimes/tunnel.py``), read before the id drops.
             port: The loopback port commands reach the proxy on.
             socket_path: The proxy's Unix socket, as ``uid`` reaches it.
-            uid: The session's leased host id (uid and gid).
+            uid: The session's leased host id (uid and gid), started as root; ``None``: this process's user, in a
+                user namespace of the forwarder's own.
             staged: Host paths ``uid`` reaches only through a staged bind (the interpreter's prefixes among them).
 
         Raises:
             RuntimeDied: It did not start listening.
         """
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
-        argv = [*prefix, "unshare", "--net", "--", python, "-I", "-S", "-c", _BOOT, str(uid), str(script), str(port),
-                str(socket_path), str(read_end),
+        unshare = ["unshare", "--net"] if uid is not None else ["unshare", "--user", "--map-root-user", "--net"]
+        argv = [*prefix, *unshare, "--", python, "-I", "-S", "-c", _BOOT, str(-1 if uid is None else uid),
+                str(script), str(port), str(socket_path), str(read_end),
                 *(f"{old}={new}" for old, new in staged.items() if old != new)]  # fmt: skip
         try:
             process = await asyncio.create_subprocess_exec(
@@ -139,7 +162,7 @@ class SessionForwarder:
             raise
         finally:
             os.close(read_end)
-        forwarder = cls(process, write_end)
+        forwarder = cls(process, write_end, rootless=uid is None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _READY_S
         while not _listening(process.pid, port):

@@ -9,7 +9,8 @@ Isolation, strongest first (``isolation: auto`` picks the first that works on th
   private ``/tmp``. Host files outside those (other sessions, the task's reference fix, credentials under
   ``/root``, the operator's ``/etc``) are not visible. Started as root, commands run as ``sandbox_uid`` inside,
   mapped to an unprivileged host id leased for the session (:mod:`runtimes._hostids`; bubblewrap itself runs as
-  that id), and a ``network: proxy`` session has one socket-activated forwarder (:mod:`runtimes._forwarder`).
+  that id). A ``network: proxy`` session has one socket-activated forwarder (:mod:`runtimes._forwarder`), as root
+  and as an ordinary user.
 * ``unshare`` — ``unshare`` with new user, pid, ipc, uts, mount and network namespaces. The file system is
   the host's (not hidden); the network namespace has no interfaces up, so not even loopback works.
 * ``none`` — a plain subprocess; for machines without namespaces.
@@ -132,6 +133,9 @@ class LocalHost:
         self._limits_logged = False
         self._no_disk_images: str | None = None
         self._disk_probed = False
+        # Set when an ordinary user could not start a session's forwarder (no user namespace of its own): later
+        # sessions go straight to a forwarder per command.
+        self.rootless_forwarder_failed = False
 
     async def bwrap_disables_userns(self) -> bool:
         """Whether this bubblewrap can disable user namespaces inside the sandbox (``--disable-userns``, 0.8+)."""
@@ -372,26 +376,37 @@ class LocalRuntime(SessionRuntime):
             self._reach = await asyncio.to_thread(self._reachable_binds)
         if self._session_forwarder_wanted():
             self._forwarder = await self._start_forwarder()
-        elif self._spec.network is NetworkMode.PROXY:
-            (root / _FORWARDER).write_bytes(script_bytes())
+        if self._forwarder is None and self._spec.network is NetworkMode.PROXY:
+            (root / _FORWARDER).write_bytes(script_bytes())  # each command starts its own (runtimes.tunnel)
         self._started = True
 
     def _session_forwarder_wanted(self) -> bool:
-        """One forwarder per session (:mod:`runtimes._forwarder`): root's bubblewrap sandboxes on ``proxy``."""
-        return (self._lease is not None and self._isolation is Isolation.BWRAP
-                and self._spec.network is NetworkMode.PROXY and self._spec.proxy_socket is not None)  # fmt: skip
+        """One forwarder per session (:mod:`runtimes._forwarder`): bubblewrap sandboxes on ``proxy``."""
+        return (self._isolation is Isolation.BWRAP and self._spec.network is NetworkMode.PROXY
+                and self._spec.proxy_socket is not None and not self._host.rootless_forwarder_failed)  # fmt: skip
 
-    async def _start_forwarder(self) -> SessionForwarder:
-        assert self._lease is not None
+    async def _start_forwarder(self) -> SessionForwarder | None:
+        """The session's forwarder; ``None`` where an ordinary user cannot make a user namespace to own it."""
         assert self._spec.proxy_socket is not None
         socket_path = self._reach.get(self._spec.proxy_socket) or (
             self._reached(self._spec.proxy_socket.parent) / self._spec.proxy_socket.name
         )
         # Our own copy, which no sandbox can write: the forwarder runs outside the sandbox's mount namespace.
         script = Path(tunnel.__file__)
-        return await SessionForwarder.start(self._limit_prefix(), python=sys.executable, script=script,
-                                            port=self._spec.proxy_port, socket_path=socket_path,
-                                            uid=self._lease.uid, staged=self._reach)  # fmt: skip
+        uid = self._lease.uid if self._lease is not None else None
+        try:
+            return await SessionForwarder.start(self._limit_prefix(), python=sys.executable, script=script,
+                                                port=self._spec.proxy_port, socket_path=socket_path,
+                                                uid=uid, staged=self._reach)  # fmt: skip
+        except RuntimeDied as exc:
+            if uid is not None:
+                raise
+            # E.g. a setuid bubblewrap on a host without unprivileged user namespaces: every command then starts
+            # its own forwarder inside its sandbox, as before.
+            _log.warning("local runtime: no per-session proxy forwarder as an ordinary user (%s); each command "
+                         "starts its own", exc)  # fmt: skip
+            self._host.rootless_forwarder_failed = True
+            return None
 
     def _reachable_binds(self) -> dict[Path, Path]:
         """Stage, for the leased host id, every host path bubblewrap binds that it could not reach (blocking)."""
@@ -471,7 +486,7 @@ class LocalRuntime(SessionRuntime):
         # Started as root, the sandbox runs as its leased unprivileged host id, bubblewrap included.
         drop = _as_user(self._lease.uid) if self._lease is not None else []
         # In the session's network namespace, where its one forwarder listens (runtimes._forwarder).
-        net = ["nsenter", f"--net={self._forwarder.netns}", "--"] if self._forwarder is not None else []
+        net = self._forwarder.enter_argv() if self._forwarder is not None else []
         return [*self._limit_prefix(), *net, *drop, *sandboxed]
 
     def _limit_prefix(self) -> list[str]:
@@ -504,6 +519,9 @@ class LocalRuntime(SessionRuntime):
         if self._lease is not None:
             # bubblewrap runs as the leased host id and maps sandbox_uid to it (never to host uid 0).
             args += ["--uid", str(self._spec.sandbox_uid), "--gid", str(self._spec.sandbox_gid)]
+        elif self._forwarder is not None and self._forwarder.rootless:
+            # In the forwarder's user namespace this user is its root: keep the sandbox's ids the host user's own.
+            args += ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
         if self._disable_userns:
             args.append("--disable-userns")
         if self._spec.network is NetworkMode.HOST or self._forwarder is not None:
@@ -561,6 +579,8 @@ class LocalRuntime(SessionRuntime):
             _log.warning("local runtime %s: the proxy forwarder ended; starting another", self._session_id)
             await self._forwarder.stop()
             self._forwarder = await self._start_forwarder()
+            if self._forwarder is None:
+                (self.host_root / _FORWARDER).write_bytes(script_bytes())
         host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
         inner_cwd = self.root / host_cwd.relative_to(self.host_root)
         full_env = self.environment(env)
