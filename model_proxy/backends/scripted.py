@@ -8,7 +8,8 @@ script record the same numbers.
 Scripts are replayed per session: calls are keyed by ``GenerationRequest.affinity_key`` (the proxy passes the
 session id), and every key replays its own script from the start, so concurrent sessions do not steal each
 other's turns. :meth:`ScriptedBackend.from_sessions` gives each session its own script; a backend built with a
-single script gives every session a copy of it. Running out of turns raises
+single script gives every session a copy of it. A retried attempt (``<id>~attemptN``) replays its own script if
+it has one, else its session's from the start. Running out of turns raises
 :class:`~model_proxy.errors.ScriptExhausted`: a script shorter than the conversation is a test bug.
 """
 
@@ -18,6 +19,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +27,9 @@ from typing import Any, Protocol
 from model_proxy.errors import MalformedRequest, ScriptExhausted
 from model_proxy.models import GenerationChunk, GenerationRequest
 from polar_core.errors import FailedPrecondition
+
+# A retried attempt's proxy session id is ``<session id>~attempt<N>`` (gateway.models.proxy_session_id).
+_RETRIED_ATTEMPT = re.compile(r"~attempt[0-9]+$")
 
 __all__ = ["ScriptTurn", "ScriptedBackend", "TextEncoder", "load_script", "scripted_logprob"]
 
@@ -214,12 +219,17 @@ class ScriptedBackend:
 
     def remaining(self, affinity_key: str = "") -> int:
         """Return how many turns the session keyed ``affinity_key`` has left."""
-        script = self._sessions.get(affinity_key, self._default)
-        return len(script) - self._cursors.get(affinity_key, 0)
+        return len(self._script_of(affinity_key)) - self._cursors.get(affinity_key, 0)
+
+    def _script_of(self, key: str) -> list[tuple[tuple[int, ...], str]]:
+        """The script of ``key``; a retried attempt (``<id>~attemptN``) without its own replays its session's."""
+        if key in self._sessions:
+            return self._sessions[key]
+        return self._sessions.get(_RETRIED_ATTEMPT.sub("", key), self._default)
 
     def _next_turn(self, request: GenerationRequest) -> tuple[tuple[int, ...], str]:
         key = request.affinity_key
-        script = self._sessions.get(key, self._default)
+        script = self._script_of(key)
         cursor = self._cursors.get(key, 0)
         if cursor >= len(script):
             raise ScriptExhausted(

@@ -118,6 +118,24 @@ async def test_from_sessions_gives_each_session_its_script_and_refuses_unknown()
     assert len(backend.requests) == 3
 
 
+async def test_a_retried_attempt_replays_its_sessions_script_unless_it_has_its_own() -> None:
+    backend = ScriptedBackend.from_sessions(
+        {"s1": [ScriptTurn(token_ids=(1,)), ScriptTurn(token_ids=(2,))], "s2~attempt2": [ScriptTurn(token_ids=(5,))]},
+        None,
+        end_of_turn_id=EOT,
+    )
+    assert _joined(await _collect(backend, _request(key="s1")))[0] == [1]
+    # The retry starts over: its own cursor, the session's script from the first turn.
+    assert _joined(await _collect(backend, _request(key="s1~attempt3")))[0] == [1]
+    assert backend.remaining("s1~attempt3") == 1
+    assert backend.remaining("s1") == 1
+    assert _joined(await _collect(backend, _request(key="s2~attempt2")))[0] == [5]
+    with pytest.raises(ScriptExhausted):
+        await _collect(backend, _request(key="s2"))
+    with pytest.raises(ScriptExhausted):  # only an attempt suffix is stripped
+        await _collect(backend, _request(key="s1~attemptx"))
+
+
 def test_load_script_reads_json_list_and_jsonl(tmp_path: Path) -> None:
     turns = [{"text": "hi"}, {"token_ids": [1, 2]}, {"text": "x", "eot": False}]
     as_list = tmp_path / "script.json"
