@@ -328,6 +328,7 @@ async def test_slurm_fleet_survives_scancel_and_scale(slurm: PrivateSlurm, tmp_p
             handed = await conn.fetch(
                 "SELECT session_id, status, error_message FROM reports WHERE gateway_id = $1 AND final = 0", victim
             )
+            reports = await conn.fetch("SELECT session_id, status, gateway_id, error_message FROM reports")
             sessions = {
                 row["session_id"]: row for row in await conn.fetch("SELECT * FROM sessions WHERE task_id = $1", TASK_ID)
             }
@@ -339,8 +340,16 @@ async def test_slurm_fleet_survives_scancel_and_scale(slurm: PrivateSlurm, tmp_p
             assert row["status"] == "infra_error"
             assert "handed back" in row["error_message"], row["error_message"]
             assert by_id[row["session_id"]].gateway_id != victim
-            # An outage, not a failure: it used up no attempt.
-            assert sessions[row["session_id"]]["infra_failures"] == 0
+            # An outage, not a failure: it used up no attempt. (Its run elsewhere may fail on its own under load;
+            # only such other infra errors may count.)
+            others = [
+                dict(r)
+                for r in reports
+                if r["session_id"] == row["session_id"]
+                and r["status"] == "infra_error"
+                and "handed back" not in r["error_message"]
+            ]
+            assert sessions[row["session_id"]]["infra_failures"] <= len(others), (dict(row), others)
             assert sessions[row["session_id"]]["outages"] >= 1
         assert {s["state"] for s in sessions.values()} == {"done"}
 

@@ -77,7 +77,8 @@ def _check_long_sessions(results: dict[str, session_pb2.SessionResult]) -> None:
 async def _check_task(client: RolloutClient, stack: EmbeddedStack, task_id: str) -> None:
     full = await client.get(task_id)
     assert len(full.session_results) == SAMPLES
-    assert all(r.status == "resolved" and len(r.traces) == TASK_CALLS for r in full.session_results)
+    outcomes = [(r.session_id, r.status, len(r.traces), r.error_message) for r in full.session_results]
+    assert all(status == "resolved" and traces == TASK_CALLS for _, status, traces, _ in outcomes), outcomes
     assert full.ByteSize() > GRPC_DEFAULT_LIMIT  # one GetTask of every trace needs the raised limit
     assert full.next_result_index == 0
 
