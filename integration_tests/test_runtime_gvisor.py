@@ -6,12 +6,15 @@ Skipped, with the probe's reason, where runsc cannot run here; the attacks are i
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from integration_tests.support import gvisor_probe
+from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from runtimes import Isolation, IsolationUnavailable, NetworkMode, RuntimeCancelled, RuntimeSpec, create_runtime
 from runtimes.gvisor import GVisorRuntime, probe_gvisor
 
@@ -140,3 +143,31 @@ async def test_without_runsc_it_fails_closed(tmp_path: Path, monkeypatch: pytest
     rt = create_runtime(RuntimeSpec(min_isolation=Isolation.GVISOR), session_id="g5", base_dir=tmp_path)
     with pytest.raises(IsolationUnavailable, match="gVisor"):
         await rt.start()
+
+
+async def test_an_ordinary_user_runs_gvisor_in_a_user_namespace_of_its_own() -> None:
+    """As an ordinary host user, gVisor runs as root of the session's own user namespace: its processes and files
+    are that user's on the host, never uid 0; the commands (uid 0 inside, no capability) cannot write gVisor's
+    ``/dev``; the proxy is reachable through the tunnel; stop leaves no process."""
+    with unprivileged_dir() as (user, directory):
+        if user:
+            returncode, stdout, stderr = await run_module_as(user, "integration_tests.support.gvisor_probe",
+                                                             str(directory))  # fmt: skip
+            assert returncode == 0, stderr.decode()[-2000:]
+            out = json.loads(stdout)
+        else:
+            out = await gvisor_probe.probe(directory)
+    if "unavailable" in out:
+        pytest.skip(out["unavailable"])
+    uid = out["host_uid"]
+    assert uid != 0
+    assert out["sandbox_processes"], "runsc's sandbox and gofer name the sandbox id"
+    assert all(ids == [uid] * 4 for ids in out["sandbox_processes"].values()), out["sandbox_processes"]
+    assert out["wrote"][:2] == [0, ["0", "hi"]], out["wrote"]
+    assert out["file_owner"] == uid
+    dev_out, dev_err = out["dev"]
+    assert dev_out == "done"
+    assert "/dev/pwned: Permission denied" in dev_err
+    assert "Operation not permitted" in dev_err
+    assert out["call"][:2] == [0, "proxy:hello"], out["call"]
+    assert out["left_after_stop"] == {}

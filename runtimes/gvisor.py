@@ -9,15 +9,16 @@ One sandbox per session: ``runsc run --detach`` of an OCI bundle kept outside th
 ``runsc`` state). The root shows, read-only, the system directories and the Python in use (as the bubblewrap
 sandbox does), a private ``/etc`` (:data:`runtimes.local._ETC_ALLOWED` plus generated ``passwd``/``group``/
 ``hosts``/``hostname``), tmpfs ``/tmp`` and ``/dev/shm`` of ``tmp_size``, and the session directory read-write at
-``container_root``. Commands run with ``runsc exec`` as ``sandbox_uid:sandbox_gid`` (root) or the caller's own id
-(an ordinary user: ``runsc --rootless``, with a user namespace mapping that id to itself; the 2022-12 runsc refuses
-to start the gofer that way on our machines, so there the probe fails closed with its reason), with no capability, a
-clean environment, and the per-process limits applied inside gVisor (``prlimit``: ``RLIMIT_AS`` for memory, since
-gVisor does not count ``mmap`` in ``RLIMIT_DATA``; ``RLIMIT_NPROC``, which gVisor counts per sandbox, for
-processes; CPU time, file size, open files, no core). Where this host can make one, a memory cgroup holds the
-whole sandbox (``runsc`` itself is told ``--ignore-cgroups``: its own cgroup set-up fails here) as a backstop: past
-it the host kills gVisor and the runtime reports :class:`~runtimes.errors.RuntimeDied`. No pids backstop: the Sentry
-panics when the host refuses it a thread.
+``container_root``. Commands run with ``runsc exec`` as ``sandbox_uid:sandbox_gid`` (root) or, for an ordinary
+user, as id 0 of a user namespace the session owns (:mod:`runtimes._userns`; every ``runsc`` call enters it with
+``--rootless``, as ``runsc do`` does; that id is the user's own on the host, and gVisor's ``/dev`` is handed to
+``nobody`` so that owning every other file gains nothing), with no capability, a clean environment, and the
+per-process limits applied inside gVisor (``prlimit``: ``RLIMIT_AS`` for memory, since gVisor does not count
+``mmap`` in ``RLIMIT_DATA``; ``RLIMIT_NPROC``, which gVisor counts per sandbox, for processes; CPU time, file
+size, open files, no core). Where this host can make one, a memory cgroup holds the whole sandbox (``runsc``
+itself is told ``--ignore-cgroups``: its own cgroup set-up fails here) as a backstop: past it the host kills gVisor
+and the runtime reports :class:`~runtimes.errors.RuntimeDied`. No pids backstop: the Sentry panics when the host
+refuses it a thread.
 
 Network: ``--network=none`` (gVisor's own loopback only) or ``host``; ``network: proxy`` binds the proxy's Unix
 socket at ``/run/polar/proxy.sock`` (``--host-uds=open`` lets the sandbox connect to it, nothing more) and wraps each
@@ -43,13 +44,14 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ClassVar
 
 from runtimes._hostdir import HostSessionDir
 from runtimes._limits import parse_size, prlimit_argv, probe_limits, remove_cgroups, unique_name
 from runtimes._process import run_process
 from runtimes._quota import allocated_bytes, quota_message, watch_quota
 from runtimes._session import SESSION_SUBDIRS, SessionRuntime
+from runtimes._userns import OwnUserNamespace
 from runtimes.base import ExecResult
 from runtimes.errors import DiskQuotaExceeded, IsolationUnavailable, RuntimeDied
 from runtimes.local import _DEFAULT_PATH, _ETC_ALLOWED, _FORWARDER, _PROXY_SOCKET, _SANDBOX_HOSTNAME, _write_etc
@@ -130,6 +132,8 @@ class GVisorRuntime(SessionRuntime):
         base_dir: Parent of session directories; the sandboxes' bundles go in ``base_dir/.polar-gvisor``.
     """
 
+    _unenforced_logged: ClassVar[bool] = False  # what the host cannot enforce is logged by the first session
+
     def __init__(self, spec: RuntimeSpec, *, session_id: str, base_dir: Path) -> None:
         super().__init__(spec, session_id=session_id)
         host_root = (base_dir / session_id).absolute()
@@ -141,7 +145,10 @@ class GVisorRuntime(SessionRuntime):
         self._limits = probe_limits()
         self._cgroups: list[Path] = []
         self._quota_breach: str | None = None
-        self._uid, self._gid = (spec.sandbox_uid, spec.sandbox_gid) if _is_root() else (os.getuid(), os.getgid())
+        # An ordinary user is id 0 of the user namespace runsc runs in, its only id: the sandbox's is 0 too.
+        self._uid, self._gid = (spec.sandbox_uid, spec.sandbox_gid) if _is_root() else (0, 0)
+        # An ordinary user's runsc calls run as root of a user namespace of the session's own (runtimes._userns).
+        self._userns: OwnUserNamespace | None = None
 
     @property
     def root(self) -> PurePosixPath:
@@ -159,7 +166,8 @@ class GVisorRuntime(SessionRuntime):
         return self._id
 
     def _flags(self) -> list[str]:
-        return runsc_flags(self._private / "state", self._spec.network)
+        enter = self._userns.enter_argv() if self._userns is not None else []
+        return [*enter, *runsc_flags(self._private / "state", self._spec.network)]
 
     async def start(self) -> None:
         """Create the session directory and the bundle, then start the sandbox (the full check that a sandbox runs
@@ -180,6 +188,12 @@ class GVisorRuntime(SessionRuntime):
             (root / _FORWARDER).write_bytes(script_bytes())
         await asyncio.to_thread(self._own_tree, root)
         await asyncio.to_thread(self._write_bundle)
+        if not _is_root() and self._userns is None:
+            try:
+                self._userns = await OwnUserNamespace.start(sys.executable)
+            except RuntimeDied as exc:
+                await self._destroy()
+                raise IsolationUnavailable(f"{_UNAVAILABLE}{exc}") from exc
         try:
             self._cgroups = await asyncio.to_thread(
                 self._limits.cgroups.create,
@@ -190,8 +204,20 @@ class GVisorRuntime(SessionRuntime):
         except OSError as exc:
             _log.warning("gvisor runtime %s: no cgroup (%s); only the limits inside gVisor apply", self._session_id,
                          exc)  # fmt: skip
+        self._log_unenforced_once()
         await self._run_sandbox()
         self._started = True
+
+    def _log_unenforced_once(self) -> None:
+        """Say, once per process, what this host cannot enforce around a gVisor sandbox (the limits inside hold)."""
+        if GVisorRuntime._unenforced_logged:
+            return
+        GVisorRuntime._unenforced_logged = True
+        if not self._cgroups:
+            _log.warning("gvisor runtime: not enforced on this host: a memory and process backstop around the whole "
+                         "sandbox (no cgroup here; the per-process limits inside gVisor hold)")  # fmt: skip
+        _log.warning("gvisor runtime: not enforced on this host: a hard disk quota (a watchdog kills a sandbox over "
+                     "its quota after the fact)")  # fmt: skip
 
     async def _run_sandbox(self) -> None:
         join = ["sh", "-c", _CGROUP_JOIN, "polar-cgroup", *map(str, self._cgroups), "--"] if self._cgroups else []
@@ -216,6 +242,22 @@ class GVisorRuntime(SessionRuntime):
             detail = log.read_text(errors="replace").strip()[-300:] or f"exit status {code}"
             await self._destroy()
             raise IsolationUnavailable(f"{_UNAVAILABLE}runsc run failed: {detail}")
+        if not _is_root():
+            await self._hand_dev_away()
+
+    async def _hand_dev_away(self) -> None:
+        """Give gVisor's ``/dev`` to ``nobody`` (an ordinary user's sandbox runs as id 0, its only id).
+
+        Without it a command, owner of ``/dev``, could fill that directory, which no size bounds (gVisor ignores a
+        ``/dev`` mount's options) and which lives in the Sentry's memory. Nobody's ``/dev`` (mode 0755) takes no new
+        file, and a command without capabilities cannot take it back. ``/dev/shm`` and ``/tmp`` stay as sized.
+        """
+        done = await self._runsc(["exec", "--user", "0:0", "--cap", "CAP_CHOWN", self._id, "chown", "65534:65534",
+                                  "/dev"])  # fmt: skip
+        if done is None or not done.ok:
+            detail = "runsc did not start" if done is None else (done.stderr or done.stdout).strip()[-300:]
+            await self._destroy()
+            raise IsolationUnavailable(f"{_UNAVAILABLE}cannot make the sandbox's /dev read-only to it: {detail}")
 
     def _own_tree(self, path: Path) -> None:
         """Give the sandbox user what the host wrote into the session directory (root only: else it is ours)."""
@@ -273,10 +315,6 @@ class GVisorRuntime(SessionRuntime):
             else:
                 _mount_point(rootfs, mount["destination"], directory=True)
         linux: dict[str, Any] = {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")]}
-        if not _is_root():
-            linux["namespaces"].append({"type": "user"})
-            linux["uidMappings"] = [{"containerID": self._uid, "hostID": self._uid, "size": 1}]
-            linux["gidMappings"] = [{"containerID": self._gid, "hostID": self._gid, "size": 1}]
         none: list[str] = []
         config = {
             "ociVersion": "1.0.0",
@@ -309,6 +347,9 @@ class GVisorRuntime(SessionRuntime):
             await self._runsc(["kill", "--all", self._id, "KILL"])
             await self._runsc(["delete", "--force", self._id])
         await asyncio.to_thread(shutil.rmtree, self._private, True)
+        userns, self._userns = self._userns, None
+        if userns is not None:
+            await userns.stop()
         cgroups, self._cgroups = self._cgroups, []
         await asyncio.to_thread(remove_cgroups, cgroups)
 
