@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from integration_tests.support import forwarder_probe
+from integration_tests.support.forwarder_probe import descendants, process_names
 from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from runtimes import Isolation, NetworkMode, PathEscapesSession, RuntimeCancelled, RuntimeDied, RuntimeSpec
 from runtimes.errors import DiskQuotaExceeded, DiskSpaceUnavailable
@@ -167,33 +167,6 @@ async def test_vanished_session_directory_is_runtime_died(runtime: LocalRuntime)
         await runtime.exec(["true"], timeout=5)
 
 
-def _descendants(leader: int) -> list[int]:
-    """Host pids of ``leader`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, stack = [], [leader]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
-
-
-def _names(pids: list[int]) -> list[str]:
-    names = []
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-    return names
-
-
 def _mounted(path: Path) -> bool:
     """Whether ``path`` is (or links to) a mount point."""
     return os.path.ismount(os.path.realpath(path))
@@ -227,14 +200,14 @@ async def test_no_sandboxed_process_is_host_root(tmp_path: Path, network: Networ
         pids: list[int] = []
         for _ in range(100):  # until both sleeps run
             await asyncio.sleep(0.1)
-            pids = [pid for group in rt._live_groups for pid in _descendants(group)]
-            names = _names(pids)
+            pids = [pid for group in rt._live_groups for pid in descendants(group)]
+            names = process_names(pids)
             if names.count("sleep") == 2:
                 break
         assert names.count("sleep") == 2, names
         if network is NetworkMode.PROXY:  # the session's one forwarder (runtimes._forwarder) too
             assert rt._forwarder is not None
-            pids.append(rt._forwarder._process.pid)
+            pids.append(rt._forwarder.pid)
         seen = {pid: _host_ids(pid) for pid in pids}
         ids = {pid: found for pid, found in seen.items() if found is not None}
         assert "bwrap" in names
@@ -343,8 +316,6 @@ async def test_a_quota_larger_than_the_free_disk_is_refused_at_start(tmp_path: P
 _CRASHING_OWNER = """
 import asyncio, os, sys
 from pathlib import Path
-from integration_tests.support import forwarder_probe
-from integration_tests.support.unprivileged import run_module_as, unprivileged_dir
 from runtimes import Isolation, NetworkMode, RuntimeSpec
 from runtimes.local import LocalRuntime
 spec = RuntimeSpec(isolation=Isolation.BWRAP, disk_limit="32m", network=NetworkMode.PROXY,
@@ -353,7 +324,7 @@ rt = LocalRuntime(spec, session_id="crashed", base_dir=Path(sys.argv[1]))
 import socket
 socket.socket(socket.AF_UNIX).bind(str(spec.proxy_socket))
 asyncio.run(rt.start())
-print(rt.host_root, rt._forwarder._process.pid, flush=True)
+print(rt.host_root, rt._forwarder.pid, flush=True)
 os.kill(os.getpid(), 9)
 """
 

@@ -18,13 +18,10 @@ session share its loopback (as in a container); sessions do not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from runtimes.errors import RuntimeDied
+from runtimes._held import HeldProcess
 
 __all__ = ["SessionForwarder"]
 
@@ -64,7 +61,6 @@ async def serve():
     server.close()
 asyncio.run(serve())
 """
-_READY_S = 20.0
 _TCP_LISTEN = "0A"
 
 
@@ -78,24 +74,18 @@ def _listening(pid: int, port: int) -> bool:
     return any(line.split()[1] == wanted and line.split()[3] == _TCP_LISTEN for line in lines)
 
 
-class SessionForwarder:
-    """The forwarder process of one session; its network namespace is the session's.
-
-    Args:
-        process: The running forwarder.
-    """
+class SessionForwarder(HeldProcess):
+    """The forwarder process of one session; its network namespace is the session's. It never outlives its
+    runtime's process (:mod:`runtimes._held`)."""
 
     def __init__(self, process: asyncio.subprocess.Process, lifeline: int, *, rootless: bool = False) -> None:
-        self._process = process
+        super().__init__(process, lifeline)
         self._rootless = rootless
-        # The write end of a pipe whose read end the forwarder watches: when this process ends, however it ends,
-        # the forwarder sees end-of-file and exits (a forwarder never outlives its runtime's process).
-        self._lifeline = lifeline
 
     @property
     def netns(self) -> str:
         """The session's network namespace, for ``nsenter --net=``."""
-        return f"/proc/{self._process.pid}/ns/net"
+        return f"/proc/{self.pid}/ns/net"
 
     @property
     def rootless(self) -> bool:
@@ -105,14 +95,9 @@ class SessionForwarder:
     def enter_argv(self) -> list[str]:
         """The command prefix that runs what follows in the session's network namespace."""
         if self._rootless:
-            return ["nsenter", f"--user=/proc/{self._process.pid}/ns/user", f"--net={self.netns}",
+            return ["nsenter", f"--user=/proc/{self.pid}/ns/user", f"--net={self.netns}",
                     "--preserve-credentials", "--"]  # fmt: skip
         return ["nsenter", f"--net={self.netns}", "--"]
-
-    @property
-    def alive(self) -> bool:
-        """Whether the forwarder still runs."""
-        return self._process.returncode is None
 
     @classmethod
     async def start(
@@ -141,44 +126,14 @@ class SessionForwarder:
         Raises:
             RuntimeDied: It did not start listening.
         """
-        read_end, write_end = os.pipe2(os.O_CLOEXEC)
         unshare = ["unshare", "--net"] if uid is not None else ["unshare", "--user", "--map-root-user", "--net"]
-        argv = [*prefix, *unshare, "--", python, "-I", "-S", "-c", _BOOT, str(-1 if uid is None else uid),
-                str(script), str(port), str(socket_path), str(read_end),
-                *(f"{old}={new}" for old, new in staged.items() if old != new)]  # fmt: skip
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                cwd="/",
-                env={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
-                start_new_session=True,
-                pass_fds=(read_end,),
-            )
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        forwarder = cls(process, write_end, rootless=uid is None)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _READY_S
-        while not _listening(process.pid, port):
-            if process.returncode is not None or loop.time() > deadline:
-                await forwarder.stop()
-                err = b"" if process.stderr is None else await process.stderr.read()
-                raise RuntimeDied(f"the session's proxy forwarder did not start: {err.decode(errors='replace')[-300:]}")
-            await asyncio.sleep(0.02)
-        return forwarder
+        staged_args = [f"{old}={new}" for old, new in staged.items() if old != new]
 
-    async def stop(self) -> None:
-        """Kill the forwarder (its network namespace goes with the last process in it). Idempotent."""
-        if self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.send_signal(signal.SIGKILL)
-        await self._process.wait()
-        if self._lifeline >= 0:
-            os.close(self._lifeline)
-            self._lifeline = -1
+        def argv(lifeline_fd: int) -> list[str]:
+            boot = [str(-1 if uid is None else uid), str(script), str(port), str(socket_path), str(lifeline_fd)]
+            return [*prefix, *unshare, "--", python, "-I", "-S", "-c", _BOOT, *boot, *staged_args]
+
+        process, lifeline = await cls.spawn(argv)
+        forwarder = cls(process, lifeline, rootless=uid is None)
+        await forwarder.wait_until(lambda: _listening(process.pid, port), "the session's proxy forwarder did not start")
+        return forwarder

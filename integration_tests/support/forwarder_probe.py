@@ -39,7 +39,8 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags & ~1))
 """
 
 
-def _descendants(leader: int) -> list[int]:
+def descendants(leader: int) -> list[int]:
+    """``leader`` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -60,7 +61,8 @@ def _alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def _names(pids: list[int]) -> list[str]:
+def process_names(pids: list[int]) -> list[str]:
+    """The command names (``comm``) of those of ``pids`` still running."""
     names = []
     for pid in pids:
         try:
@@ -98,12 +100,12 @@ async def probe(base: Path, *, no_user_namespace: bool = False) -> dict[str, Any
     try:
         forwarder = rt._forwarder
         out["session_forwarder"] = forwarder is not None and forwarder.rootless
-        out["forwarder_pid"] = forwarder._process.pid if forwarder is not None else None
+        out["forwarder_pid"] = forwarder.pid if forwarder is not None else None
         command = asyncio.create_task(rt.exec(["sh", "-c", "sleep 30 & sleep 30; wait"], timeout=60))
         names: list[str] = []
         for _ in range(100):  # until both sleeps run
             await asyncio.sleep(0.1)
-            names = _names([pid for group in rt._live_groups for pid in _descendants(group)])
+            names = process_names([pid for group in rt._live_groups for pid in descendants(group)])
             if names.count("sleep") == 2:
                 break
         out["command_processes"] = names
