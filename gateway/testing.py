@@ -41,9 +41,10 @@ __all__ = [
 class FakeRuntime:
     """A runtime that only records its lifecycle; ``start`` takes ``start_s`` seconds."""
 
-    def __init__(self, session_id: str, start_s: float = 0.0) -> None:
+    def __init__(self, session_id: str, start_s: float = 0.0, start_error: Exception | None = None) -> None:
         self._session_id = session_id
         self._start_s = start_s
+        self._start_error = start_error
         self.started = False
         self.stopped = False
         self.cancelled = False
@@ -59,8 +60,10 @@ class FakeRuntime:
         return PurePosixPath("/fake") / self._session_id
 
     async def start(self) -> None:
-        """Pretend to boot."""
+        """Pretend to boot (or raise the factory's ``start_error``)."""
         await asyncio.sleep(self._start_s)
+        if self._start_error is not None:
+            raise self._start_error
         self.started = True
 
     async def stop(self) -> None:
@@ -96,6 +99,7 @@ class FakeRuntimeFactory:
     """Creates :class:`FakeRuntime` objects and keeps them for inspection."""
 
     start_s: float = 0.0
+    start_error: Exception | None = None
     created: dict[str, FakeRuntime] = dataclasses.field(default_factory=dict)
 
     def validate(self, spec: SessionSpec) -> None:
@@ -103,7 +107,7 @@ class FakeRuntimeFactory:
 
     def create(self, spec: SessionSpec) -> FakeRuntime:
         """Return a new fake runtime for ``spec``."""
-        runtime = FakeRuntime(spec.session_id, self.start_s)
+        runtime = FakeRuntime(spec.session_id, self.start_s, self.start_error)
         self.created[spec.session_id] = runtime
         return runtime
 

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from runtimes.errors import DiskSpaceUnavailable
+from runtimes.errors import DiskSpaceHeld, DiskSpaceUnavailable
 
 __all__ = ["IMAGE_DIR_NAME", "REGISTRY", "SessionDisk", "check_space", "sweep", "unsupported"]
 
@@ -84,17 +84,21 @@ def check_space(image_dir: Path, size: int) -> None:
     """Refuse a ``size``-byte image when the host cannot hold it next to the live images of ``image_dir``.
 
     Raises:
-        DiskSpaceUnavailable: ``size`` is larger than the free space minus what the live images may still grow by.
+        DiskSpaceUnavailable: ``size`` is larger than the free space: this host cannot hold it.
+        DiskSpaceHeld: ``size`` fits the free space, not what is left once the live images have grown to their
+            quotas: a shortage that ends as sessions end.
     """
     existing = next(p for p in (image_dir, *image_dir.parents) if p.exists())
     stat = os.statvfs(existing)
     free = stat.f_bavail * stat.f_frsize
     promised = sum(_reserved(image) for image in image_dir.glob("*.img"))
     if size > free - promised:
-        raise DiskSpaceUnavailable(
+        error = DiskSpaceUnavailable if size > free else DiskSpaceHeld
+        advice = "lower disk_limit or free disk space" if size > free else "it is retried when sessions end"
+        raise error(
             f"the disk quota ({size // 2**20} MiB) is larger than the free space for sessions on {image_dir} "
             f"({max(0, free - promised) // 2**20} MiB: {free // 2**20} MiB free, {promised // 2**20} MiB promised "
-            "to running sessions); lower disk_limit or free disk space"
+            f"to running sessions); {advice}"
         )
 
 
@@ -144,6 +148,7 @@ class SessionDisk:
 
         Raises:
             DiskSpaceUnavailable: The host has not the space (:func:`check_space`).
+            DiskSpaceHeld: Not now: running sessions' quotas hold it (:func:`check_space`).
             OSError: The image could not be made or mounted.
         """
         check_space(image_dir, size)

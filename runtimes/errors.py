@@ -11,7 +11,8 @@ Hierarchy (all are :mod:`polar_core.errors` classes, so the gRPC edge maps them 
     ├── IsolationUnavailable    this host cannot provide the operator's minimum isolation
     └── DiskSpaceUnavailable    the session's disk quota is larger than the host's free space for sessions
     polar_core.errors.Unavailable
-    └── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
+    ├── RuntimeDied             the sandbox vanished underneath us (container killed, directory removed)
+    └── DiskSpaceHeld           the free space would hold the quota, but running sessions' quotas hold it now
     polar_core.errors.Cancelled
     └── RuntimeCancelled        cancel() was called; in-flight and later calls raise this
 """
@@ -22,6 +23,7 @@ from polar_core.errors import Cancelled, FailedPrecondition, InvalidArgument, Un
 
 __all__ = [
     "DiskQuotaExceeded",
+    "DiskSpaceHeld",
     "DiskSpaceUnavailable",
     "FileTooLarge",
     "IsolationUnavailable",
@@ -65,4 +67,12 @@ class IsolationUnavailable(FailedPrecondition):
 
 
 class DiskSpaceUnavailable(FailedPrecondition):
-    """The session's disk quota (``disk_limit``) is larger than what this host's disk can still hold for it."""
+    """The session's disk quota (``disk_limit``) is larger than this host's free disk space."""
+
+
+class DiskSpaceHeld(Unavailable):
+    """The free disk space would hold the session's quota, but running sessions' quotas may still grow into it.
+
+    Temporary, not the session's fault: the gateway hands the session back as an outage (it runs again later or on
+    another host without using an attempt), as for any unavailable dependency.
+    """

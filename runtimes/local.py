@@ -289,7 +289,8 @@ class LocalRuntime(SessionRuntime):
 
         Raises:
             IsolationUnavailable: The spec's isolation (or its minimum) is not available here.
-            DiskSpaceUnavailable: The disk quota is larger than the host's free space for sessions.
+            DiskSpaceUnavailable: The disk quota is larger than the host's free space.
+            DiskSpaceHeld: It fits the free space, not next to what running sessions' quotas may still take.
         """
         self._raise_if_cancelled()
         if self._started:

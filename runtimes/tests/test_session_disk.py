@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from polar_core.errors import Unavailable
 from runtimes._diskimage import check_space, sweep
 from runtimes._hostids import HostIdRange, _passable, lease_host_id, sweep_leases
-from runtimes.errors import DiskSpaceUnavailable
+from runtimes.errors import DiskSpaceHeld, DiskSpaceUnavailable
 
 
 class _StatVfs:
@@ -23,9 +24,15 @@ def test_admission_counts_what_live_images_may_still_grow_by(tmp_path: Path, mon
     check_space(tmp_path, 1000 * 2**20)  # 1 GiB free, nothing promised
     with (tmp_path / "live.img").open("wb") as image:
         image.truncate(600 * 2**20)  # a live session's sparse image may still grow by 600 MiB
-    with pytest.raises(DiskSpaceUnavailable, match=r"larger than the free space.*424 MiB.*600 MiB promised"):
+    # 500 MiB fits the free space but not what the live image may still take: a shortage that passes (an outage).
+    with pytest.raises(DiskSpaceHeld, match=r"larger than the free space.*424 MiB.*600 MiB promised.*retried"):
         check_space(tmp_path, 500 * 2**20)
     check_space(tmp_path, 400 * 2**20)
+    # Larger than the free space itself: this host cannot hold it at all.
+    with pytest.raises(DiskSpaceUnavailable, match=r"lower disk_limit or free disk space"):
+        check_space(tmp_path, 1100 * 2**20)
+    assert issubclass(DiskSpaceHeld, Unavailable)
+    assert not issubclass(DiskSpaceUnavailable, Unavailable)
 
 
 def _record(registry: Path, name: str, image: Path, mountpoint: Path) -> Path:
