@@ -1,8 +1,8 @@
 """A local runtime on ``network: proxy`` as this process's user: what its commands start, and what they reach.
 
-Run as an ordinary user (``runuser -u USER -- python3 -m integration_tests.support.forwarder_probe BASE
-[no-userns]``) by
-``test_runtime_local.py``; prints one JSON object. A Unix-socket server stands in for the model proxy (it answers
+Run as an ordinary user by ``test_runtime_local.py``
+(``runuser -u USER -- python3 -m integration_tests.support.forwarder_probe BASE [no-userns]``); prints one JSON
+object. A Unix-socket server stands in for the model proxy (it answers
 ``proxy:`` and what it read); the runtime's commands reach it on the loopback port, through the session's one
 forwarder (runtimes._forwarder) or, where there is none, the one each command starts.
 """
