@@ -375,11 +375,16 @@ class LocalRuntime(SessionRuntime):
             _log.warning("local runtime %s: no cgroup (%s); only rlimits apply", self._session_id, exc)
         if self._lease is not None and isolation is Isolation.BWRAP:
             self._reach = await asyncio.to_thread(self._reachable_binds)
+        if self._spec.network is NetworkMode.PROXY:
+            await self._open_tunnel()
+        self._started = True
+
+    async def _open_tunnel(self) -> None:
+        """The session's one forwarder where it can have one; else each command starts its own (runtimes.tunnel)."""
         if self._session_forwarder_wanted():
             self._forwarder = await self._start_forwarder()
-        if self._forwarder is None and self._spec.network is NetworkMode.PROXY:
-            (root / _FORWARDER).write_bytes(script_bytes())  # each command starts its own (runtimes.tunnel)
-        self._started = True
+        if self._forwarder is None:
+            (self.host_root / _FORWARDER).write_bytes(script_bytes())
 
     def _session_forwarder_wanted(self) -> bool:
         """One forwarder per session (:mod:`runtimes._forwarder`): bubblewrap sandboxes on ``proxy``."""
@@ -579,9 +584,8 @@ class LocalRuntime(SessionRuntime):
         if self._forwarder is not None and not self._forwarder.alive:
             _log.warning("local runtime %s: the proxy forwarder ended; starting another", self._session_id)
             await self._forwarder.stop()
-            self._forwarder = await self._start_forwarder()
-            if self._forwarder is None:
-                (self.host_root / _FORWARDER).write_bytes(script_bytes())
+            self._forwarder = None
+            await self._open_tunnel()
         host_cwd = self._dir.host_path(cwd) if cwd is not None else self.host_root
         inner_cwd = self.root / host_cwd.relative_to(self.host_root)
         full_env = self.environment(env)

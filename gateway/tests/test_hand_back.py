@@ -1,8 +1,11 @@
-"""A gateway that goes away hands its unfinished sessions back as an outage; one that drains lets them finish."""
+"""A gateway that goes away hands its unfinished sessions back as an outage; one that drains lets them finish; a
+session whose disk quota the host can hold only later is handed back too."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 
 from gateway.core import SessionPipeline
 from gateway.models import EvaluatorConfig, HarnessConfig, PipelineConfig, SessionSpec, Stage
@@ -15,9 +18,10 @@ from gateway.testing import (
     RecordingSink,
 )
 from polar_core.records import TerminalStatus
+from runtimes.errors import DiskSpaceHeld, DiskSpaceUnavailable
 
 
-def _pipeline(run_s: float) -> tuple[SessionPipeline, RecordingSink]:
+def _pipeline(run_s: float, runtimes: FakeRuntimeFactory | None = None) -> tuple[SessionPipeline, RecordingSink]:
     proxy = FakeProxy()
     agents = FakeAgentRunner(proxy)
     agents.run_s = run_s
@@ -25,7 +29,7 @@ def _pipeline(run_s: float) -> tuple[SessionPipeline, RecordingSink]:
     pipeline = SessionPipeline(
         PipelineConfig(step_retries=1),
         gateway_id="gw-test",
-        runtimes=FakeRuntimeFactory(),
+        runtimes=runtimes or FakeRuntimeFactory(),
         agents=agents,
         proxy=proxy,
         reconstructor=FakeReconstructor(),
@@ -99,3 +103,22 @@ async def test_a_session_that_ends_while_the_gateway_goes_away_is_handed_back() 
     assert "handed back" in result.error_message
     assert [r.session_id for r in sink.results] == ["s1"]
     await pipeline.close(grace_s=5, hand_back=True)
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (DiskSpaceHeld("the disk quota (4096 MiB) is larger than the free space for sessions on /x"), True),
+        (DiskSpaceUnavailable("the disk quota (4096 MiB) is larger than the free space for sessions on /x"), False),
+    ],
+)
+async def test_a_quota_the_disk_holds_only_later_is_an_outage(error: Exception, outage: bool) -> None:
+    pipeline, sink = _pipeline(run_s=0.0, runtimes=FakeRuntimeFactory(start_error=error))
+    await pipeline.start_session(_spec("s1"))
+    result = await asyncio.wait_for(pipeline.wait_done("s1"), 30)
+    assert result.status is TerminalStatus.INFRA_ERROR
+    assert "larger than the free space" in result.error_message
+    # Held space: not the session's failure, so the rollout server runs it again without using an attempt.
+    assert result.dependency_unavailable is outage
+    assert [r.session_id for r in sink.results] == ["s1"]
+    await pipeline.close(grace_s=5)

@@ -22,7 +22,8 @@ from runtimes.errors import RuntimeDied
 from runtimes.local import LocalRuntime
 
 PORT = 18557
-_CALL = f"""
+# A model call stand-in: connect to the proxy port, send "hello", print the answer.
+CALL = f"""
 import socket
 s = socket.create_connection(("127.0.0.1", {PORT}), timeout=10)
 s.sendall(b"hello")
@@ -72,7 +73,8 @@ def process_names(pids: list[int]) -> list[str]:
     return names
 
 
-async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def serve_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The proxy's stand-in: answer ``proxy:`` and what the client sent."""
     data = await reader.read()
     writer.write(b"proxy:" + data)
     await writer.drain()
@@ -92,7 +94,7 @@ async def probe(base: Path, *, no_user_namespace: bool = False) -> dict[str, Any
 
         SessionForwarder.start = refuse  # type: ignore[method-assign,assignment]
     sock_path = base / "proxy.sock"
-    server = await asyncio.start_unix_server(_serve, path=str(sock_path))
+    server = await asyncio.start_unix_server(serve_echo, path=str(sock_path))
     spec = RuntimeSpec(isolation=Isolation.BWRAP, network=NetworkMode.PROXY, proxy_socket=sock_path, proxy_port=PORT)
     rt = LocalRuntime(spec, session_id="fwd", base_dir=base / "rt")
     out: dict[str, Any] = {"host_uid": os.getuid(), "host_gid": os.getgid()}
@@ -110,13 +112,13 @@ async def probe(base: Path, *, no_user_namespace: bool = False) -> dict[str, Any
                 break
         out["command_processes"] = names
         command.cancel()
-        calls = [await rt.exec([sys.executable, "-c", _CALL], timeout=60) for _ in range(2)]
+        calls = [await rt.exec([sys.executable, "-c", CALL], timeout=60) for _ in range(2)]
         out["calls"] = [(c.exit_code, c.stdout.strip(), c.stderr[-300:]) for c in calls]
         inside = await rt.exec(["sh", "-c", "id -u; id -g"], timeout=30)
         out["ids_inside"] = inside.stdout.split()
         lo_down = await rt.exec([sys.executable, "-c", _LO_DOWN], timeout=30)
         out["lo_down"] = (lo_down.exit_code, lo_down.stderr.strip()[-200:])
-        out["calls_after_lo_down"] = (await rt.exec([sys.executable, "-c", _CALL], timeout=60)).stdout.strip()
+        out["calls_after_lo_down"] = (await rt.exec([sys.executable, "-c", CALL], timeout=60)).stdout.strip()
     finally:
         await rt.stop()
         server.close()

@@ -13,17 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from integration_tests.support.forwarder_probe import PORT, _serve
+from integration_tests.support.forwarder_probe import CALL, PORT, serve_echo
 from runtimes import NetworkMode, RuntimeSpec
 from runtimes.gvisor import GVisorRuntime, probe_gvisor
-
-_CALL = f"""
-import socket
-s = socket.create_connection(("127.0.0.1", {PORT}), timeout=10)
-s.sendall(b"hello")
-s.shutdown(socket.SHUT_WR)
-print(s.recv(100).decode())
-"""
 
 
 def _ids_of_processes_naming(marker: str) -> dict[int, list[int]]:
@@ -52,7 +44,7 @@ async def probe(base: Path) -> dict[str, Any]:
     if reason is not None:
         return {"unavailable": reason}
     sock_path = base / "proxy.sock"
-    server = await asyncio.start_unix_server(_serve, path=str(sock_path))
+    server = await asyncio.start_unix_server(serve_echo, path=str(sock_path))
     spec = RuntimeSpec(network=NetworkMode.PROXY, proxy_socket=sock_path, proxy_port=PORT, disk_limit=None)
     rt = GVisorRuntime(spec, session_id="rootless", base_dir=base / "rt")
     out: dict[str, Any] = {"host_uid": os.getuid()}
@@ -65,7 +57,7 @@ async def probe(base: Path) -> dict[str, Any]:
         dev = await rt.exec(["sh", "-c", "echo x > /dev/pwned; chmod 777 /dev; echo y > /dev/null; echo done"],
                             timeout=60)  # fmt: skip
         out["dev"] = (dev.stdout.strip(), dev.stderr.strip())
-        call = await rt.exec(["python3", "-c", _CALL], timeout=60)
+        call = await rt.exec(["python3", "-c", CALL], timeout=60)
         out["call"] = (call.exit_code, call.stdout.strip(), call.stderr[-300:])
     finally:
         await rt.stop()
