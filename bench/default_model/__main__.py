@@ -9,7 +9,9 @@ prompt tokens and are capped at 128 new ones. This bench makes the same calls, i
   (``--quantize`` picks which), on a first call with its prefix cache off (every call prefills its whole
   prompt) and on an agent session's calls (each prompt is the previous prompt, its answer and a tool result),
   where earlier calls' keys and values are reused;
-* ``before`` (``--before``): the backend's decoding loop before the prefix cache (:mod:`bench.default_model.legacy`).
+* ``before`` (``--before``): the backend's decoding loop before the prefix cache (:mod:`bench.default_model.legacy`);
+* ``llama.cpp Q4_1`` (``--llama-cpp``): llama.cpp over the wheel's GGUF as it is, first calls and agent turns
+  (:mod:`bench.default_model.llama_cpp`; needs ``llama-cpp-cffi``, see there), on the backend's thread count.
 
 Variants run interleaved, round after round, so a change in the machine's load hits all of them; the table
 gives the median seconds per call (wall and process CPU), tokens sampled per second and the ratio of plain
@@ -19,7 +21,7 @@ sampled with the float32 model (one teacher-forced pass, as a trainer would) and
 log-probabilities are from float32's: the gap between the policy that sampled and the one a trainer learns.
 
 Run: ``.venv/bin/python -m bench.default_model [--rounds 1] [--turns 2] [--quantize none,float16,int8]
-[--prompt-tokens 1582] [--new-tokens 128] [--threads N] [--no-generate] [--before]``.
+[--prompt-tokens 1582] [--new-tokens 128] [--threads N] [--no-generate] [--before] [--llama-cpp]``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 
 from bench.default_model.legacy import LegacyBackend
+from bench.default_model.llama_cpp import LlamaCpp, llama_cpp_missing
 from model_proxy.backends.transformers_backend import TransformersBackend
 from model_proxy.models import GenerationRequest, SamplingParams
 
@@ -121,6 +124,7 @@ def plain_generate(model: Any, prompt: Sequence[int], new: int, threads: int, se
 
 
 _LABEL = {"none": "float32", "float16": "float16", "int8": "int8"}
+_LLAMA = "llama.cpp Q4_1"
 
 
 def main() -> None:
@@ -134,13 +138,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="the backend's threads (default: its own)")
     parser.add_argument("--no-generate", action="store_true", help="skip plain generate (slowest under load)")
     parser.add_argument("--before", action="store_true", help="also run the loop before the prefix cache")
+    parser.add_argument("--llama-cpp", action="store_true", help="also run llama.cpp over the wheel's GGUF")
     args = parser.parse_args()
+    if args.llama_cpp and (why := llama_cpp_missing()):
+        parser.error(f"--llama-cpp: {why}")
     kinds = [k.strip() for k in args.quantize.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(_LABEL))
     if unknown or "none" not in kinds:
         parser.error(f"--quantize takes {sorted(_LABEL)} and must include none (the ratios' base), not {unknown}")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from polar_core.default_model import load_smollm2
+    from polar_core.default_model import load_smollm2, smollm2_gguf_path
     from polar_core.model_fixtures import teacher_forced_logprobs
 
     default_threads = torch.get_num_threads()
@@ -150,6 +157,8 @@ def main() -> None:
     cold = {k: TransformersBackend(model, prefix_cache=0, quantize=k, **options) for k in kinds}
     warm = {k: TransformersBackend(model, quantize=k, **options) for k in kinds}
     before = LegacyBackend(model, threads=default_threads) if args.before else None
+    backend_threads = args.threads or max(1, (os.cpu_count() or 1) - 1)  # the backend's own default
+    llama = LlamaCpp(smollm2_gguf_path(), threads=backend_threads) if args.llama_cpp else None
     backends = [*cold.values(), *warm.values(), *([before] if before else [])]
     loop = asyncio.new_event_loop()
     for backend in backends:
@@ -175,6 +184,9 @@ def main() -> None:
         for kind, backend in cold.items():
             call = functools.partial(sample, loop, backend, prompt, new, r)
             first_calls.setdefault(kind, timings.measure(f"{_LABEL[kind]}, first call (no reuse)", call))
+        if llama is not None:
+            call = functools.partial(llama.sample, prompt, new, r, reuse=False)
+            first_calls.setdefault(_LLAMA, timings.measure(f"{_LLAMA}, first call (no reuse)", call))
         turn_prompt = list(prompt)
         for t in range(args.turns):
             seed = 100 * r + t
@@ -185,22 +197,29 @@ def main() -> None:
                 ids = ids or got
             if before is not None:
                 timings.measure("before, agent turns", functools.partial(sample, loop, before, turn_prompt, new, seed))
+            if llama is not None:
+                reuse = t > 0  # its first turn starts cold, as the backends' do
+                timings.measure(
+                    f"{_LLAMA}, agent turns", functools.partial(llama.sample, turn_prompt, new, seed, reuse=reuse)
+                )
             turn_prompt = turn_prompt + ids + tool_result(tokenizer, t)
     for backend in backends:
         loop.run_until_complete(backend.close())
     loop.close()
+    if llama is not None:
+        llama.close()
     load_end = os.getloadavg()
 
     median = {name: statistics.median(v) for name, v in timings.wall.items()}
     base_first, base_turns = median["float32, first call (no reuse)"], median["float32, agent turns"]
     gen = median.get("generate, first call", float("nan"))
     print()
-    header = f"{'variant':<31} {'calls':>5} {'s/call':>8} {'min':>7} {'CPU s':>7} {'tok/s':>6} {'f32/x':>6}"
+    header = f"{'variant':<38} {'calls':>5} {'s/call':>8} {'min':>7} {'CPU s':>7} {'tok/s':>6} {'f32/x':>6}"
     print(f"{header} {'gen/x':>6}")
     for name, walls in timings.wall.items():
         base = base_turns if "turns" in name else base_first
         print(
-            f"{name:<31} {len(walls):>5} {median[name]:>8.2f} {min(walls):>7.2f} "
+            f"{name:<38} {len(walls):>5} {median[name]:>8.2f} {min(walls):>7.2f} "
             f"{statistics.median(timings.cpu[name]):>7.2f} {new / median[name]:>6.1f} "
             f"{base / median[name]:>5.2f}x {gen / median[name]:>5.2f}x"
         )
@@ -212,7 +231,7 @@ def main() -> None:
         # What a trainer computes for the same tokens: the float32 policy, one teacher-forced pass.
         delta = torch.tensor(recorded) - torch.tensor(teacher_forced_logprobs(model, prompt, ids))
         print(
-            f"{_LABEL[kind]} vs float32 on its {len(ids)} sampled tokens: mean |recorded - float32| "
+            f"{_LABEL.get(kind, kind)} vs float32 on its {len(ids)} sampled tokens: mean |recorded - float32| "
             f"{delta.abs().mean().item():.4f} nats (max {delta.abs().max().item():.3f}), KL estimate "
             f"{delta.mean().item():.4f}, importance ratio float32/recorded mean {(-delta).exp().mean().item():.3f} "
             f"(min {(-delta).exp().min().item():.3f}, max {(-delta).exp().max().item():.3f})"
