@@ -244,10 +244,17 @@ async def test_cli_in_docker_through_the_tunnel(
     seen: list[dict[str, Any]] = []
 
     async def watch_container() -> None:
+        import docker
+
+        from runtimes.docker import LABEL_MANAGED
+
         # Capture the session container's settings while it runs (it is removed in POSTRUN).
         while not seen:
-            for container in _managed_containers(client):
-                seen.append(container.attrs["HostConfig"])
+            # One listing call, then each container's inspection: a container removed in between (another test's
+            # teardown, a helper) must not end the watcher, which would then see nothing.
+            for summary in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+                with contextlib.suppress(docker.errors.NotFound):
+                    seen.append(client.api.inspect_container(summary["Id"])["HostConfig"])
             await asyncio.sleep(0.2)
 
     runtime = task_pb2.RuntimeSpec(kind=task_pb2.RUNTIME_KIND_DOCKER, image=image)
