@@ -26,4 +26,5 @@ step "mypy --strict"
 step "pytest"
 # Two workers, each taking whole files (module fixtures stay shared): most tests wait on real servers and CLIs,
 # so two workers on two cores roughly halve the wall time. POLAR_TEST_WORKERS=0 runs in one process.
-.venv/bin/python -m pytest -n "${POLAR_TEST_WORKERS:-2}" --dist loadfile "$@"
+# --durations: the 30 slowest phases close the log, to keep the suite inside CI's time budget.
+.venv/bin/python -m pytest -n "${POLAR_TEST_WORKERS:-2}" --dist loadfile --durations=30 "$@"
