@@ -16,6 +16,7 @@ keys and values of the longest common prefix with the previous call (an agent se
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = ["LlamaCpp", "llama_cpp_missing"]
 _HINT = "install it with: .venv/bin/pip install --no-deps llama-cpp-cffi==0.4.18"
 
 
+@functools.cache
 def _load() -> tuple[Any, Any]:
     """llama.cpp's C API (``lib``, ``ffi``) from ``llama-cpp-cffi``'s CPU module, without its package's imports."""
     spec = importlib.util.find_spec("llama")
@@ -114,8 +116,8 @@ class LlamaCpp:
             logits = np.frombuffer(raw, dtype=np.float32).astype(np.float64)
             shifted = logits - logits.max()
             log_probs = shifted - np.log(np.exp(shifted).sum())
-            token = int(np.searchsorted(np.cumsum(np.exp(log_probs)), rng.random() * np.exp(log_probs).sum()))
-            token = min(token, self._vocab - 1)
+            cumulative = np.cumsum(np.exp(log_probs))
+            token = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1])), self._vocab - 1)
             ids.append(token)
             logprobs.append(float(log_probs[token]))
             self._decode([token], len(tokens))
