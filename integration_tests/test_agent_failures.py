@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import pytest
 from polar.common.v1 import session_pb2, status_pb2, task_pb2
 from polar.gateway.v1 import gateway_service_pb2, gateway_service_pb2_grpc
 
+from integration_tests.support.ports import free_port
 from integration_tests.support.services import wait_serving
 from polar_client import RolloutClient
 from polar_core.channels import open_channel
@@ -78,12 +78,6 @@ for i in range(int(sys.argv[1])):
     time.sleep(1.0)
 open("answer.txt", "w").write("42\\n")
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclasses.dataclass

@@ -12,7 +12,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+
+from integration_tests.support.ports import free_ports
 
 __all__ = ["ServerStartError", "backend_venv_python", "free_ports", "run_pytriton", "run_vllm"]
 
@@ -35,21 +36,6 @@ def backend_venv_python(kind: str, root: Path = REPO_ROOT) -> Path | None:
     """Return ``<root>/.venv-<kind>/bin/python`` when that environment exists, else None."""
     python = root / f".venv-{kind}" / "bin" / "python"
     return python if python.exists() else None
-
-
-def free_ports(count: int) -> list[int]:
-    """Return ``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago.
-
-    For servers that cannot bind port 0 and report it; another process could take a port in between.
-    """
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @contextlib.contextmanager

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from integration_tests.support.ports import free_port
 
 __all__ = ["PG_BIN", "postgres_available", "private_postgres"]
 
@@ -19,12 +20,6 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 def postgres_available() -> bool:
     """Whether the PostgreSQL 15 server binaries are installed."""
     return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -39,7 +34,7 @@ def private_postgres() -> Iterator[str]:
     data = root / "data"
     if as_root:
         shutil.chown(root, "postgres")
-    port = _free_port()
+    port = free_port()
     run = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "timeout": 120}
     try:
         subprocess.run([*prefix, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"], **run)  # type: ignore[call-overload]

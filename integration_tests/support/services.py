@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from integration_tests.support.ports import free_port
 
 __all__ = ["CHAT_AGENT", "POLAR_ARGV", "Service", "ServiceProcesses", "free_port", "wait_serving"]
 
@@ -48,13 +49,6 @@ for i in range(calls):
 open("answer.txt", "w").write("42\\n")
 time.sleep(pause + step * (index % mod))
 """
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclasses.dataclass

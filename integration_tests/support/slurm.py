@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from integration_tests.support.ports import free_ports
+
 __all__ = ["PrivateSlurm", "private_slurm", "slurm_missing"]
 
 _DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -89,22 +91,6 @@ class PrivateSlurm:
         return "\n".join(parts)
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` consecutive TCP ports that are free on every address now."""
-    for _ in range(200):
-        base = 20000 + secrets.randbelow(30000)
-        ports = list(range(base, base + count))
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in ports:
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("", port))
-            return ports
-        except OSError:
-            continue
-    raise RuntimeError("no free block of ports")
-
-
 def _conf(
     root: Path, *, name: str, nodes: int, cpus: int, memory_mb: int, ctld_port: int, node_ports: list[int]
 ) -> str:
@@ -168,7 +154,7 @@ def private_slurm(*, nodes: int = 3, cpus: int = 4, memory_mb: int = 4000) -> It
     key = root / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
-    ctld_port, *node_ports = _free_ports(nodes + 1)
+    ctld_port, *node_ports = free_ports(nodes + 1, host="", consecutive=True)
     conf = root / "slurm.conf"
     name = f"polar{secrets.token_hex(3)}"
     conf.write_text(
