@@ -1,11 +1,12 @@
 """Free TCP ports for servers a test starts on a port it chose beforehand.
 
-A port the kernel hands out for ``bind(0)`` lies in the ephemeral range, the same range it draws the source
-ports of outgoing connections from. A client that dials a not-yet-listening server on such a port (the rollout
-server retrying a gateway that is still starting) can be given that very port as its own source port, and on
-loopback the connection then succeeds *to itself* (a TCP self-connect): the port is held, and the server that
-should have it fails with "address in use". Ports chosen here lie below the ephemeral range, which the kernel
-never assigns on its own, so only another test choosing the same port can collide, and binding checks that.
+A port the kernel hands out for ``bind(0)`` lies in the ephemeral range, the range it also draws the source ports
+of outgoing connections from. Between choosing such a port and the server binding it, any outgoing connection on
+the machine (another test's client) may be given it; and a client that dials the not-yet-listening server itself
+(the rollout server retrying a gateway that is still starting) can be given it as its own source port, which on
+loopback connects *to itself* (a TCP self-connect). Either way the port is held and the server fails with
+"address in use" (seen once in CI). Ports chosen here lie below the ephemeral range, which the kernel never
+assigns on its own, so only another test choosing the same port can collide, and binding checks that.
 """
 
 from __future__ import annotations
