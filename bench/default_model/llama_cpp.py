@@ -5,7 +5,8 @@ of the sampled tokens) beats the ``transformers`` backend by enough to become th
 llama.cpp built for this only in ``llama-cpp-cffi`` (``llama-cpp-python`` is a source package that compiles
 llama.cpp for minutes); its wheel is 320 MB because it also holds CUDA and Vulkan builds, so it is not a
 dependency. To get these rows: ``.venv/bin/pip install --no-deps llama-cpp-cffi==0.4.18`` (``--no-deps``: it
-pins an older ``huggingface-hub``). Only its CPU extension module is loaded, without the package's Python API.
+pins an older ``huggingface-hub``). Only its CPU extension module is loaded, without the package's Python API
+(:mod:`model_proxy.backends._llama_cpp_lib`, shared with the ``llama_cpp`` backend).
 
 The loop is what a backend would do: prefill the prompt in batches, then one token a step; each token is
 sampled from ``softmax(logits)`` (temperature 1, no top-k/top-p, as the bench's other rows) and its
@@ -16,53 +17,22 @@ keys and values of the longest common prefix with the previous call (an agent se
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from model_proxy.backends._llama_cpp_lib import llama_cpp_missing, load_llama_cpp
+
 __all__ = ["LlamaCpp", "llama_cpp_missing"]
-
-_HINT = "install it with: .venv/bin/pip install --no-deps llama-cpp-cffi==0.4.18"
-
-
-@functools.cache
-def _load() -> tuple[Any, Any]:
-    """llama.cpp's C API (``lib``, ``ffi``) from ``llama-cpp-cffi``'s CPU module, without its package's imports."""
-    spec = importlib.util.find_spec("llama")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"llama-cpp-cffi is not installed; {_HINT}")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    found = sorted(folder.glob("_llama_cpp_cpu.*.so"))
-    if not found:
-        raise ModuleNotFoundError(f"no CPU module in {folder}; {_HINT}")
-    module_spec = importlib.util.spec_from_file_location("llama._llama_cpp_cpu", found[0])
-    if module_spec is None or module_spec.loader is None:
-        raise ModuleNotFoundError(f"cannot load {found[0]}")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.lib, module.ffi
-
-
-def llama_cpp_missing() -> str | None:
-    """Why the llama.cpp rows cannot run here, or None when they can."""
-    try:
-        _load()
-    except (ImportError, OSError) as exc:
-        return str(exc)
-    return None
 
 
 class LlamaCpp:
     """One llama.cpp model and context (single sequence), sampled from Python."""
 
     def __init__(self, gguf: Path, *, threads: int, n_ctx: int = 8192, n_batch: int = 512) -> None:
-        self._lib, self._ffi = _load()
+        self._lib, self._ffi = load_llama_cpp()
         lib = self._lib
-        lib.llama_backend_init()
         self._model = lib.llama_model_load_from_file(str(gguf).encode(), lib.llama_model_default_params())
         if self._model == self._ffi.NULL:
             raise RuntimeError(f"llama.cpp could not load {gguf}")

@@ -4,8 +4,8 @@ Each implements :class:`~model_proxy.ports.Backend` (re-exported here); :func:`c
 its name and options, validated into the kind's frozen options model (:mod:`model_proxy.backends.options`);
 :data:`BACKENDS` is the registry of kinds by name.
 
-``TritonBackend`` and ``TransformersBackend`` are imported on first use, so importing this package needs
-neither ``tritonclient`` nor ``torch``.
+``TritonBackend``, ``TransformersBackend`` and ``LlamaCppBackend`` are imported on first use, so importing this
+package needs neither ``tritonclient``, ``torch`` nor ``llama-cpp-cffi``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from model_proxy.backends.factory import BACKEND_NAMES, BACKENDS, BackendKind, create_backend, parse_options
 from model_proxy.backends.options import (
     BackendOptions,
+    LlamaCppOptions,
     ScriptedOptions,
     SGLangOptions,
     TransformersOptions,
@@ -29,6 +30,7 @@ from model_proxy.backends.vllm import VLLMBackend
 from model_proxy.ports import Backend
 
 if TYPE_CHECKING:
+    from model_proxy.backends.llama_cpp import LlamaCppBackend
     from model_proxy.backends.transformers_backend import TransformersBackend
     from model_proxy.backends.triton import TritonBackend, TritonTensorNames
 
@@ -39,6 +41,8 @@ __all__ = [
     "BackendKind",
     "BackendOptions",
     "BackendPool",
+    "LlamaCppBackend",
+    "LlamaCppOptions",
     "SGLangBackend",
     "SGLangOptions",
     "ScriptTurn",
@@ -57,6 +61,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "LlamaCppBackend": "model_proxy.backends.llama_cpp",
     "TransformersBackend": "model_proxy.backends.transformers_backend",
     "TritonBackend": "model_proxy.backends.triton",
     "TritonTensorNames": "model_proxy.backends.triton",

