@@ -29,6 +29,7 @@ import concurrent.futures
 import dataclasses
 import os
 import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -36,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from model_proxy.backends._gguf_export import GgufTemplate, export_checkpoint, read_template
 from model_proxy.backends._llama_cpp_lib import load_llama_cpp
+from model_proxy.backends.checkpoint import CheckpointInfo
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
@@ -184,7 +187,7 @@ class LlamaCppBackend:
         self._threads = threads or os.cpu_count() or 1
         self._slots_n = slots
         self._max_context = max_context
-        self._n_batch = n_batch
+        self._n_batch = min(n_batch, slots * max_context)  # llama.cpp caps a batch at the context
         self._chunk_size = max(1, chunk_size)
         self._cond = threading.Condition()
         # Guarded by self._cond:
@@ -201,6 +204,7 @@ class LlamaCppBackend:
         self._prefilled = 0
         self._start_lock = asyncio.Lock()
         self._exported: Path | None = None  # a temporary folder holding a GGUF exported by load_weights
+        self._template: GgufTemplate | None = None  # what a checkpoint must hold (from the first GGUF served)
 
     @property
     def prefilled_tokens(self) -> int:
@@ -230,6 +234,12 @@ class LlamaCppBackend:
                 loaded = await asyncio.to_thread(self._open, self._gguf)
             except (ImportError, OSError, RuntimeError) as exc:
                 raise BackendUnavailable(f"llama_cpp backend: cannot load {self._gguf}: {exc}") from exc
+            if self._template is None:
+                try:
+                    self._template = await asyncio.to_thread(read_template, self._gguf)
+                except (OSError, ValueError, KeyError) as exc:
+                    self._free(loaded)
+                    raise BackendUnavailable(f"llama_cpp backend: cannot read {self._gguf}: {exc}") from exc
             self._loaded = loaded
             self._slots = [_Slot(i) for i in range(self._slots_n)]
             self._stopping = False
@@ -367,20 +377,60 @@ class LlamaCppBackend:
     # ---- weights
 
     async def check_weights(self, path: str) -> str:
-        """Check a checkpoint directory against the served model without loading it; return its architecture.
+        """Check a checkpoint directory against the served GGUF without loading it; return its architecture.
+
+        Reads ``config.json`` and the safetensors headers only and compares them with the tensors and sizes the
+        served GGUF describes (:mod:`model_proxy.backends._gguf_export`).
 
         Raises:
-            FailedPrecondition: Always, for now: this backend cannot load new weights.
+            FailedPrecondition: Not started, no directory, no config or safetensors files, unreadable headers,
+                another architecture or size, or tensors missing, extra or of another shape.
         """
-        raise FailedPrecondition("the llama_cpp backend cannot load new weights; use backend transformers for training")
+        return (await self._checked(path)).architecture
+
+    async def _checked(self, path: str) -> CheckpointInfo:
+        template = self._template
+        if template is None:
+            raise FailedPrecondition("llama_cpp backend is not started")
+        return await asyncio.to_thread(template.check, path)
 
     async def load_weights(self, path: str) -> None:
-        """Serve the checkpoint directory ``path`` from now on.
+        """Re-export the checkpoint to GGUF (float16 matrices, the served file's metadata) and serve it.
+
+        The export runs beside generation; the swap waits for the calls in flight (there are none while the
+        proxy is paused) and holds new ones back until the new model is loaded. Any failure leaves the old
+        model serving.
 
         Raises:
-            FailedPrecondition: As :meth:`check_weights`.
+            FailedPrecondition: As :meth:`check_weights`, or the export or the load failed.
         """
-        await self.check_weights(path)
+        candidate = await self._checked(path)
+        template = self._template
+        assert template is not None
+        folder = Path(tempfile.mkdtemp(prefix="polar-llama-cpp-"))
+        out = folder / "model.gguf"
+        try:
+            await asyncio.to_thread(export_checkpoint, template, candidate, out)
+            await self._control(lambda: self._swap(out))
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise FailedPrecondition(f"cannot load {path!r}: {exc}") from exc
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        previous, self._exported = self._exported, folder
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def _swap(self, gguf: Path) -> None:
+        """In the worker, with no call active: load ``gguf``, then free the old model and forget every cache."""
+        loaded = self._open(gguf)
+        old, self._loaded = self._loaded, loaded
+        self._gguf = gguf
+        for slot in self._slots:
+            slot.tokens.clear()
+        if old is not None:
+            self._free(old)
 
     async def _control(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the worker thread once no call is active (new calls wait for it)."""

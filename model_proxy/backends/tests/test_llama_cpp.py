@@ -13,8 +13,11 @@ itself (same seed, same slot state) is exact.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +29,7 @@ from model_proxy.backends._llama_cpp_lib import llama_cpp_missing
 from model_proxy.backends.transformers_backend import sample_next
 from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
-from polar_core.errors import InvalidArgument
+from polar_core.errors import FailedPrecondition, InvalidArgument
 
 _MISSING = llama_cpp_missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"llama-cpp-cffi is not importable: {_MISSING}")
@@ -34,6 +37,8 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"llama-cpp-cffi is
 # "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n", tokenised.
 PROMPT: tuple[int, ...] = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018)
 PROMPT += (411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 22503, 17, 2, 198, 1, 520, 9531, 198)
+# "... user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+FRANCE = (*PROMPT[:24], 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198)
 MAX_GAP = 0.6
 MEAN_GAP = 0.15
 
@@ -47,7 +52,7 @@ def _gguf() -> Any:
 def _make(**options: Any) -> Any:
     from model_proxy.backends.llama_cpp import LlamaCppBackend
 
-    return LlamaCppBackend(_gguf(), **{"threads": 2, "slots": 4, "max_context": 512, **options})
+    return LlamaCppBackend(_gguf(), **{"threads": 1, "slots": 4, "max_context": 512, **options})
 
 
 @pytest.fixture
@@ -63,6 +68,21 @@ def hf_model() -> Any:
     from polar_core.default_model import load_smollm2
 
     return load_smollm2()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The float32 policy (the de-quantised GGUF) as a Hugging Face checkpoint directory.
+
+    ``save_pretrained`` refuses a model loaded from GGUF, so the state dict and config are written directly.
+    """
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("checkpoint")
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}  # tied
+    save_file(state, str(folder / "model.safetensors"))
+    hf_model.config.save_pretrained(folder)
+    return folder
 
 
 def _request(
@@ -84,6 +104,16 @@ def _close(a: list[float], b: list[float]) -> None:
     assert gaps.mean() < MEAN_GAP, gaps
 
 
+def _hf_greedy_agrees(model: Any, prompt: tuple[int, ...], ids: list[int]) -> int:
+    """How many of ``ids`` float32 greedy decoding would also pick, in order (one teacher-forced pass)."""
+    with torch.inference_mode():
+        picks = model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1 :].argmax(dim=-1).tolist()
+    agree = 0
+    while agree < len(ids) and picks[agree] == ids[agree]:
+        agree += 1
+    return agree
+
+
 def _teacher_forced(model: Any, prompt: tuple[int, ...], ids: list[int]) -> list[float]:
     with torch.inference_mode():
         logits = model(torch.tensor([list(prompt) + ids])).logits[0].float()
@@ -91,19 +121,17 @@ def _teacher_forced(model: Any, prompt: tuple[int, ...], ids: list[int]) -> list
     return [float(log_probs[len(prompt) - 1 + i, t]) for i, t in enumerate(ids)]
 
 
+@pytest.mark.timeout(300)  # loads the float32 policy (15-25 s on two busy cores)
 async def test_greedy_ids_and_logprobs_agree_with_the_float32_policy(backend: Any, hf_model: Any) -> None:
     ids, logprobs, finish = await _run(backend, _request(temperature=0.0, max_tokens=16))
     assert finish == "length"
     assert len(ids) == 16
-    with torch.inference_mode():
-        reference = hf_model.generate(
-            torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, pad_token_id=2, eos_token_id=None
-        )[0, len(PROMPT) :].tolist()
     # Later tokens may part at a near tie (here the tenth, by 0.1 nats): the rounding above is enough.
-    assert ids[:8] == reference[:8]
+    assert _hf_greedy_agrees(hf_model, PROMPT, ids) >= 8
     _close(logprobs, _teacher_forced(hf_model, PROMPT, ids))
 
 
+@pytest.mark.timeout(300)
 async def test_sampled_logprobs_agree_with_the_float32_policy_and_repeat_with_a_seed(
     backend: Any, hf_model: Any
 ) -> None:
@@ -191,6 +219,7 @@ async def test_streams_chunks_with_the_same_result(backend: Any) -> None:
     assert [t for c in chunks for t in c.token_ids] == whole[0]
 
 
+@pytest.mark.timeout(300)
 async def test_concurrent_calls_give_what_each_gives_alone(backend: Any) -> None:
     # Six calls on four slots: two wait for a slot. Different prompts (prefixes of one chat) and lengths.
     prompts = [PROMPT[: len(PROMPT) - k] for k in range(6)]
@@ -205,6 +234,7 @@ async def test_concurrent_calls_give_what_each_gives_alone(backend: Any) -> None
             _close(batched[1], one[1])
 
 
+@pytest.mark.timeout(300)
 async def test_a_longer_prompt_reuses_the_previous_calls_cache(backend: Any) -> None:
     ids, _, _ = await _run(backend, _request(temperature=0.0, max_tokens=6))
     follow_up = PROMPT + tuple(ids) + (2, 198, 1, 4093, 198)
@@ -288,3 +318,57 @@ def test_options_are_validated_and_build_the_backend() -> None:
     assert backend.context_length == 1024
     assert backend.gguf == _gguf()
     assert math.isfinite(backend.prefilled_tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_load_weights_serves_a_checkpoint_re_exported_to_gguf(checkpoint: Path, hf_model: Any) -> None:
+    # Exported as float16 matrices: measured 0.0034-0.010 nats from float32 per token, 0.0007-0.0026 on average.
+    b = _make(slots=2)
+    await b.start()
+    try:
+        assert await b.check_weights(str(checkpoint)) in ("LlamaForCausalLM", "llama")
+        before = b.gguf
+        await b.load_weights(str(checkpoint))
+        assert b.gguf != before
+        assert b.prefilled_tokens == 0
+        for prompt in (FRANCE, PROMPT):
+            ids, logprobs, _ = await _run(b, _request(prompt, temperature=0.0, max_tokens=16))
+            assert _hf_greedy_agrees(hf_model, prompt, ids) == 16
+            assert logprobs == pytest.approx(_teacher_forced(hf_model, prompt, ids), abs=0.05)
+        exported = b.gguf
+        await b.load_weights(str(checkpoint))  # again: the previous export is deleted
+        assert not exported.exists()
+    finally:
+        await b.close()
+    assert not b.gguf.exists()
+
+
+@pytest.mark.timeout(300)
+async def test_a_foreign_or_failing_checkpoint_is_refused_and_the_old_model_kept(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    foreign = tmp_path / "foreign"
+    shutil.copytree(checkpoint, foreign)
+    config = json.loads((foreign / "config.json").read_text())
+    (foreign / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    b = _make(slots=1)
+    await b.start()
+    try:
+        served = b.gguf
+        reference = await _run(b, _request(temperature=0.0, max_tokens=4))
+        with pytest.raises(FailedPrecondition, match="num_hidden_layers"):
+            await b.check_weights(str(foreign))
+        with pytest.raises(FailedPrecondition, match="not a directory"):
+            await b.load_weights(str(tmp_path / "nowhere"))
+
+        def broken(*args: Any) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr("model_proxy.backends.llama_cpp.export_checkpoint", broken)
+        with pytest.raises(FailedPrecondition, match="disk full"):
+            await b.load_weights(str(checkpoint))
+        assert b.gguf == served
+        assert await _run(b, _request(temperature=0.0, max_tokens=4)) == reference
+    finally:
+        await b.close()
