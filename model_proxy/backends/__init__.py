@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from model_proxy.backends._llama_cpp_lib import llama_cpp_missing
 from model_proxy.backends.factory import BACKEND_NAMES, BACKENDS, BackendKind, create_backend, parse_options
 from model_proxy.backends.options import (
     BackendOptions,
@@ -56,6 +57,7 @@ __all__ = [
     "VLLMBackend",
     "VLLMOptions",
     "create_backend",
+    "llama_cpp_missing",
     "load_script",
     "parse_options",
 ]
