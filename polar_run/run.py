@@ -365,12 +365,16 @@ def default_backend_options(backend: str, options: Mapping[str, Any]) -> dict[st
 
 
 def default_workers(backend: str, workers: int | None) -> int:
-    """Harnesses run at once: as asked, else 1 for the in-process ``transformers`` backend, else 4."""
+    """Harnesses run at once: as asked, else 1 for the in-process backends (``transformers``, ``llama_cpp``), else 4.
+
+    One at a time, a task's sessions send the same first prompt, so every call after the first reuses its prefill
+    (both in-process backends keep it); at once, they would all prefill it together on the same cores.
+    """
     if workers is not None:
         if workers < 1:
             raise InvalidArgument("--workers must be at least 1")
         return workers
-    return 1 if backend == "transformers" else 4
+    return 1 if backend in ("transformers", "llama_cpp") else 4
 
 
 def _describe(prepared: PreparedTask, options: RunOptions) -> str:

@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 
 import model_proxy.backends
-from polar_run.run import serving_backend
+from polar_run.run import default_workers, serving_backend
 from polar_run.run_config import RunOverrides, prepare_task
 
 
@@ -81,3 +81,9 @@ def test_without_llama_cpp_it_says_so_and_keeps_transformers(tmp_path: Path, mon
     assert served is prepared
     assert "llama-cpp-cffi is not installed" in out.getvalue()
     assert "transformers" in out.getvalue()
+
+
+@pytest.mark.parametrize(("backend", "workers"), [("llama_cpp", 1), ("transformers", 1), ("vllm", 4), ("scripted", 4)])
+def test_in_process_backends_run_one_harness_at_a_time(backend: str, workers: int) -> None:
+    assert default_workers(backend, None) == workers
+    assert default_workers(backend, 3) == 3
