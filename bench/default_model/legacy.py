@@ -27,7 +27,7 @@ class LegacyBackend(TransformersBackend):
     def _decode_loop(self, request: GenerationRequest, max_tokens: int, emit: Any, stop: threading.Event) -> None:
         from transformers import DynamicCache
 
-        from model_proxy.backends.transformers_backend import _Token
+        from model_proxy.backends._in_process import SampledToken
 
         torch.set_num_threads(self._legacy_threads)
         model = self._model
@@ -51,7 +51,7 @@ class LegacyBackend(TransformersBackend):
                     finish = "stop"
                 elif step == max_tokens - 1:
                     finish = "length"
-                emit(_Token(token, logprob, finish))
+                emit(SampledToken(token, logprob, finish))
                 if finish is not None:
                     return
                 inputs = torch.tensor([[token]], dtype=torch.long, device=device)

@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from model_proxy.backends._gguf_export import GgufTemplate, export_checkpoint, read_template
+from model_proxy.backends._in_process import Item, SampledToken, check_request, chunks
 from model_proxy.backends._llama_cpp_lib import load_llama_cpp
 from model_proxy.backends.checkpoint import CheckpointInfo
-from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
+from model_proxy.errors import BackendUnavailable
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
 
@@ -99,23 +100,13 @@ def _shared_prefix(cached: list[int], prompt: list[int], limit: int) -> int:
     return n
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Token:
-    token_id: int
-    logprob: float
-    finish_reason: str | None
-
-
-_Item = _Token | BaseException
-
-
 @dataclasses.dataclass(eq=False, slots=True)
 class _Job:
     """One call as the worker sees it."""
 
     request: GenerationRequest
     max_tokens: int
-    emit: Callable[[_Item], None]
+    emit: Callable[[Item], None]
     rng: np.random.Generator
     stops: frozenset[int]
     aborted: bool = False  # set from the event loop; read by the worker at its next step
@@ -302,25 +293,6 @@ class LlamaCppBackend:
 
     # ---- generation
 
-    def _check(self, request: GenerationRequest, vocab: int) -> int:
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise MalformedRequest("the prompt has no tokens")
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise MalformedRequest(f"prompt token IDs must lie in [0, {vocab})")
-        limit = self._max_context
-        if len(prompt) >= limit:
-            raise ContextLengthExceeded(len(prompt), limit)
-        sampling = request.sampling
-        if sampling.temperature < 0.0 or not 0.0 < sampling.top_p <= 1.0:
-            raise MalformedRequest("temperature must be >= 0 and top_p in (0, 1]")
-        max_tokens = sampling.max_tokens
-        if max_tokens is not None and max_tokens < 1:
-            raise MalformedRequest(f"max_tokens must be at least 1, got {max_tokens}")
-        room = limit - len(prompt)
-        # Clamped rather than refused, as the transformers backend: the proxy resolves max_tokens to the room left.
-        return room if max_tokens is None else min(max_tokens, room)
-
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Sample a response, streaming chunks as tokens are decoded when ``request.stream``.
 
@@ -332,11 +304,11 @@ class LlamaCppBackend:
         loaded = self._loaded
         if self._thread is None or loaded is None:
             raise BackendUnavailable("llama_cpp backend is not started")
-        max_tokens = self._check(request, loaded.vocab)
+        max_tokens = check_request(request, loaded.vocab, self._max_context)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
 
-        def emit(item: _Item) -> None:
+        def emit(item: Item) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         seed = request.sampling.seed
@@ -353,25 +325,8 @@ class LlamaCppBackend:
             self._waiting.append(job)
             self._cond.notify_all()
         try:
-            ids: list[int] = []
-            logprobs: list[float] = []
-            finish: str | None = None
-            while finish is None:
-                item = await queue.get()
-                items = [item]
-                while not queue.empty() and len(ids) + len(items) < self._chunk_size:
-                    items.append(queue.get_nowait())
-                for it in items:
-                    if isinstance(it, BaseException):
-                        raise it
-                    ids.append(it.token_id)
-                    logprobs.append(it.logprob)
-                    finish = it.finish_reason
-                if request.stream and (len(ids) >= self._chunk_size or finish is not None):
-                    yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
-                    ids, logprobs = [], []
-            if not request.stream:
-                yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
+            async for chunk in chunks(queue, stream=request.stream, chunk_size=self._chunk_size):
+                yield chunk
         finally:
             # A finished job is already gone from the worker; one still running stops at its next step.
             with self._cond:
@@ -589,7 +544,7 @@ class LlamaCppBackend:
                 finish = "stop"
             elif job.produced >= job.max_tokens:
                 finish = "length"
-            job.emit(_Token(token, logprob, finish))
+            job.emit(SampledToken(token, logprob, finish))
             if finish is not None:
                 self._release(job)
             else:

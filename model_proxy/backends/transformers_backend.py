@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import inspect
 import os
 import re
@@ -32,10 +31,11 @@ from typing import Any
 
 import torch
 
+from model_proxy.backends._in_process import Item, SampledToken, check_request, chunks
 from model_proxy.backends._prefix_cache import CacheEntry, PrefixCache, new_cache
 from model_proxy.backends.checkpoint import TensorSpec, compare_config, compare_tensors, read_checkpoint, refusal
 from model_proxy.backends.transformers_quantize import QUANTIZE_KINDS, Quantize, quantize_model
-from model_proxy.errors import BackendUnavailable, ContextLengthExceeded, MalformedRequest
+from model_proxy.errors import BackendUnavailable
 from model_proxy.models import GenerationChunk, GenerationRequest, SamplingParams
 from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
 
@@ -114,16 +114,6 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
         probs = torch.where(drop, torch.zeros_like(probs), probs)
     token = int(torch.multinomial(probs, 1, generator=generator).item())
     return token, float(log_probs[token].item())
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Token:
-    token_id: int
-    logprob: float
-    finish_reason: str | None
-
-
-_Item = _Token | BaseException
 
 
 class TransformersBackend:
@@ -320,24 +310,7 @@ class TransformersBackend:
         return int(getattr(self._model.config, "max_position_embeddings", 1 << 31))
 
     def _check(self, request: GenerationRequest) -> int:
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise MalformedRequest("the prompt has no tokens")
-        vocab = int(self._model.config.vocab_size)
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise MalformedRequest(f"prompt token IDs must lie in [0, {vocab})")
-        limit = self.context_length
-        if len(prompt) >= limit:
-            raise ContextLengthExceeded(len(prompt), limit)
-        room = limit - len(prompt)
-        sampling = request.sampling
-        if sampling.temperature < 0.0 or not 0.0 < sampling.top_p <= 1.0:
-            raise MalformedRequest("temperature must be >= 0 and top_p in (0, 1]")
-        max_tokens = sampling.max_tokens
-        if max_tokens is not None and max_tokens < 1:
-            raise MalformedRequest(f"max_tokens must be at least 1, got {max_tokens}")
-        # Clamped rather than refused: the proxy resolves max_tokens to the room left anyway.
-        return room if max_tokens is None else min(max_tokens, room)
+        return check_request(request, int(self._model.config.vocab_size), self.context_length)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Sample a response, streaming chunks as tokens are decoded when ``request.stream``.
@@ -355,33 +328,16 @@ class TransformersBackend:
             if executor is None:
                 raise BackendUnavailable("transformers backend was closed")
             loop = asyncio.get_running_loop()
-            queue: asyncio.Queue[_Item] = asyncio.Queue()
+            queue: asyncio.Queue[Item] = asyncio.Queue()
             stop = threading.Event()
 
-            def emit(item: _Item) -> None:
+            def emit(item: Item) -> None:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
             future = loop.run_in_executor(executor, self._decode, request, max_tokens, emit, stop)
             try:
-                ids: list[int] = []
-                logprobs: list[float] = []
-                finish: str | None = None
-                while finish is None:
-                    item = await queue.get()
-                    items = [item]
-                    while not queue.empty() and len(ids) + len(items) < self._chunk_size:
-                        items.append(queue.get_nowait())
-                    for it in items:
-                        if isinstance(it, BaseException):
-                            raise it
-                        ids.append(it.token_id)
-                        logprobs.append(it.logprob)
-                        finish = it.finish_reason
-                    if request.stream and (len(ids) >= self._chunk_size or finish is not None):
-                        yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
-                        ids, logprobs = [], []
-                if not request.stream:
-                    yield GenerationChunk(tuple(ids), tuple(logprobs), finish)
+                async for chunk in chunks(queue, stream=request.stream, chunk_size=self._chunk_size):
+                    yield chunk
             finally:
                 # Stop decoding when the caller goes away, and wait so the next call gets a free model.
                 stop.set()
@@ -434,7 +390,7 @@ class TransformersBackend:
                     finish = "stop"
                 elif step == max_tokens - 1:
                     finish = "length"
-                emit(_Token(token, logprob, finish))
+                emit(SampledToken(token, logprob, finish))
                 if finish is not None:
                     break
         # Only here, after no forward pass failed: the entry's IDs are exactly what its cache holds.
