@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_overhead.load import build_request, connect, latencies, peak_rps, timed
+from bench.proxy_overhead.load import build_request, connect, latencies, peak_rps, settle, timed
 from bench.proxy_overhead.servers import (
     TRITON_MODEL,
     Child,
@@ -148,10 +148,13 @@ async def _latency_runs(targets: list[Target], args: argparse.Namespace, tok: An
         else:
             await latencies(t.port, [t.small(0, small)] * args.warmup)
         t.results["small_ms"] = []
-    # Interleaved blocks, so drift (other load, CPU frequency) affects every target alike.
+    # Interleaved blocks, so drift (other load, CPU frequency) affects every target alike; before each block or
+    # call, every server is let go idle, so no server's after-work lands on the next one's measurement.
+    pids = [t.pid for t in targets]
     block = max(1, args.requests // 10)
     for _ in range(max(1, args.requests // block)):
         for t in targets:
+            await settle(pids)
             if t.grpc is not None:
                 t.results["small_ms"] += await t.grpc.latencies(small_ids, block)
             else:
@@ -162,6 +165,7 @@ async def _latency_runs(targets: list[Target], args: argparse.Namespace, tok: An
     conns = {t.name: await connect(t.port) for t in targets if t.grpc is None}
     big_ids = 0
     for t in targets:
+        await settle(pids)
         if t.grpc is not None:  # after the proxy's cold call: a prompt of the proxy's length
             t.results["big_cold_ms"] = await t.grpc.timed(big_ids)
         elif t is proxy:
@@ -175,16 +179,20 @@ async def _latency_runs(targets: list[Target], args: argparse.Namespace, tok: An
                 conns[t.name], t.big(big_session, _encode({**base, "messages": history}))
             )
         t.results["big_ms"] = []
+        t.results["big_after_cpu_ms"] = []
     for k in range(args.big_turns):
         history = [*history, {"role": "assistant", "content": CANNED}, {"role": "user", "content": f"next {k}"}]
         body = _encode({**base, "messages": history})
         for t in targets:
+            await settle(pids)
             if t.grpc is not None:
                 t.results["big_ms"].append(await t.grpc.timed(big_ids))
                 continue
             if conns[t.name].closed:  # idle past the server's keep-alive while a slow target answered
                 conns[t.name] = await connect(t.port)
             t.results["big_ms"].append(await timed(conns[t.name], t.big(big_session, body)))
+            # What the servers still did after this answer (LiteLLM's callbacks, a proxy's deferred metrics).
+            t.results["big_after_cpu_ms"].append(await settle(pids))
     # The prompt size, as the proxy reports it.
     if conns["proxy"].closed:
         conns["proxy"] = await connect(proxy.port)
@@ -292,9 +300,9 @@ def _report(
     lines += ["", "All targets (ms; added = over direct, or triton direct, at the same percentile):", ""]
     lines.append(
         "| target | small p50 / p99 | added p50 / p99 | req/s | server CPU ms/req | big p50 / p99 | added p50 / p99 "
-        "| req/s | server CPU ms/req | big cold |"
+        "| req/s | server CPU ms/req | big cold | CPU after a big answer p50 |"
     )
-    lines.append("|" + "---|" * 10)
+    lines.append("|" + "---|" * 11)
     for t in targets:
         r = t.results
         s50, s99, sa50, sa99 = stats(t, "small")
@@ -305,8 +313,13 @@ def _report(
         brps = f"{r['big_rps']:.0f}" if "big_rps" in r else "-"
         lines.append(
             f"| {t.name} | {s50:.3f} / {s99:.3f} | {sa50:.2f} / {sa99:.2f} | {srps} | {scpu} | "
-            f"{b50:.2f} / {b99:.2f} | {ba50:.2f} / {ba99:.2f} | {brps} | {bcpu} | {r['big_cold_ms']:.1f} |"
+            f"{b50:.2f} / {b99:.2f} | {ba50:.2f} / {ba99:.2f} | {brps} | {bcpu} | {r['big_cold_ms']:.1f} | "
+            f"{_pct(r['big_after_cpu_ms'], 0.5):.2f} |"
         )
+    lines.append(
+        "\nBefore each call the bench waits until every server is idle (< 5% of a core over 5 ms); the last column "
+        "is the CPU the servers used after the answer, which would otherwise land on the next target's call."
+    )
     errors = {t.name: {k: v for k, v in t.results.items() if k.endswith("_errors")} for t in targets}
     errors = {k: v for k, v in errors.items() if v}
     if errors:

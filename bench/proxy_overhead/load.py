@@ -17,7 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["Connection", "build_request", "connect", "latencies", "peak_rps", "timed"]
+__all__ = ["Connection", "build_request", "connect", "cpu_ns", "latencies", "peak_rps", "settle", "timed"]
+
+_SETTLE_WINDOW_S = 0.005
+_SETTLE_BUSY_NS = 250_000  # more CPU than this in one window (5% of it) means a server is still working
 
 
 def build_request(port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -119,6 +122,45 @@ async def timed(client: Connection, request: bytes) -> float:
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
     return elapsed
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process ``pid`` so far, in nanoseconds (``/proc/<pid>/task/*/schedstat``).
+
+    Nanosecond resolution, unlike ``/proc/<pid>/stat``'s clock ticks (10 ms here). 0 when it cannot be read.
+    """
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+async def settle(pids: list[int], *, timeout_s: float = 2.0) -> float:
+    """Wait until the processes ``pids`` are idle: together they use < 5% of a core over a 5 ms window.
+
+    A server may go on working after it answered (LiteLLM runs its logging and spend callbacks then); on a
+    machine with few cores that work would land on whichever server is measured next. Returns the CPU they
+    used while this waited, in ms (from the call to the end of the wait; gives up after ``timeout_s``).
+    """
+    pids = [p for p in pids if p > 0]
+    if not pids:
+        return 0.0
+    start = last = sum(cpu_ns(p) for p in pids)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(_SETTLE_WINDOW_S)
+        now = sum(cpu_ns(p) for p in pids)
+        if now - last < _SETTLE_BUSY_NS:
+            return (now - start) / 1e6
+        last = now
+    return (last - start) / 1e6
 
 
 async def latencies(port: int, requests: list[bytes]) -> list[float]:

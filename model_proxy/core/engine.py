@@ -463,7 +463,7 @@ class Call:
             finish_reason=finish,
             request={
                 "model": req.model,
-                "messages": [m.to_template_dict() for m in req.messages],
+                "messages": self.rendered.message_dicts or [m.to_template_dict() for m in req.messages],
                 "tools": [t.to_template_dict() for t in req.tools],
                 "tool_choice": req.tool_choice,
                 **req.normalized,

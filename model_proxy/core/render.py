@@ -106,6 +106,9 @@ class RenderedPrompt:
         token_ids_json: ``token_ids`` as comma-separated decimals (the inside of their JSON array), when the
             prefix cache built them.
         rendered_incrementally: Whether only a window of the conversation was rendered.
+        message_dicts: ``[m.to_template_dict() for m in messages]``, made for the template and not changed since
+            (the completion record takes them rather than building them again); None when the template got
+            other messages (tools folded into them for a template without tool support).
     """
 
     text: str
@@ -114,6 +117,7 @@ class RenderedPrompt:
     parent_call_id: str | None
     token_ids_json: str | None = None
     rendered_incrementally: bool = False
+    message_dicts: list[dict[str, Any]] | None = None
 
 
 def fallback_messages(messages: list[ChatMessage], tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -285,7 +289,10 @@ class ChatRenderer:
         if cache is not None and rendered.entry is not None:
             entry = rendered.entry
             entry.messages, entry.tools, entry.base_len, entry.clock = prepared, tool_dicts, out.base_len, out.clock
-        return dataclasses.replace(rendered.prompt, rendered_incrementally=out.incremental)
+        folded = bool(tools) and not self.supports_tools  # _inputs gave fallback_messages
+        return dataclasses.replace(
+            rendered.prompt, rendered_incrementally=out.incremental, message_dicts=None if folded else conversation
+        )
 
     def _inputs(
         self, messages: list[ChatMessage], tools: list[ToolSpec]

@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry.context import Context
 
 from model_proxy.core.render import PrefixCache
-from model_proxy.core.store import Recovery, SessionMeta, SessionStore
+from model_proxy.core.store import LineMemo, Recovery, SessionMeta, SessionStore
 from model_proxy.errors import RecordNotWritten, UnknownSession
 from polar_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from polar_core.records import CompletionRecord
@@ -65,6 +65,8 @@ class Session:
     render_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     # Size of this session's last request body (-1: none yet): a body that grew little since is cheap to prepare.
     last_body_bytes: int = -1
+    # The JSON text of the last record's messages and tools, reused by the next record's line.
+    line_memo: LineMemo = dataclasses.field(default_factory=LineMemo)
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""
@@ -230,6 +232,7 @@ class SessionRegistry:
                 continue
             oldest.released_count = len(oldest.records)
             oldest.records = []
+            oldest.line_memo = LineMemo()
 
     async def append(
         self, session: Session, record: CompletionRecord, *, prompt_ids_json: str | None = None, alone: bool = False
@@ -247,10 +250,12 @@ class SessionRegistry:
             try:
                 if not self.append_inline(alone=alone):
                     # Shielded: a caller that goes away must not leave a half-written line behind.
-                    await asyncio.shield(asyncio.to_thread(self._timed_append, record, prompt_ids_json))
+                    await asyncio.shield(
+                        asyncio.to_thread(self._timed_append, record, prompt_ids_json, session.line_memo)
+                    )
                 else:
                     # A page-cache write (fsync off), or a lone call's durable write on a fast disk: inline.
-                    self._timed_append(record, prompt_ids_json)
+                    self._timed_append(record, prompt_ids_json, session.line_memo)
             except OSError as exc:
                 _log.error("could not write a record of session %r: %s", session.session_id, exc)
                 raise RecordNotWritten(f"the completion record could not be written ({exc.strerror})") from None
@@ -263,9 +268,9 @@ class SessionRegistry:
         """Whether the next append may run on the event loop (see :meth:`append`)."""
         return not self._store.blocking or (alone and self.append_seconds < _INLINE_WRITE_LIMIT_S)
 
-    def _timed_append(self, record: CompletionRecord, prompt_ids_json: str | None) -> None:
+    def _timed_append(self, record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo) -> None:
         started = self._clock()
-        self._store.append(record, prompt_ids_json)
+        self._store.append(record, prompt_ids_json, memo)
         if self._store.blocking:
             # A lost update between two threads only delays the average a little; no lock needed.
             self.append_seconds += 0.2 * (self._clock() - started - self.append_seconds)

@@ -34,7 +34,7 @@ from typing import Any
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
 
-__all__ = ["Recovery", "SessionMeta", "SessionStore", "StoredSession"]
+__all__ = ["LineMemo", "Recovery", "SessionMeta", "SessionStore", "StoredSession"]
 
 _log = logging.getLogger(__name__)
 _SAFE = re.compile(r"[A-Za-z0-9._-]{1,100}")
@@ -171,13 +171,76 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def _record_line(record: CompletionRecord, prompt_ids_json: str | None) -> str:
+@dataclasses.dataclass(slots=True)
+class LineMemo:
+    """The JSON text of one session's last recorded ``request.messages`` and ``request.tools``, for the next line.
+
+    An agent loop resends its whole history on every call, so a 35k-token call's record repeats ~100 messages
+    that the previous line already serialised (about half a millisecond of the write). Messages equal (``==``)
+    to the previous record's, from the first one on, reuse their text; the same tools reuse theirs. The line
+    is the same text either way, except that ``==`` counts ``1``, ``1.0`` and ``true`` equal: a message that
+    came back with one of them in place of another keeps the earlier spelling, as the rendered prompt does
+    (the prefix cache compares messages the same way).
+    """
+
+    messages: list[Any] = dataclasses.field(default_factory=list)
+    texts: list[str] = dataclasses.field(default_factory=list)
+    tools: list[Any] | None = None
+    tools_text: str = ""
+
+
+def _shared_prefix(new: list[Any], old: list[Any]) -> int:
+    """How many leading items of ``new`` equal those of ``old``."""
+    n = len(old)
+    if n <= len(new) and new[:n] == old:  # the usual case, compared in C
+        return n
+    k = 0
+    for a, b in zip(new, old, strict=False):
+        if a != b:
+            break
+        k += 1
+    return k
+
+
+def _request_json(request: dict[str, Any], memo: LineMemo) -> str | None:
+    """``request`` as JSON text, reusing ``memo`` (None when it has no message list to reuse)."""
+    messages, tools = request.get("messages"), request.get("tools")
+    if not isinstance(messages, list) or not (tools is None or isinstance(tools, list)):
+        return None
+    k = _shared_prefix(messages, memo.messages)
+    texts = memo.texts[:k] + [_dumps(m) for m in messages[k:]]
+    memo.messages, memo.texts = messages, texts
+    if tools is not None and (memo.tools is None or tools != memo.tools):
+        memo.tools, memo.tools_text = tools, _dumps(tools)
+    parts = []
+    for key, value in request.items():
+        if key == "messages":
+            text = "[" + ",".join(texts) + "]"
+        elif key == "tools" and tools is not None:
+            text = memo.tools_text
+        else:
+            text = _dumps(value)
+        parts.append(_dumps(key) + ":" + text)
+    return "{" + ",".join(parts) + "}"
+
+
+def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo | None = None) -> str:
     data = record.to_dict()
-    if prompt_ids_json is None:
+    request = data.get("request")
+    request_json = _request_json(request, memo) if memo is not None and isinstance(request, dict) else None
+    if prompt_ids_json is None and request_json is None:
         return _dumps(data) + "\n"
     head = {key: data.pop(key) for key in ("session_id", "call_id", "seq")}
-    del data["prompt_token_ids"]
-    return f'{_dumps(head)[:-1]},"prompt_token_ids":[{prompt_ids_json}],{_dumps(data)[1:]}\n'
+    pieces = [_dumps(head)[:-1]]
+    for key, value in data.items():
+        if key == "prompt_token_ids" and prompt_ids_json is not None:
+            text = "[" + prompt_ids_json + "]"
+        elif key == "request" and request_json is not None:
+            text = request_json
+        else:
+            text = _dumps(value)
+        pieces.append(_dumps(key) + ":" + text)
+    return ",".join(pieces) + "}\n"
 
 
 class SessionStore:
@@ -224,7 +287,9 @@ class SessionStore:
         tmp.replace(directory / "session.json")
         self._sync_dir(directory)
 
-    def append(self, record: CompletionRecord, prompt_ids_json: str | None = None) -> None:
+    def append(
+        self, record: CompletionRecord, prompt_ids_json: str | None = None, memo: LineMemo | None = None
+    ) -> None:
         """Append one record to its session's ``completions.jsonl`` and make it durable.
 
         An append that fails part-way is cut back to the file's previous size before the error propagates, so
@@ -234,11 +299,12 @@ class SessionStore:
             record: The record.
             prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
                 (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
+            memo: The session's :class:`LineMemo` (updated): its last request's messages are not serialised again.
 
         Raises:
             OSError: The record could not be written (nothing of it is left in the file, if the disk allows).
         """
-        data = memoryview(_record_line(record, prompt_ids_json).encode("utf-8"))
+        data = memoryview(_record_line(record, prompt_ids_json, memo).encode("utf-8"))
         path = self._dir(record.session_id) / _RECORDS
         # Plain descriptor calls: no buffered text file object per record. fdatasync makes an append durable
         # (it flushes the data and the file size) without the metadata that reading it back does not need.

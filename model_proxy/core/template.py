@@ -33,6 +33,7 @@ ClockReading = tuple[str, str]
 """``(format, value)`` of one ``strftime_now(format)`` call made by a template."""
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_REASONING_KEYS = frozenset(_REASONING_FIELDS)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -138,9 +139,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     out: list[dict[str, Any]] = []
     for message in messages:
         item = {k: v for k, v in message.items() if v is not None}
-        reasoning = next((item[k] for k in _REASONING_FIELDS if item.get(k) is not None), None)
-        if reasoning is not None:
-            item = {"thinking": reasoning, **item, "reasoning_content": reasoning}
+        if not _REASONING_KEYS.isdisjoint(item):  # rare: most messages carry no reasoning (no generator per message)
+            reasoning = next((item[k] for k in _REASONING_FIELDS if k in item), None)
+            if reasoning is not None:
+                item = {"thinking": reasoning, **item, "reasoning_content": reasoning}
         out.append(item)
     return out
 

@@ -9,9 +9,10 @@ import transformers.utils.chat_template_utils as hf_templates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model_proxy.core.store as store_module
 import model_proxy.core.template as template_module
 from model_proxy.core.render import ChatRenderer, PrefixCache
-from model_proxy.core.store import SessionStore
+from model_proxy.core.store import LineMemo, SessionStore
 from model_proxy.models import ChatMessage, ToolCall, ToolSpec
 from polar_core.model_fixtures import build_tiny_tokenizer
 from polar_core.records import CompletionRecord
@@ -264,6 +265,62 @@ def test_store_line_with_precomputed_prompt_ids_is_the_same_record(tmp_path) -> 
     a, b = (tmp_path / "sessions" / "s" / "completions.jsonl").read_text().splitlines()
     assert json.loads(a) == json.loads(b) == record.to_dict()
     assert a == b
+
+
+def _turn_record(seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CompletionRecord:
+    request: dict[str, Any] = {"model": "m", "messages": messages}
+    if tools is not None:
+        request["tools"] = tools
+    request["tool_choice"] = None
+    return CompletionRecord("s", f"c{seq}", seq, [1, 2, 3 + seq], [4], [-0.5], request=request, extra={"k": seq})
+
+
+def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_without_it(tmp_path, monkeypatch) -> None:
+    """Every line written with a session's LineMemo is byte for byte the line written without one, whatever
+    changes between calls: growth, an edited earlier message, changed or dropped tools, a message list that is
+    not a prefix, no messages at all; and the memo does serialise only what it has not seen."""
+    tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    turns: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = []
+    for i in range(3):
+        history = [*history, {"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": "ok é"}]
+        turns.append((history, [tool]))
+    edited = [dict(m) for m in history]
+    edited[1]["content"] = "step 0, edited"
+    turns += [
+        (edited, [tool]),  # an earlier message changed: the lines after it are serialised again
+        (edited, [tool, {**tool, "function": {"name": "other"}}]),  # tools changed
+        (edited, None),  # tools dropped
+        ([{"role": "user", "content": "a new conversation"}], [tool]),  # not a prefix of the last one
+        ([], [tool]),
+        (history, [tool]),
+    ]
+    with_memo, without = SessionStore(tmp_path / "a", fsync=False), SessionStore(tmp_path / "b", fsync=False)
+    for root in ("a", "b"):
+        (tmp_path / root / "sessions" / "s").mkdir(parents=True)
+    memo = LineMemo()
+    dumped: list[Any] = []
+    real = store_module._dumps
+
+    def counting(obj: Any) -> str:
+        dumped.append(obj)
+        return real(obj)
+
+    monkeypatch.setattr(store_module, "_dumps", counting)
+    for seq, (messages, tools) in enumerate(turns):
+        record = _turn_record(seq, messages, tools)
+        dumped.clear()
+        with_memo.append(record, prompt_ids_json=f"1,2,{3 + seq}", memo=memo)
+        if seq in (1, 2):  # growth: only the two new messages are serialised
+            assert [m for m in dumped if isinstance(m, dict) and "role" in m] == messages[-2:]
+        without.append(record)
+    a = (tmp_path / "a" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
+    b = (tmp_path / "b" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
+    assert len(a) == len(turns)
+    assert a == b
+    assert [CompletionRecord.from_dict(json.loads(line)) for line in a] == [
+        _turn_record(seq, m, t) for seq, (m, t) in enumerate(turns)
+    ]
 
 
 def test_tool_schemas_serialised_once_per_session_and_changed_tools_rendered_anew(tokenizer, monkeypatch) -> None:
