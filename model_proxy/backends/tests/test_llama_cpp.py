@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -370,5 +371,57 @@ async def test_a_foreign_or_failing_checkpoint_is_refused_and_the_old_model_kept
             await b.load_weights(str(checkpoint))
         assert b.gguf == served
         assert await _run(b, _request(temperature=0.0, max_tokens=4)) == reference
+    finally:
+        await b.close()
+
+
+class _Look:
+    """A SpareCores stand-in that answers ``idle`` as told and counts the looks."""
+
+    def __init__(self, idle: bool) -> None:
+        # One more CPU than the default threads (cores - 1, at least 1), whatever this machine has.
+        self.answer, self.count, self.looks = idle, max(2, len(os.sched_getaffinity(0))), 0
+
+    def idle(self) -> bool:
+        self.looks += 1
+        return self.answer
+
+
+LONG = (*PROMPT, *([11] * 200), *PROMPT[-3:])  # a prompt of ~235 tokens: a prefill step worth a look
+
+
+async def test_prefill_takes_the_idle_cores_and_samples_the_same_tokens() -> None:
+    """With the default threads, a long prefill step runs on every core when they are idle; what is sampled
+    does not change (greedy IDs the same as on one thread, log-probabilities within float rounding)."""
+    one = _make(threads=1, spare=_Look(True))
+    spare_look = _Look(True)
+    spare = _make(threads=None, spare=spare_look)
+    for b in (one, spare):
+        await b.start()
+    try:
+        ids1, lp1, _ = await _run(one, _request(LONG, top_k=1, max_tokens=8))
+        ids2, lp2, _ = await _run(spare, _request(LONG, top_k=1, max_tokens=8))
+        assert one.spare_core_steps == 0  # threads set: never looks
+        assert spare.spare_core_steps >= 1
+        assert spare_look.looks == spare.spare_core_steps
+        assert ids1 == ids2
+        assert np.abs(np.array(lp1) - np.array(lp2)).max() < 1e-3
+        # A decode-only call (its prompt cached but the last token) never looks.
+        looks = spare_look.looks
+        await _run(spare, _request(LONG, top_k=1, max_tokens=4))
+        assert spare_look.looks == looks
+    finally:
+        for b in (one, spare):
+            await b.close()
+
+
+async def test_busy_cores_keep_the_default_threads() -> None:
+    busy = _Look(False)
+    b = _make(threads=None, spare=busy)
+    await b.start()
+    try:
+        await _run(b, _request(LONG, top_k=1, max_tokens=4))
+        assert busy.looks >= 1
+        assert b.spare_core_steps == 0
     finally:
         await b.close()
