@@ -2,9 +2,9 @@
 
 The ``llama_cpp`` backend decodes on one core less than it may use, because llama.cpp's threads spin-wait for
 each other: a thread whose core another process takes stalls every operation (a 1,500-token call took 14x
-longer on 2 threads beside one busy process). A prompt's prefill is compute-bound and ~1.7x faster on both cores
-of a 2-core machine, so before each prefill step the backend looks at the cores for a moment
-(:meth:`SpareCores.idle`) and takes them all only when nobody else is using them.
+longer on 2 threads beside one busy process). A prompt's prefill is ~1.7x and decoding ~1.5x faster on both cores
+of a 2-core machine, so the backend looks at the cores for a moment (:meth:`SpareCores.idle`: before each
+prefill step, and at most every half second while decoding) and takes them all only while nobody else uses them.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class SpareCores:
         read: Callable[[], Mapping[int, int] | None] = read_busy_ticks,
         sleep: Callable[[float], None] = time.sleep,
         ticks_per_s: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Watch ``cpus`` (default: the CPUs this process may run on).
 
@@ -58,12 +59,15 @@ class SpareCores:
             read: Busy ticks per CPU (tests inject one).
             sleep: Waits ``window_s`` (tests inject one).
             ticks_per_s: Clock ticks per second of ``read``'s counts (default ``SC_CLK_TCK``).
+            clock: Monotonic seconds, for :meth:`idle_lately` (tests inject one).
         """
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         self._window = window_s
         self._read = read
         self._sleep = sleep
         self._hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+        self._clock = clock
+        self._last: tuple[float, bool] | None = None  # when the last look ended, and what it saw
 
     @property
     def count(self) -> int:
@@ -77,10 +81,20 @@ class SpareCores:
         """
         before = self._read()
         if before is None:
+            self._last = (self._clock(), False)
             return False
         self._sleep(self._window)
         after = self._read()
         if after is None:
+            self._last = (self._clock(), False)
             return False
         busy = sum(after[c] - before[c] for c in self.cpus if c in before and c in after)
-        return busy / self._hz <= _BUSY_SHARE * self._window
+        idle = busy / self._hz <= _BUSY_SHARE * self._window
+        self._last = (self._clock(), idle)
+        return idle
+
+    def idle_lately(self, max_age_s: float) -> bool:
+        """What the last look saw when it ended less than ``max_age_s`` ago; else :meth:`idle`."""
+        if self._last is not None and self._clock() - self._last[0] < max_age_s:
+            return self._last[1]
+        return self.idle()

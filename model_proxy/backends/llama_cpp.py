@@ -48,8 +48,10 @@ from polar_core.errors import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["LlamaCppBackend", "sample_logits"]
 
-# A step with fewer prompt tokens than this never looks for idle cores (the look costs 40 ms).
+# A step with this many prompt tokens looks at the cores first (a look costs 40 ms); other steps reuse a look up
+# to _SPARE_LOOK_EVERY_S old (at most 8% of decoding spent looking).
 _SPARE_MIN_PROMPT_TOKENS = 64
+_SPARE_LOOK_EVERY_S = 0.5
 
 
 def sample_logits(
@@ -139,7 +141,7 @@ class _Loaded:
     batch: Any
     vocab: int
     gguf: Path
-    batch_threads: int = 0  # the context's threads for a batch of more than one token (0: as created)
+    threads: int = 0  # the context's threads, set by _pick_threads (0: as created)
 
 
 class LlamaCppBackend:
@@ -171,10 +173,10 @@ class LlamaCppBackend:
                 process takes one of their cores every operation waits for the descheduled thread: on 2 cores with
                 one other busy process, a 1,500-token call took 252 s on 2 threads against 17.9 s on 1. A spare
                 core also keeps the event loop, the other services and the agents responsive. With the
-                default, a prefill step of at least 64 prompt tokens takes every core when a 40 ms look at
-                them just before finds them idle (:class:`~model_proxy.backends._spare_cores.SpareCores`): a
-                1,540-token first call took 9.9 s instead of 16.8 s on an idle 2-core machine. Set, the
-                number is used for every step.
+                default, steps take every core while a 40 ms look at them finds them idle
+                (:class:`~model_proxy.backends._spare_cores.SpareCores`; a fresh look before each prefill step
+                of 64 or more prompt tokens, else one up to half a second old): on an idle 2-core machine a
+                1,540-token first call took 9.8 s instead of 16.8 s. Set, the number is used for every step.
             slots: Calls decoded together (llama.cpp sequences); more wait for a free slot.
             max_context: Context of each slot in tokens (prompt plus output).
             n_batch: Most tokens per ``llama_decode`` (prompt pieces and decode tokens of all calls).
@@ -192,7 +194,7 @@ class LlamaCppBackend:
         self._gguf = Path(gguf)
         self._threads = threads or max(1, len(os.sched_getaffinity(0)) - 1)
         watch = spare or SpareCores()
-        # Prefill on every core when they are idle: only with the default threads, and only when that is more.
+        # Every core while they are idle: only with the default threads, and only when that is more.
         self._spare = watch if threads is None and watch.count > self._threads else None
         self._spare_steps = 0
         self._slots_n = slots
@@ -503,23 +505,26 @@ class LlamaCppBackend:
             slot.tokens.clear()
             self._release(job)
 
-    def _pick_batch_threads(self, loaded: _Loaded, prompt_tokens: int) -> None:
-        """Set the threads of the next multi-token ``llama_decode``: every core for a prefill step when they are
-        idle (see ``threads`` in :meth:`__init__`), else the default."""
+    def _pick_threads(self, loaded: _Loaded, prompt_tokens: int) -> None:
+        """Set the threads of the next ``llama_decode``: every core while they are idle (a fresh look before a
+        prefill step, one at most ``_SPARE_LOOK_EVERY_S`` old otherwise; see ``threads`` in :meth:`__init__`),
+        else the default."""
         if self._spare is None:
             return
-        want = self._threads
-        if prompt_tokens >= _SPARE_MIN_PROMPT_TOKENS and self._spare.idle():
-            want = self._spare.count
-            self._spare_steps += 1
-        if want != (loaded.batch_threads or self._threads):
+        if prompt_tokens >= _SPARE_MIN_PROMPT_TOKENS:
+            idle = self._spare.idle()
+        else:
+            idle = self._spare.idle_lately(_SPARE_LOOK_EVERY_S)
+        want = self._spare.count if idle else self._threads
+        self._spare_steps += idle
+        if want != (loaded.threads or self._threads):
             lib, _ = load_llama_cpp()
-            lib.llama_set_n_threads(loaded.ctx, self._threads, want)
-            loaded.batch_threads = want
+            lib.llama_set_n_threads(loaded.ctx, want, want)
+            loaded.threads = want
 
     @property
     def spare_core_steps(self) -> int:
-        """Prefill steps run on every core because they were idle (since start)."""
+        """Steps run on every core because they were idle (since start)."""
         return self._spare_steps
 
     def _step(self) -> None:
@@ -559,7 +564,7 @@ class LlamaCppBackend:
         if n == 0:
             return
         batch.n_tokens = n
-        self._pick_batch_threads(loaded, prompt_n)
+        self._pick_threads(loaded, prompt_n)
         status = lib.llama_decode(loaded.ctx, batch)
         if status == 1:
             # No contiguous room in the KV cache: drop the idle slots' caches, compact, and try once more.

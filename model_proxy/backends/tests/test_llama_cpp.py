@@ -386,13 +386,16 @@ class _Look:
         self.looks += 1
         return self.answer
 
+    def idle_lately(self, max_age_s: float) -> bool:
+        return self.answer
+
 
 LONG = (*PROMPT, *([11] * 200), *PROMPT[-3:])  # a prompt of ~235 tokens: a prefill step worth a look
 
 
-async def test_prefill_takes_the_idle_cores_and_samples_the_same_tokens() -> None:
-    """With the default threads, a long prefill step runs on every core when they are idle; what is sampled
-    does not change (greedy IDs the same as on one thread, log-probabilities within float rounding)."""
+async def test_idle_cores_are_taken_and_the_same_tokens_sampled() -> None:
+    """With the default threads, steps run on every core while they are idle (a fresh look before a long prefill
+    step); what is sampled does not change (greedy IDs the same as on one thread, log-probs within rounding)."""
     one = _make(threads=1, spare=_Look(True))
     spare_look = _Look(True)
     spare = _make(threads=None, spare=spare_look)
@@ -402,14 +405,15 @@ async def test_prefill_takes_the_idle_cores_and_samples_the_same_tokens() -> Non
         ids1, lp1, _ = await _run(one, _request(LONG, top_k=1, max_tokens=8))
         ids2, lp2, _ = await _run(spare, _request(LONG, top_k=1, max_tokens=8))
         assert one.spare_core_steps == 0  # threads set: never looks
-        assert spare.spare_core_steps >= 1
-        assert spare_look.looks == spare.spare_core_steps
+        assert spare_look.looks >= 1  # a fresh look before the prefill step
+        assert spare.spare_core_steps >= spare_look.looks + 7  # and every decode step on all cores too
         assert ids1 == ids2
         assert np.abs(np.array(lp1) - np.array(lp2)).max() < 1e-3
-        # A decode-only call (its prompt cached but the last token) never looks.
-        looks = spare_look.looks
+        # A call whose prompt is cached but its last token takes no fresh look (a recent one will do).
+        looks, steps = spare_look.looks, spare.spare_core_steps
         await _run(spare, _request(LONG, top_k=1, max_tokens=4))
         assert spare_look.looks == looks
+        assert spare.spare_core_steps == steps + 4
     finally:
         for b in (one, spare):
             await b.close()

@@ -38,6 +38,21 @@ def test_only_the_watched_cpus_count() -> None:
     assert watch.idle()
 
 
+def test_a_recent_look_is_reused_and_an_old_one_taken_again() -> None:
+    now = [0.0]
+    counts = _Counts({0: 0, 1: 0})
+    watch = SpareCores([0, 1], read=counts, sleep=lambda s: None, ticks_per_s=100, clock=lambda: now[0])
+    assert watch.idle_lately(0.5)  # no look yet: looks
+    assert counts.reads == 2
+    counts.step = {0: 4, 1: 4}  # busy from now on
+    now[0] = 0.4
+    assert watch.idle_lately(0.5)  # the look of 0.4 s ago still stands
+    assert counts.reads == 2
+    now[0] = 0.5
+    assert not watch.idle_lately(0.5)
+    assert counts.reads == 4
+
+
 def test_an_unreadable_proc_stat_means_busy() -> None:
     assert not SpareCores([0, 1], read=lambda: None, sleep=lambda s: None).idle()
     reads = iter([{0: 0, 1: 0}, None])
