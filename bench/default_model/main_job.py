@@ -8,7 +8,8 @@ the same run, and plain ``model.generate`` (float32, torch's default threads, no
 baseline:
 
 * ``transformers float16``: the previous default of ``polar run`` (its own thread default: cores - 1);
-* ``llama_cpp``: the default now (``model_proxy.backends.llama_cpp``, the wheel's Q4_1 GGUF, threads cores - 1);
+* ``llama_cpp``: the default now (``model_proxy.backends.llama_cpp``, the wheel's Q4_1 GGUF; cores - 1 threads,
+  every core while a look finds them idle);
 * ``llama_cpp threads=N``: the same on every core (``--all-cores``), for a machine that does nothing else.
 
 Prints per backend the first call, the mean of the later ones, the sum over all calls and the ratios against
