@@ -339,7 +339,8 @@ class ChatRenderer:
         tail_ids, tail_chars, tail_toks = self._encode_with_boundaries(text[start_char:])
         tail_json, tail_offsets = ids_json(tail_ids, tail_toks)
         if entry is not None and start_tok:
-            ids = entry.ids[:start_tok] + tail_ids
+            ids = entry.ids[:start_tok]  # a new list: one copy of the reused IDs, not two
+            ids.extend(tail_ids)
             chars = entry.boundary_chars[:k] + [c + start_char for c in tail_chars]
             toks = entry.boundary_tokens[:k] + [t + start_tok for t in tail_toks]
             head_json = entry.ids_json[:start_json]
