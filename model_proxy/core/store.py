@@ -167,26 +167,28 @@ def _dirname(session_id: str) -> str:
     return "h-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps with these, made once
+
+
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(obj)
 
 
 @dataclasses.dataclass(slots=True)
 class LineMemo:
-    """The JSON text of one session's last recorded ``request.messages`` and ``request.tools``, for the next line.
+    """The JSON text of one session's last recorded ``request.messages``, for the next line.
 
     An agent loop resends its whole history on every call, so a 35k-token call's record repeats ~100 messages
-    that the previous line already serialised (about half a millisecond of the write). Messages equal (``==``)
-    to the previous record's, from the first one on, reuse their text; the same tools reuse theirs. The line
-    is the same text either way, except that ``==`` counts ``1``, ``1.0`` and ``true`` equal: a message that
-    came back with one of them in place of another keeps the earlier spelling, as the rendered prompt does
-    (the prefix cache compares messages the same way).
+    that the previous line already serialised (about half a millisecond of the write). Messages equal to the
+    previous record's, from the first one on, reuse their text, so the line is still exactly what
+    ``json.dumps`` gives. Reuse is limited to where ``==`` is exact: a message dict holds strings, except a tool
+    call's arguments (free JSON, where ``1 == 1.0 == True``), so a message with tool calls is serialised again
+    (it is short; tool results, the long ones, are strings). Tools are serialised on every line (their schemas
+    are free JSON too).
     """
 
     messages: list[Any] = dataclasses.field(default_factory=list)
     texts: list[str] = dataclasses.field(default_factory=list)
-    tools: list[Any] | None = None
-    tools_text: str = ""
 
 
 def _shared_prefix(new: list[Any], old: list[Any]) -> int:
@@ -204,22 +206,17 @@ def _shared_prefix(new: list[Any], old: list[Any]) -> int:
 
 def _request_json(request: dict[str, Any], memo: LineMemo) -> str | None:
     """``request`` as JSON text, reusing ``memo`` (None when it has no message list to reuse)."""
-    messages, tools = request.get("messages"), request.get("tools")
-    if not isinstance(messages, list) or not (tools is None or isinstance(tools, list)):
+    messages = request.get("messages")
+    if not isinstance(messages, list):
         return None
     k = _shared_prefix(messages, memo.messages)
-    texts = memo.texts[:k] + [_dumps(m) for m in messages[k:]]
+    # Message dicts hold strings, except tool calls' arguments: the others compare exactly with ==.
+    texts = [t if "tool_calls" not in m else _dumps(m) for m, t in zip(messages, memo.texts[:k], strict=False)]
+    texts += [_dumps(m) for m in messages[k:]]
     memo.messages, memo.texts = messages, texts
-    if tools is not None and (memo.tools is None or tools != memo.tools):
-        memo.tools, memo.tools_text = tools, _dumps(tools)
     parts = []
     for key, value in request.items():
-        if key == "messages":
-            text = "[" + ",".join(texts) + "]"
-        elif key == "tools" and tools is not None:
-            text = memo.tools_text
-        else:
-            text = _dumps(value)
+        text = "[" + ",".join(texts) + "]" if key == "messages" else _dumps(value)
         parts.append(_dumps(key) + ":" + text)
     return "{" + ",".join(parts) + "}"
 

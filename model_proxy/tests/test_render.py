@@ -277,18 +277,26 @@ def _turn_record(seq: int, messages: list[dict[str, Any]], tools: list[dict[str,
 
 def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_without_it(tmp_path, monkeypatch) -> None:
     """Every line written with a session's LineMemo is byte for byte the line written without one, whatever
-    changes between calls: growth, an edited earlier message, changed or dropped tools, a message list that is
-    not a prefix, no messages at all; and the memo does serialise only what it has not seen."""
+    changes between calls: growth, an edited earlier message, a tool call's argument resent as 1.0 or true
+    where it was 1 (equal under ==), changed or dropped tools, a message list that is not a prefix, no messages
+    at all; and the memo serialises only what it has not seen (and tool-call messages)."""
     tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
-    history: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+
+    def call(n: Any) -> dict[str, Any]:
+        args = {"path": "a.py", "n": n}
+        return {"role": "assistant", "content": "", "tool_calls": [{"id": "t", "function": {"arguments": args}}]}
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}, call(1)]
     turns: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = []
     for i in range(3):
         history = [*history, {"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": "ok é"}]
         turns.append((history, [tool]))
     edited = [dict(m) for m in history]
-    edited[1]["content"] = "step 0, edited"
+    edited[2]["content"] = "step 0, edited"
     turns += [
         (edited, [tool]),  # an earlier message changed: the lines after it are serialised again
+        ([edited[0], call(1.0), *edited[2:]], [tool]),  # == the last one, but not the same JSON
+        ([edited[0], call(True), *edited[2:]], [tool]),
         (edited, [tool, {**tool, "function": {"name": "other"}}]),  # tools changed
         (edited, None),  # tools dropped
         ([{"role": "user", "content": "a new conversation"}], [tool]),  # not a prefix of the last one
@@ -311,8 +319,8 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
         record = _turn_record(seq, messages, tools)
         dumped.clear()
         with_memo.append(record, prompt_ids_json=f"1,2,{3 + seq}", memo=memo)
-        if seq in (1, 2):  # growth: only the two new messages are serialised
-            assert [m for m in dumped if isinstance(m, dict) and "role" in m] == messages[-2:]
+        if seq in (1, 2):  # growth: only the two new messages are serialised, and the tool-call one again
+            assert [m for m in dumped if isinstance(m, dict) and "role" in m] == [messages[1], *messages[-2:]]
         without.append(record)
     a = (tmp_path / "a" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
     b = (tmp_path / "b" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
