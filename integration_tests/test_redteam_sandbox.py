@@ -70,6 +70,30 @@ from runtimes.local import LocalRuntime, probe_isolation
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
+# Counts the container's processes with shell builtins alone (no fork): only the shell itself is added.
+_COUNT_PROCESSES = "n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n"
+
+
+async def _process_count(runtime: Runtime) -> int | None:
+    """How many processes the container runs (the counting shell included); None when it could not start."""
+    result = await runtime.exec(["sh", "-c", _COUNT_PROCESSES], timeout=30)
+    return int(result.stdout.split()[-1]) if result.ok and result.stdout.strip() else None
+
+
+async def _until_processes_at_most(runtime: Runtime, most: int | None, *, deadline_s: float = 90.0) -> None:
+    """Wait until the container runs no more processes than ``most`` (a fork bomb burnt out)."""
+    assert most is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    seen: int | None = None
+    while loop.time() < deadline:
+        seen = await _process_count(runtime)
+        if seen is not None and seen <= most:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the fork bomb's processes were still there after {deadline_s:.0f} s ({seen} > {most})")
+
+
 def _check_outcomes(out: dict[str, Any], *, pids_limit: int, root_without_capabilities: bool = False) -> None:
     """``root_without_capabilities``: the sandbox's user may be id 0 (gVisor as an ordinary user, whose user
     namespace maps that one id), with an empty bounding set so that nothing can give it a capability back."""
@@ -341,7 +365,11 @@ async def test_docker_attacks_fail(docker_env: Any, monkeypatch: pytest.MonkeyPa
         await attack("kill_everything")
         assert (await runtime.exec(["true"], timeout=30)).ok
         assert (await attack("memory_bomb")).exit_code != 0
+        before = await _process_count(runtime)
         assert not (await attack("fork_bomb")).timed_out
+        # The bomb's processes outlive its command and die out by themselves (each failed fork ends one); until
+        # they have, the next command may find no pid left ("Cannot fork"). The container must come back.
+        await _until_processes_at_most(runtime, before)
         tmp = await attack("tmp_fill")
         assert int(tmp.stdout.split()[-1]) <= parse_size(LIMITS["tmp_size"])
         assert (await attack("plant_symlinks")).ok
