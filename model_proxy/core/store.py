@@ -204,40 +204,31 @@ def _shared_prefix(new: list[Any], old: list[Any]) -> int:
     return k
 
 
-def _request_json(request: dict[str, Any], memo: LineMemo) -> str | None:
-    """``request`` as JSON text, reusing ``memo`` (None when it has no message list to reuse)."""
-    messages = request.get("messages")
-    if not isinstance(messages, list):
-        return None
+def _object_json(data: dict[str, Any], texts: dict[str, str]) -> str:
+    """``data`` as ``_dumps`` would write it, with the values of the keys in ``texts`` given as JSON text."""
+    parts = [_dumps(key) + ":" + (texts[key] if key in texts else _dumps(value)) for key, value in data.items()]
+    return "{" + ",".join(parts) + "}"
+
+
+def _messages_json(messages: list[Any], memo: LineMemo) -> str:
+    """``messages`` as a JSON array, reusing ``memo``'s texts where exact (and updating it)."""
     k = _shared_prefix(messages, memo.messages)
     # Message dicts hold strings, except tool calls' arguments: the others compare exactly with ==.
     texts = [t if "tool_calls" not in m else _dumps(m) for m, t in zip(messages, memo.texts[:k], strict=False)]
     texts += [_dumps(m) for m in messages[k:]]
     memo.messages, memo.texts = messages, texts
-    parts = []
-    for key, value in request.items():
-        text = "[" + ",".join(texts) + "]" if key == "messages" else _dumps(value)
-        parts.append(_dumps(key) + ":" + text)
-    return "{" + ",".join(parts) + "}"
+    return "[" + ",".join(texts) + "]"
 
 
 def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo | None = None) -> str:
     data = record.to_dict()
+    texts: dict[str, str] = {}
+    if prompt_ids_json is not None:
+        texts["prompt_token_ids"] = "[" + prompt_ids_json + "]"
     request = data.get("request")
-    request_json = _request_json(request, memo) if memo is not None and isinstance(request, dict) else None
-    if prompt_ids_json is None and request_json is None:
-        return _dumps(data) + "\n"
-    head = {key: data.pop(key) for key in ("session_id", "call_id", "seq")}
-    pieces = [_dumps(head)[:-1]]
-    for key, value in data.items():
-        if key == "prompt_token_ids" and prompt_ids_json is not None:
-            text = "[" + prompt_ids_json + "]"
-        elif key == "request" and request_json is not None:
-            text = request_json
-        else:
-            text = _dumps(value)
-        pieces.append(_dumps(key) + ":" + text)
-    return ",".join(pieces) + "}\n"
+    if memo is not None and isinstance(request, dict) and isinstance(request.get("messages"), list):
+        texts["request"] = _object_json(request, {"messages": _messages_json(request["messages"], memo)})
+    return _object_json(data, texts) + "\n"
 
 
 class SessionStore:
