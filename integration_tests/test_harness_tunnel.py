@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -60,6 +62,45 @@ async def test_bridge_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
     path.write_text("x")
     with pytest.raises(FileExistsError):
         await UnixSocketBridge("127.0.0.1", 1, path).start()
+
+
+async def _holding_server() -> tuple[asyncio.Server, int]:
+    """A target that accepts and never answers: a bridged connection stays open until someone closes it."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3, 5, 8])
+async def test_stopping_closes_every_connection_whatever_its_handler_had_reached(
+    tmp_path: Path, turns: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections accepted just before the bridge stops (handler not started, or still connecting) are closed.
+
+    Stopped after ``turns`` turns of the event loop, the bridge has accepted some of the clients, started some
+    handlers, and some are connecting to the target. Every client must see its connection end; a handler that
+    started after the stop, or was cancelled while connecting, used to keep it open and leak the socket.
+    """
+    server, port = await _holding_server()
+    sock_path = tmp_path / "proxy.sock"
+    async with server:
+        bridge = UnixSocketBridge("127.0.0.1", port, sock_path)
+        await bridge.start()
+        clients = [await asyncio.open_unix_connection(str(sock_path)) for _ in range(4)]
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await bridge.stop()
+        for reader, writer in clients:
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+            writer.close()
+    for _ in range(3):  # no transport of the bridge is left for the collector to find unclosed
+        await asyncio.sleep(0)
+    gc.collect()
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -30,6 +30,8 @@ from types import TracebackType
 __all__ = ["UnixSocketBridge", "forward_tcp_to_unix", "main", "pipe", "script_bytes", "wrap_command"]
 
 _CHUNK = 65536
+# Turns of the event loop that take a queued connection from the listening socket to a started handler, with one spare.
+_ACCEPT_TURNS = 4
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,6 +59,9 @@ async def _splice(
     except OSError:
         client_w.close()
         return
+    except BaseException:  # cancelled while connecting (the bridge stopping): the client's end is closed too
+        client_w.close()
+        raise
     try:
         await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
     finally:
@@ -86,6 +91,9 @@ class UnixSocketBridge:
         self._mode = mode
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Every accepted connection, from the moment it is accepted: its handler task may not have started yet
+        # when the bridge stops, and a task cancelled before its first step never closes its writer.
+        self._transports: set[asyncio.Transport] = set()
 
     async def start(self) -> None:
         """Create the socket and start accepting. Raises ``FileExistsError`` if a non-socket is in the way."""
@@ -96,7 +104,10 @@ class UnixSocketBridge:
                 raise FileExistsError(f"{self.socket_path} exists and is not a socket")
             self.socket_path.unlink()
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _TrackedStreamProtocol(self._transports, self._handle), path=str(self.socket_path)
+        )
         os.chmod(self.socket_path, self._mode)
 
     async def stop(self) -> None:
@@ -104,20 +115,38 @@ class UnixSocketBridge:
         server, self._server = self._server, None
         if server is None:
             return
+        # No new client can connect once the file is gone. Connections already queued on the listening socket
+        # are taken in by the loop within three turns (accept, then the transport, then the handler's task):
+        # closing the server before that would leave them accepted but never closed (Python 3.11 asserts on
+        # attaching a transport to a closed server, and the accepted socket is dropped open).
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        for _ in range(_ACCEPT_TURNS):
+            await asyncio.sleep(0)
         server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for transport in list(self._transports):  # accepted, but its handler had not started
+            if not transport.is_closing():
+                transport.abort()
+        self._transports.clear()
         await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._server is None:  # accepted just before the bridge stopped
+            writer.close()
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
         try:
             await _splice(reader, writer, lambda: asyncio.open_connection(self.target_host, self.target_port))
+        except asyncio.CancelledError:
+            # Cut by :meth:`stop`: the connection is closed, and the stream server's done-callback would log a
+            # cancelled handler as an error.
+            if self._server is not None:
+                raise
         finally:
             if task is not None:
                 self._tasks.discard(task)
@@ -130,6 +159,30 @@ class UnixSocketBridge:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+class _TrackedStreamProtocol(asyncio.StreamReaderProtocol):
+    """A stream server's protocol that keeps its transport in ``transports`` while the connection is open."""
+
+    def __init__(
+        self,
+        transports: set[asyncio.Transport],
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> None:
+        super().__init__(asyncio.StreamReader(), handle)
+        self._tracked = transports
+        self._own: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, asyncio.Transport):
+            self._own = transport
+            self._tracked.add(transport)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._own is not None:
+            self._tracked.discard(self._own)
+        super().connection_lost(exc)
 
 
 async def forward_tcp_to_unix(host: str, port: int, socket_path: str) -> asyncio.Server:
