@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import marshal
 import os
 import re
 from pathlib import Path
@@ -176,19 +177,33 @@ def _dumps(obj: Any) -> str:
 
 @dataclasses.dataclass(slots=True)
 class LineMemo:
-    """The JSON text of one session's last recorded ``request.messages``, for the next line.
+    """The JSON text of one session's last recorded ``request.messages`` and ``request.tools``, for the next line.
 
-    An agent loop resends its whole history on every call, so a 35k-token call's record repeats ~100 messages
-    that the previous line already serialised (about half a millisecond of the write). Messages equal to the
-    previous record's, from the first one on, reuse their text, so the line is still exactly what
-    ``json.dumps`` gives. Reuse is limited to where ``==`` is exact: a message dict holds strings, except a tool
-    call's arguments (free JSON, where ``1 == 1.0 == True``), so a message with tool calls is serialised again
-    (it is short; tool results, the long ones, are strings). Tools are serialised on every line (their schemas
-    are free JSON too).
+    An agent loop resends its whole history and its tools on every call, so a 35k-token call's record repeats
+    ~100 messages and every tool schema that the previous line already serialised. A message or the tools list
+    reuses its previous text only when that text is certainly what ``json.dumps`` gives now, so the line is
+    byte for byte the line written without the memo:
+
+    * messages equal to the previous record's, from the first one on, whose values are all strings (``==`` is
+      exact on them);
+    * a message with tool calls (whose arguments are free JSON, where ``1 == 1.0 == True``) and the tools (free
+      JSON schemas) only when their :func:`marshal` form is the same bytes: marshal writes every value with its
+      type, so equal bytes mean equal values of equal types, in the same key order.
     """
 
     messages: list[Any] = dataclasses.field(default_factory=list)
     texts: list[str] = dataclasses.field(default_factory=list)
+    keys: list[bytes | None] = dataclasses.field(default_factory=list)  # marshal forms (tool-call messages only)
+    tools_key: bytes | None = None
+    tools_text: str = ""
+
+
+def _exact_key(value: Any) -> bytes | None:
+    """``value``'s marshal form (version 2: no back-references, so no refcount shows), or None if it has none."""
+    try:
+        return marshal.dumps(value, 2)
+    except ValueError:  # a type marshal does not write: never reused
+        return None
 
 
 def _shared_prefix(new: list[Any], old: list[Any]) -> int:
@@ -204,31 +219,72 @@ def _shared_prefix(new: list[Any], old: list[Any]) -> int:
     return k
 
 
-def _object_json(data: dict[str, Any], texts: dict[str, str]) -> str:
-    """``data`` as ``_dumps`` would write it, with the values of the keys in ``texts`` given as JSON text."""
-    parts = [_dumps(key) + ":" + (texts[key] if key in texts else _dumps(value)) for key, value in data.items()]
-    return "{" + ",".join(parts) + "}"
+def _object_pieces(data: dict[str, Any], given: dict[str, list[str]], out: list[str]) -> None:
+    """Append ``data`` as ``_dumps`` would write it to ``out``, in pieces; the values of the keys in ``given``
+    are their JSON text, in pieces (joined once, at the end: a line is ~250 kB, and every join copies it)."""
+    sep = "{"
+    for key, value in data.items():
+        out.append(sep + _dumps(key) + ":")
+        if key in given:
+            out += given[key]
+        else:
+            out.append(_dumps(value))
+        sep = ","
+    out.append("}" if sep == "," else "{}")
 
 
-def _messages_json(messages: list[Any], memo: LineMemo) -> str:
-    """``messages`` as a JSON array, reusing ``memo``'s texts where exact (and updating it)."""
-    k = _shared_prefix(messages, memo.messages)
-    # Message dicts hold strings, except tool calls' arguments: the others compare exactly with ==.
-    texts = [t if "tool_calls" not in m else _dumps(m) for m, t in zip(messages, memo.texts[:k], strict=False)]
-    texts += [_dumps(m) for m in messages[k:]]
-    memo.messages, memo.texts = messages, texts
-    return "[" + ",".join(texts) + "]"
+def _array_pieces(texts: list[str]) -> list[str]:
+    """The JSON array of the JSON texts ``texts``, in pieces."""
+    out = ["["]
+    for i, text in enumerate(texts):
+        if i:
+            out.append(",")
+        out.append(text)
+    out.append("]")
+    return out
+
+
+def _messages_json(messages: list[Any], memo: LineMemo) -> list[str]:
+    """``messages`` as a JSON array in pieces, reusing ``memo``'s texts where exact (and updating it)."""
+    shared = _shared_prefix(messages, memo.messages)
+    texts: list[str] = []
+    keys: list[bytes | None] = []
+    for i, message in enumerate(messages):
+        if "tool_calls" not in message:  # its values are strings: == above was exact
+            texts.append(memo.texts[i] if i < shared else _dumps(message))
+            keys.append(None)
+            continue
+        key = _exact_key(message)
+        texts.append(memo.texts[i] if i < shared and key is not None and key == memo.keys[i] else _dumps(message))
+        keys.append(key)
+    memo.messages, memo.texts, memo.keys = messages, texts, keys
+    return _array_pieces(texts)
+
+
+def _tools_json(tools: Any, memo: LineMemo) -> str:
+    """``tools`` as JSON, reusing ``memo``'s text when their marshal form is unchanged (and updating it)."""
+    key = _exact_key(tools)
+    if key is None or key != memo.tools_key:
+        memo.tools_key, memo.tools_text = key, _dumps(tools)
+    return memo.tools_text
 
 
 def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo | None = None) -> str:
     data = record.to_dict()
-    texts: dict[str, str] = {}
+    given: dict[str, list[str]] = {}
     if prompt_ids_json is not None:
-        texts["prompt_token_ids"] = "[" + prompt_ids_json + "]"
+        given["prompt_token_ids"] = ["[", prompt_ids_json, "]"]
     request = data.get("request")
     if memo is not None and isinstance(request, dict) and isinstance(request.get("messages"), list):
-        texts["request"] = _object_json(request, {"messages": _messages_json(request["messages"], memo)})
-    return _object_json(data, texts) + "\n"
+        in_request = {"messages": _messages_json(request["messages"], memo)}
+        if "tools" in request:
+            in_request["tools"] = [_tools_json(request["tools"], memo)]
+        given["request"] = []
+        _object_pieces(request, in_request, given["request"])
+    out: list[str] = []
+    _object_pieces(data, given, out)
+    out.append("\n")
+    return "".join(out)
 
 
 class SessionStore:
@@ -280,20 +336,37 @@ class SessionStore:
     ) -> None:
         """Append one record to its session's ``completions.jsonl`` and make it durable.
 
-        An append that fails part-way is cut back to the file's previous size before the error propagates, so
-        the file never holds half a line in front of a later record.
+        :meth:`line` then :meth:`write_line`.
+
+        Raises:
+            OSError: The record could not be written (nothing of it is left in the file, if the disk allows).
+        """
+        self.write_line(record.session_id, self.line(record, prompt_ids_json, memo))
+
+    @staticmethod
+    def line(record: CompletionRecord, prompt_ids_json: str | None = None, memo: LineMemo | None = None) -> bytes:
+        """The record's line (UTF-8, newline included): CPU work that holds the GIL, so callers keep it on the loop.
 
         Args:
             record: The record.
             prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
                 (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
-            memo: The session's :class:`LineMemo` (updated): its last request's messages are not serialised again.
+            memo: The session's :class:`LineMemo` (updated): what its last line serialised is not serialised again.
+        """
+        return _record_line(record, prompt_ids_json, memo).encode("utf-8")
+
+    def write_line(self, session_id: str, line: bytes) -> None:
+        """Append ``line`` (from :meth:`line`) to the session's ``completions.jsonl`` and make it durable.
+
+        The disk work (``write``, ``fdatasync``) releases the GIL: this is what callers send to a worker thread.
+        An append that fails part-way is cut back to the file's previous size before the error propagates, so
+        the file never holds half a line in front of a later record.
 
         Raises:
-            OSError: The record could not be written (nothing of it is left in the file, if the disk allows).
+            OSError: The line could not be written (nothing of it is left in the file, if the disk allows).
         """
-        data = memoryview(_record_line(record, prompt_ids_json, memo).encode("utf-8"))
-        path = self._dir(record.session_id) / _RECORDS
+        data = memoryview(line)
+        path = self._dir(session_id) / _RECORDS
         # Plain descriptor calls: no buffered text file object per record. fdatasync makes an append durable
         # (it flushes the data and the file size) without the metadata that reading it back does not need.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)

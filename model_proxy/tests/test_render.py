@@ -264,7 +264,7 @@ def test_store_line_with_precomputed_prompt_ids_is_the_same_record(tmp_path) -> 
     store.append(record)
     a, b = (tmp_path / "sessions" / "s" / "completions.jsonl").read_text().splitlines()
     assert json.loads(a) == json.loads(b) == record.to_dict()
-    assert a == b
+    assert a == b == json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
 
 def _turn_record(seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CompletionRecord:
@@ -278,8 +278,9 @@ def _turn_record(seq: int, messages: list[dict[str, Any]], tools: list[dict[str,
 def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_without_it(tmp_path, monkeypatch) -> None:
     """Every line written with a session's LineMemo is byte for byte the line written without one, whatever
     changes between calls: growth, an edited earlier message, a tool call's argument resent as 1.0 or true
-    where it was 1 (equal under ==), changed or dropped tools, a message list that is not a prefix, no messages
-    at all; and the memo serialises only what it has not seen (and tool-call messages)."""
+    where it was 1 (equal under ==), a tool call or a tool schema whose keys come in another order, a schema's
+    1 resent as 1.0 or true, changed or dropped tools, a message list that is not a prefix, no messages at all;
+    and the memo serialises only what it has not seen."""
     tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
 
     def call(n: Any) -> dict[str, Any]:
@@ -297,6 +298,11 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
         (edited, [tool]),  # an earlier message changed: the lines after it are serialised again
         ([edited[0], call(1.0), *edited[2:]], [tool]),  # == the last one, but not the same JSON
         ([edited[0], call(True), *edited[2:]], [tool]),
+        ([edited[0], {**dict(reversed(call(1).items()))}, *edited[2:]], [tool]),  # same items, another order
+        (edited, [{"function": tool["function"], "type": "function"}]),  # the tool's keys in another order
+        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": 1}}}]),
+        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": 1.0}}}]),
+        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": True}}}]),
         (edited, [tool, {**tool, "function": {"name": "other"}}]),  # tools changed
         (edited, None),  # tools dropped
         ([{"role": "user", "content": "a new conversation"}], [tool]),  # not a prefix of the last one
@@ -319,13 +325,16 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
         record = _turn_record(seq, messages, tools)
         dumped.clear()
         with_memo.append(record, prompt_ids_json=f"1,2,{3 + seq}", memo=memo)
-        if seq in (1, 2):  # growth: only the two new messages are serialised, and the tool-call one again
-            assert [m for m in dumped if isinstance(m, dict) and "role" in m] == [messages[1], *messages[-2:]]
+        if seq in (1, 2):  # growth: only the two new messages are serialised, not the tool call nor the tools
+            assert [m for m in dumped if isinstance(m, dict) and "role" in m] == messages[-2:]
+            assert tools not in dumped
         without.append(record)
     a = (tmp_path / "a" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
     b = (tmp_path / "b" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
     assert len(a) == len(turns)
     assert a == b
+    records = [_turn_record(seq, m, t) for seq, (m, t) in enumerate(turns)]
+    assert b == [json.dumps(r.to_dict(), separators=(",", ":"), ensure_ascii=False).encode() for r in records]
     assert [CompletionRecord.from_dict(json.loads(line)) for line in a] == [
         _turn_record(seq, m, t) for seq, (m, t) in enumerate(turns)
     ]
