@@ -243,8 +243,8 @@ class SessionRegistry:
         The line is serialised on the loop (that holds the GIL, so a thread would not free the loop for it);
         its durable write goes to a worker thread, so the event loop serves other calls while the disk works.
         When the caller is ``alone`` (no other call in flight) and the disk work has been fast (moving average
-        under ``_INLINE_WRITE_LIMIT_S``), it runs inline instead: blocking an idle loop for a fraction of a
-        millisecond costs nobody anything and saves the 0.1-0.3 ms round trip to a thread.
+        under ``_INLINE_WRITE_LIMIT_S``), it runs inline instead: blocking an idle loop for a millisecond or so
+        costs nobody anything and saves the 0.1-0.3 ms round trip to a thread.
         """
         async with session.write_lock:
             record.seq = session.next_seq
