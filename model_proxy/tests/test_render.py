@@ -281,7 +281,8 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
     where it was 1 (equal under ==), a tool call or a tool schema whose keys come in another order, a schema's
     1 resent as 1.0 or true, changed or dropped tools, a message list that is not a prefix, no messages at all;
     and the memo serialises only what it has not seen."""
-    tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
+    function: dict[str, Any] = {"name": "run", "parameters": {"type": "object"}}
+    tool: dict[str, Any] = {"type": "function", "function": function}
 
     def call(n: Any) -> dict[str, Any]:
         args = {"path": "a.py", "n": n}
@@ -299,10 +300,10 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
         ([edited[0], call(1.0), *edited[2:]], [tool]),  # == the last one, but not the same JSON
         ([edited[0], call(True), *edited[2:]], [tool]),
         ([edited[0], {**dict(reversed(call(1).items()))}, *edited[2:]], [tool]),  # same items, another order
-        (edited, [{"function": tool["function"], "type": "function"}]),  # the tool's keys in another order
-        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": 1}}}]),
-        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": 1.0}}}]),
-        (edited, [{**tool, "function": {**tool["function"], "parameters": {"type": "object", "minItems": True}}}]),
+        (edited, [{"function": function, "type": "function"}]),  # the tool's keys in another order
+        (edited, [{**tool, "function": {**function, "parameters": {"type": "object", "minItems": 1}}}]),
+        (edited, [{**tool, "function": {**function, "parameters": {"type": "object", "minItems": 1.0}}}]),
+        (edited, [{**tool, "function": {**function, "parameters": {"type": "object", "minItems": True}}}]),
         (edited, [tool, {**tool, "function": {"name": "other"}}]),  # tools changed
         (edited, None),  # tools dropped
         ([{"role": "user", "content": "a new conversation"}], [tool]),  # not a prefix of the last one
