@@ -281,6 +281,8 @@ def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: Li
             in_request["tools"] = [_tools_json(request["tools"], memo)]
         given["request"] = []
         _object_pieces(request, in_request, given["request"])
+    if not given:  # nothing known already: one call of the C encoder
+        return _dumps(data) + "\n"
     out: list[str] = []
     _object_pieces(data, given, out)
     out.append("\n")
