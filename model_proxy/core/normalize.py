@@ -9,6 +9,7 @@ line, which changes on every call. More line-stripping rules can be configured a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -25,7 +26,11 @@ class NormalizationRule(Protocol):
     name: str
 
     def apply(self, request: InternalRequest) -> bool:
-        """Edit ``request`` in place; return whether anything changed."""
+        """Edit ``request`` in place; return whether anything changed.
+
+        A rule replaces the messages it changes (``request.messages``): it never changes a
+        :class:`~model_proxy.models.ChatMessage` itself, which the session's translation memo may share.
+        """
         ...
 
 
@@ -47,9 +52,10 @@ class StripSystemLines:
                 new = self._line.sub("", msg.content)
                 if new != msg.content:
                     changed = True
-                    msg.content = new
                     if not new.strip():
                         continue
+                    # A new message: translated messages may be shared with the session's next request.
+                    msg = dataclasses.replace(msg, content=new)
             kept.append(msg)
         request.messages = kept
         return changed

@@ -15,8 +15,9 @@ from collections import OrderedDict
 from typing import Any
 
 from model_proxy.core.template import ClockReading
+from model_proxy.models import ChatMessage
 
-__all__ = ["CacheEntry", "PrefixCache", "common_prefix_len", "ids_json"]
+__all__ = ["CacheEntry", "MessageDicts", "PrefixCache", "common_prefix_len", "ids_json"]
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
@@ -52,12 +53,42 @@ class CacheEntry:
     clock: list[ClockReading] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageDicts:
+    """The messages of a session's last render and the dicts made from them, one each, in order.
+
+    A message object the next render is given again (the session's translation memo reuses them) is not
+    turned into dicts again: the same dicts make the prefix comparisons identity checks, and let the record's
+    line reuse their JSON text. Neither the messages nor the dicts are ever changed once made.
+
+    Attributes:
+        sources: The messages.
+        conversation: ``m.to_template_dict()`` of each (what the completion record keeps).
+        prepared: :func:`~model_proxy.core.template.template_message` of each (what the template renders).
+    """
+
+    sources: tuple[ChatMessage, ...]
+    conversation: tuple[dict[str, Any], ...]
+    prepared: tuple[dict[str, Any], ...]
+
+
 class PrefixCache:
     """Recently rendered prompts of one session (least recently used dropped first)."""
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self._dicts: MessageDicts | None = None
+
+    @property
+    def dicts(self) -> MessageDicts | None:
+        """The last render's messages and their dicts (None before the first, or when the cache keeps nothing)."""
+        return self._dicts
+
+    @dicts.setter
+    def dicts(self, value: MessageDicts) -> None:
+        if self._max > 0:
+            self._dicts = value
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -37,8 +37,14 @@ import logging
 import random
 from typing import Any
 
-from model_proxy.core.prefix_cache import CacheEntry, PrefixCache, common_prefix_len, ids_json
-from model_proxy.core.template import ClockReading, CompiledTemplate, clock_still_reads, template_messages
+from model_proxy.core.prefix_cache import CacheEntry, MessageDicts, PrefixCache, common_prefix_len, ids_json
+from model_proxy.core.template import (
+    ClockReading,
+    CompiledTemplate,
+    clock_still_reads,
+    template_message,
+    template_messages,
+)
 from model_proxy.errors import ContextLengthExceeded
 from model_proxy.models import ChatMessage, ToolCall, ToolSpec
 from polar_core.errors import Internal
@@ -261,8 +267,7 @@ class ChatRenderer:
 
         ``token_limit`` (when set) refuses, before tokenisation, a prompt that :meth:`check_fits` proves too long.
         """
-        conversation, tool_dicts = self._inputs(messages, tools)
-        prepared = template_messages(conversation)
+        conversation, prepared, tool_dicts = self._template_dicts(messages, tools, cache)
         template = self._compiled_for(tool_dicts) if self.compiled_rendering else None
         hint: CacheEntry | None = None
         out: _Text | None = None
@@ -298,6 +303,36 @@ class ChatRenderer:
         self, messages: list[ChatMessage], tools: list[ToolSpec]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         return _template_inputs(messages, tools, self.supports_tools)
+
+    def _template_dicts(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], cache: PrefixCache | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The conversation's dicts, its template messages and the tool dicts, reusing the dicts ``cache`` made
+        for a message object it was given before (at the same position)."""
+        if tools and not self.supports_tools:  # folded into the messages: nothing is reused
+            conversation, tool_dicts = self._inputs(messages, tools)
+            return conversation, template_messages(conversation), tool_dicts
+        last = cache.dicts if cache is not None else None
+        conversation = []
+        prepared = []
+        if last is None:
+            for message in messages:
+                made = message.to_template_dict()
+                conversation.append(made)
+                prepared.append(template_message(made))
+        else:
+            known = len(last.sources)
+            for i, message in enumerate(messages):
+                if i < known and last.sources[i] is message:
+                    conversation.append(last.conversation[i])
+                    prepared.append(last.prepared[i])
+                else:
+                    made = message.to_template_dict()
+                    conversation.append(made)
+                    prepared.append(template_message(made))
+        if cache is not None:
+            cache.dicts = MessageDicts(tuple(messages), tuple(conversation), tuple(prepared))
+        return conversation, prepared, [t.to_template_dict() for t in tools] or None
 
     def _compiled_for(self, tools: list[dict[str, Any]] | None) -> CompiledTemplate | None:
         try:

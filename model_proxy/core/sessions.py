@@ -26,6 +26,7 @@ from opentelemetry.context import Context
 
 from model_proxy.core.render import PrefixCache
 from model_proxy.core.store import LineMemo, Recovery, SessionMeta, SessionStore
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import RecordNotWritten, UnknownSession
 from polar_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from polar_core.records import CompletionRecord
@@ -67,6 +68,17 @@ class Session:
     last_body_bytes: int = -1
     # The JSON text of the last record's messages and tools, reused by the next record's line.
     line_memo: LineMemo = dataclasses.field(default_factory=LineMemo)
+    # The last request's messages and their translation, per protocol (emptied when the session closes).
+    translation_memos: dict[str, TranslationMemo] = dataclasses.field(default_factory=dict)
+
+    def translation_memo(self, protocol: str) -> TranslationMemo | None:
+        """The memo of this session's last ``protocol`` request; None once the session is closed."""
+        if self.closed:
+            return None
+        memo = self.translation_memos.get(protocol)
+        if memo is None:
+            memo = self.translation_memos[protocol] = TranslationMemo()
+        return memo
 
     def notify(self) -> None:
         """Wake every watcher (each waits on the event current when it last looked)."""
@@ -202,6 +214,7 @@ class SessionRegistry:
             session.token = None
             await asyncio.to_thread(self._store.save_meta, session.meta)
             session.cache = PrefixCache(0)  # no call will extend its prompts again
+            session.translation_memos = {}
             self._touch_closed(session)
         session.notify()
         return session

@@ -184,6 +184,8 @@ class LineMemo:
     reuses its previous text only when that text is certainly what ``json.dumps`` gives now, so the line is
     byte for byte the line written without the memo:
 
+    * a message that is the very dict the previous record held at its place (the renderer hands the same dicts
+      to a session's next call for the messages it did not translate again; they are never changed);
     * messages equal to the previous record's, from the first one on, whose values are all strings (``==`` is
       exact on them);
     * a message with tool calls (whose arguments are free JSON, where ``1 == 1.0 == True``) and the tools (free
@@ -250,6 +252,10 @@ def _messages_json(messages: list[Any], memo: LineMemo) -> list[str]:
     texts: list[str] = []
     keys: list[bytes | None] = []
     for i, message in enumerate(messages):
+        if i < shared and message is memo.messages[i]:  # the very dict (the renderer reuses them; never changed)
+            texts.append(memo.texts[i])
+            keys.append(memo.keys[i])
+            continue
         if "tool_calls" not in message:  # its values are strings: == above was exact
             texts.append(memo.texts[i] if i < shared else _dumps(message))
             keys.append(None)

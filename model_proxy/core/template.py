@@ -27,7 +27,7 @@ import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ClockReading", "CompiledTemplate", "clock_still_reads", "template_messages"]
+__all__ = ["ClockReading", "CompiledTemplate", "clock_still_reads", "template_message", "template_messages"]
 
 ClockReading = tuple[str, str]
 """``(format, value)`` of one ``strftime_now(format)`` call made by a template."""
@@ -136,15 +136,17 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Prepare message dicts as ``apply_chat_template`` does: drop None values, alias reasoning fields."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        item = {k: v for k, v in message.items() if v is not None}
-        if not _REASONING_KEYS.isdisjoint(item):  # rare: most messages carry no reasoning (no generator per message)
-            reasoning = next((item[k] for k in _REASONING_FIELDS if k in item), None)
-            if reasoning is not None:
-                item = {"thinking": reasoning, **item, "reasoning_content": reasoning}
-        out.append(item)
-    return out
+    return [template_message(message) for message in messages]
+
+
+def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """One message of :func:`template_messages` (a new dict)."""
+    item = {k: v for k, v in message.items() if v is not None}
+    if not _REASONING_KEYS.isdisjoint(item):  # rare: most messages carry no reasoning (no generator per message)
+        reasoning = next((item[k] for k in _REASONING_FIELDS if k in item), None)
+        if reasoning is not None:
+            item = {"thinking": reasoning, **item, "reasoning_content": reasoning}
+    return item
 
 
 class CompiledTemplate:

@@ -226,8 +226,10 @@ class ProxyHttp:
             if large and self._active <= 1 and previous >= 0 and len(body) < _INLINE_MAX_BYTES:
                 large = len(body) - previous >= self._offload  # a next turn of an agent loop, alone: inline
 
+        memo = session.translation_memo(adapter.protocol) if session is not None else None
+
         def parse() -> ParsedRequest:
-            return adapter.parse(decode_json(body), path_model=path_model, path_stream=path_stream)
+            return adapter.parse(decode_json(body), path_model=path_model, path_stream=path_stream, memo=memo)
 
         return (await asyncio.to_thread(parse) if large else parse()), large
 

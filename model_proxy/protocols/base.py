@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolSpec
 
@@ -111,8 +112,15 @@ class ProtocolAdapter(Protocol):
         """The ``GET .../models`` answer listing ``names``."""
         ...
 
-    def parse(self, body: Any, *, path_model: str | None, path_stream: bool) -> ParsedRequest:
-        """Validate a JSON body and translate it; raises :class:`MalformedRequest`."""
+    def parse(
+        self, body: Any, *, path_model: str | None, path_stream: bool, memo: TranslationMemo | None = None
+    ) -> ParsedRequest:
+        """Validate a JSON body and translate it; raises :class:`MalformedRequest`.
+
+        ``memo`` is the calling session's memory of its last request of this protocol: an adapter may validate
+        and translate only the messages that changed since (see :mod:`model_proxy.core.translation_memo`); the
+        result is the same as without it. The wire model then holds only the messages it validated.
+        """
         ...
 
     def response(self, request: ParsedRequest, result: CallResult) -> dict[str, Any]:

@@ -10,9 +10,10 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
+from model_proxy.core.translation_memo import Reuse, TranslationMemo, message_keys
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
-from model_proxy.protocols.anthropic.models import Block, MessagesRequest
+from model_proxy.protocols.anthropic.models import Block, Message, MessagesRequest
 from model_proxy.protocols.base import (
     ErrorInfo,
     ParsedRequest,
@@ -52,60 +53,76 @@ def _block_text(content: str | list[Block] | None) -> str:
     return text_of_parts(content)
 
 
-def _translate_messages(req: MessagesRequest, ignored: list[str]) -> list[ChatMessage]:
+def _system_messages(req: MessagesRequest) -> list[ChatMessage]:
+    if not req.system:
+        return []
+    system = req.system if isinstance(req.system, str) else "\n".join(b.text or "" for b in req.system)
+    return [ChatMessage("system", system)]
+
+
+def _translate_message(msg: Message, names: dict[str, str], ignored: list[str]) -> tuple[ChatMessage, ...]:
+    """One turn's chat messages; ``names`` maps the tool_use ids seen so far to their tool (and is updated)."""
+    if isinstance(msg.content, str):  # one text block (a pydantic Block per string turn costs ~1 us each)
+        return (ChatMessage(msg.role, msg.content),)
+    blocks = msg.content
+    if msg.role == "system":
+        return (ChatMessage("system", _block_text(blocks)),)
+    if msg.role == "assistant":
+        turn = ChatMessage("assistant")
+        reasoning: list[str] = []
+        for block in blocks:
+            if block.type == "text":
+                turn.content += block.text or ""
+            elif block.type == "thinking":
+                reasoning.append(block.thinking or "")
+            elif block.type == "tool_use":
+                if not block.id or not block.name or not isinstance(block.input, dict):
+                    raise MalformedRequest("tool_use blocks need id, name and an input object")
+                names[block.id] = block.name
+                turn.tool_calls.append(ToolCall(block.id, block.name, block.input))
+            else:
+                ignored.append(f"assistant block {block.type}")
+        turn.reasoning = "".join(reasoning) or None
+        return (turn,)
     out: list[ChatMessage] = []
-    if req.system:
-        system = req.system if isinstance(req.system, str) else "\n".join(b.text or "" for b in req.system)
-        out.append(ChatMessage("system", system))
-    names: dict[str, str] = {}
-    for msg in req.messages:
-        if isinstance(msg.content, str):  # one text block (a pydantic Block per string turn costs ~1 us each)
-            out.append(ChatMessage(msg.role, msg.content))
-            continue
-        blocks = msg.content
-        if msg.role == "system":
-            out.append(ChatMessage("system", _block_text(blocks)))
-        elif msg.role == "assistant":
-            turn = ChatMessage("assistant")
-            reasoning: list[str] = []
-            for block in blocks:
-                if block.type == "text":
-                    turn.content += block.text or ""
-                elif block.type == "thinking":
-                    reasoning.append(block.thinking or "")
-                elif block.type == "tool_use":
-                    if not block.id or not block.name or not isinstance(block.input, dict):
-                        raise MalformedRequest("tool_use blocks need id, name and an input object")
-                    names[block.id] = block.name
-                    turn.tool_calls.append(ToolCall(block.id, block.name, block.input))
-                else:
-                    ignored.append(f"assistant block {block.type}")
-            turn.reasoning = "".join(reasoning) or None
-            out.append(turn)
-        else:
-            text: list[str] = []
-            for block in blocks:
-                if block.type == "text":
-                    text.append(block.text or "")
-                elif block.type == "tool_result":
-                    if text:
-                        out.append(ChatMessage("user", "".join(text)))
-                        text = []
-                    if not block.tool_use_id:
-                        raise MalformedRequest("tool_result blocks need a tool_use_id")
-                    out.append(
-                        ChatMessage(
-                            "tool",
-                            _block_text(block.content),
-                            tool_call_id=block.tool_use_id,
-                            name=names.get(block.tool_use_id),
-                        )
-                    )
-                else:
-                    ignored.append(f"user block {block.type}")
-            if text or not blocks:
+    text: list[str] = []
+    for block in blocks:
+        if block.type == "text":
+            text.append(block.text or "")
+        elif block.type == "tool_result":
+            if text:
                 out.append(ChatMessage("user", "".join(text)))
-    return out
+                text = []
+            if not block.tool_use_id:
+                raise MalformedRequest("tool_result blocks need a tool_use_id")
+            out.append(
+                ChatMessage(
+                    "tool",
+                    _block_text(block.content),
+                    tool_call_id=block.tool_use_id,
+                    name=names.get(block.tool_use_id),
+                )
+            )
+        else:
+            ignored.append(f"user block {block.type}")
+    if text or not blocks:
+        out.append(ChatMessage("user", "".join(text)))
+    return tuple(out)
+
+
+def _validate(body: Any, reuse: Reuse) -> MessagesRequest:
+    """The request, with only the messages after the ``reuse.count`` reused ones (those were validated before)."""
+    raw = body["messages"] if reuse.count else None
+    try:
+        return MessagesRequest.model_validate({**body, "messages": raw[reuse.count :]} if raw else body)
+    except ValidationError as exc:
+        error = exc
+    if raw:  # report the error at its index in the whole request
+        try:
+            MessagesRequest.model_validate(body)
+        except ValidationError as exc:
+            error = exc
+    raise malformed(error) from None
 
 
 def _usage(result: CallResult) -> dict[str, Any]:
@@ -215,12 +232,19 @@ class AnthropicAdapter:
         """The ``GET .../models`` answer (a listing OpenAI's SDKs read as well)."""
         return list_models(names)
 
-    def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
-        """Validate and translate a Messages request."""
-        try:
-            req = MessagesRequest.model_validate(body)
-        except ValidationError as exc:
-            raise malformed(exc) from None
+    def parse(
+        self,
+        body: Any,
+        *,
+        path_model: str | None = None,
+        path_stream: bool = False,
+        memo: TranslationMemo | None = None,
+    ) -> ParsedRequest:
+        """Validate and translate a Messages request (only the messages new since ``memo``'s last request)."""
+        raw = body.get("messages") if memo is not None and isinstance(body, dict) else None
+        keys = message_keys(raw) if isinstance(raw, list) else None
+        reuse = memo.reuse(keys) if memo is not None and keys is not None else Reuse(0, (), ())
+        req = _validate(body, reuse)
         ignored: list[str] = []
         tools: list[ToolSpec] = []
         for tool in req.tools or []:
@@ -228,7 +252,20 @@ class AnthropicAdapter:
                 ignored.append(f"tool {tool.name} ({tool.type})")
                 continue
             tools.append(ToolSpec(tool.name, tool.description or "", tool.input_schema))
-        messages = _translate_messages(req, ignored)
+        names = {c.id: c.name for out in reuse.outputs for m in out for c in m.tool_calls}
+        outputs = list(reuse.outputs)
+        notes = list(reuse.notes)
+        for msg in req.messages:
+            note: list[str] = []
+            outputs.append(_translate_message(msg, names, note))
+            notes.append(tuple(note))
+        messages = _system_messages(req)
+        for out in outputs:
+            messages += out
+        for note_tuple in notes:
+            ignored += note_tuple
+        if memo is not None and keys is not None:
+            memo.remember(keys, outputs, notes)
         tool_choice = None
         if req.tool_choice is not None:
             tool_choice = req.tool_choice.type if req.tool_choice.type != "tool" else f"tool:{req.tool_choice.name}"

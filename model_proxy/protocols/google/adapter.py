@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import ErrorInfo, ParsedRequest, Route, internal_request, malformed, sse
@@ -136,7 +137,14 @@ class GoogleAdapter:
         ]
         return {"models": models}
 
-    def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
+    def parse(
+        self,
+        body: Any,
+        *,
+        path_model: str | None = None,
+        path_stream: bool = False,
+        memo: TranslationMemo | None = None,
+    ) -> ParsedRequest:
         """Validate and translate a generateContent request."""
         try:
             req = GenerateContentRequest.model_validate(body)

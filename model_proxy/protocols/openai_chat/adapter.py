@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import (
@@ -118,7 +119,14 @@ class OpenAIChatAdapter:
         """The ``GET .../models`` answer (a listing Anthropic's SDKs read as well)."""
         return list_models(names)
 
-    def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
+    def parse(
+        self,
+        body: Any,
+        *,
+        path_model: str | None = None,
+        path_stream: bool = False,
+        memo: TranslationMemo | None = None,
+    ) -> ParsedRequest:
         """Validate and translate a Chat Completions request."""
         try:
             req = ChatRequest.model_validate(body)

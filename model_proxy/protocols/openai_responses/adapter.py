@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import (
@@ -180,7 +181,14 @@ class OpenAIResponsesAdapter:
         """The ``GET .../models`` answer (OpenAI's listing)."""
         return list_models(names)
 
-    def parse(self, body: Any, *, path_model: str | None = None, path_stream: bool = False) -> ParsedRequest:
+    def parse(
+        self,
+        body: Any,
+        *,
+        path_model: str | None = None,
+        path_stream: bool = False,
+        memo: TranslationMemo | None = None,
+    ) -> ParsedRequest:
         """Validate and translate a Responses request."""
         try:
             req = ResponsesRequest.model_validate(body)

@@ -1,0 +1,96 @@
+"""A session's memory of its last request's messages, so an agent loop's next turn translates only what is new.
+
+An agent resends its whole history on every call: a 35k-token Claude Code turn repeats ~150 messages of which
+two are new. A protocol adapter that is given the session's :class:`TranslationMemo` validates and translates
+only the messages after the longest run, from the first message on, that is the same as last time, and reuses
+the :class:`~model_proxy.models.ChatMessage` objects (and the notes of what was ignored) it made for the rest.
+
+"The same" is decided on the :mod:`marshal` form of each raw JSON message (version 2: no back-references):
+marshal writes every value with its type, so equal bytes mean equal values of equal types in the same key
+order (``==`` cannot tell ``1``, ``1.0`` and ``true`` apart, which a template's ``tojson`` prints differently).
+A message's translation depends only on the messages before it, so a message whose prefix is unchanged
+translates as it did. The reused objects are shared between calls: nothing may change a translated
+:class:`~model_proxy.models.ChatMessage` in place (normalisation rules replace the messages they edit).
+
+The memo holds the raw messages' marshal bytes (about the size of the request body) until the session closes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import marshal
+from collections.abc import Sequence
+from typing import Any
+
+from model_proxy.models import ChatMessage
+
+__all__ = ["Reuse", "TranslationMemo", "message_keys"]
+
+
+def message_keys(raw: Sequence[Any]) -> list[bytes] | None:
+    """The marshal form of each raw JSON message, or None when one has none (not JSON data: never reused)."""
+    try:
+        return [marshal.dumps(message, 2) for message in raw]
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reuse:
+    """What a request may take from the memo: the first ``count`` raw messages' translations.
+
+    Attributes:
+        count: Leading raw messages that are the same as in the last request.
+        outputs: For each of them, the messages it translated to (one raw message may give several or none).
+        notes: For each of them, what its translation ignored.
+    """
+
+    count: int
+    outputs: tuple[tuple[ChatMessage, ...], ...]
+    notes: tuple[tuple[str, ...], ...]
+
+
+_NONE = Reuse(0, (), ())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Last:
+    keys: tuple[bytes, ...]
+    outputs: tuple[tuple[ChatMessage, ...], ...]
+    notes: tuple[tuple[str, ...], ...]
+
+
+class TranslationMemo:
+    """The last request's raw messages (as marshal bytes) and what each translated to (one protocol's)."""
+
+    def __init__(self) -> None:
+        self._last: _Last | None = None
+
+    def reuse(self, keys: Sequence[bytes]) -> Reuse:
+        """The translations of the leading messages whose keys are the last request's."""
+        last = self._last  # one read: a concurrent remember() replaces it whole
+        if last is None:
+            return _NONE
+        count = 0
+        for new, old in zip(keys, last.keys, strict=False):
+            if new != old:
+                break
+            count += 1
+        if not count:
+            return _NONE
+        return Reuse(count, last.outputs[:count], last.notes[:count])
+
+    def remember(
+        self,
+        keys: Sequence[bytes],
+        outputs: Sequence[tuple[ChatMessage, ...]],
+        notes: Sequence[tuple[str, ...]],
+    ) -> None:
+        """Keep this request's keys and translations (one per raw message) for the next request."""
+        if not len(keys) == len(outputs) == len(notes):
+            raise ValueError("one translation and one note tuple per key")
+        self._last = _Last(tuple(keys), tuple(outputs), tuple(notes))
+
+    def clear(self) -> None:
+        """Forget the last request (its session closed)."""
+        self._last = None
