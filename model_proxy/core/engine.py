@@ -453,7 +453,7 @@ class Call:
             session_id=self.session.session_id,
             call_id=self.call_id,
             seq=-1,
-            prompt_token_ids=list(self.rendered.token_ids),
+            prompt_token_ids=self.rendered.token_ids,  # shared with the prefix cache (neither changes it)
             response_token_ids=ids,
             response_logprobs=logprobs,
             protocol=req.protocol,
@@ -464,7 +464,9 @@ class Call:
             request={
                 "model": req.model,
                 "messages": self.rendered.message_dicts or [m.to_template_dict() for m in req.messages],
-                "tools": [t.to_template_dict() for t in req.tools],
+                "tools": self.rendered.tool_dicts
+                if self.rendered.tool_dicts is not None
+                else [t.to_template_dict() for t in req.tools],
                 "tool_choice": req.tool_choice,
                 **req.normalized,
             },

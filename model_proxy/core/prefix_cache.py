@@ -11,15 +11,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import OrderedDict
 from typing import Any
 
 from model_proxy.core.template import ClockReading
 from model_proxy.models import ChatMessage
 
-__all__ = ["CacheEntry", "MessageDicts", "PrefixCache", "common_prefix_len", "ids_json"]
+__all__ = ["CacheEntry", "MessageDicts", "PrefixCache", "WindowRender", "common_prefix_len", "ids_json"]
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowRender:
+    """The window an incremental render rendered without the generation prompt, kept for the session's next call.
+
+    The next call's render, when it starts its window at the same message, needs this very text for its "old"
+    window (the same template messages, tools and clock): it takes it instead of rendering it again.
+
+    Attributes:
+        start: Index of the window's first message after the system message(s).
+        messages: The window's template messages (system message(s) first).
+        tools: The tools it was rendered with.
+        text: Its rendered text, without the generation prompt.
+        clock: ``strftime_now`` readings the template made while rendering it.
+    """
+
+    start: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    text: str
+    clock: list[ClockReading]
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,6 +59,7 @@ class CacheEntry:
         tools: The tools passed to the template with them.
         base_len: Length of ``text`` without the generation prompt; -1 when unknown.
         clock: ``strftime_now`` readings the template made while rendering it.
+        window: The last window rendered to make ``text`` incrementally (None when it was rendered in full).
     """
 
     text: str
@@ -51,6 +73,7 @@ class CacheEntry:
     tools: list[dict[str, Any]] | None = None
     base_len: int = -1
     clock: list[ClockReading] = dataclasses.field(default_factory=list)
+    window: WindowRender | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +100,7 @@ class PrefixCache:
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries
-        self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self._entries: list[CacheEntry] = []  # oldest first (a few entries: no dict keyed by ~100 kB texts to hash)
         self._dicts: MessageDicts | None = None
 
     @property
@@ -97,7 +120,7 @@ class PrefixCache:
         """Return the entry sharing the longest prefix with ``text`` and that prefix's length."""
         best: CacheEntry | None = None
         best_len = 0
-        for entry in reversed(self._entries.values()):
+        for entry in reversed(self._entries):
             n = common_prefix_len(text, entry.text)
             if n > best_len:
                 best, best_len = entry, n
@@ -106,7 +129,7 @@ class PrefixCache:
     def extendable(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CacheEntry | None:
         """The most recent entry whose messages start ``messages`` with the same tools (None when none does)."""
         n = len(messages)
-        for entry in reversed(self._entries.values()):
+        for entry in reversed(self._entries):
             old = entry.messages
             if old is None or entry.base_len < 0 or not 0 < len(old) <= n:
                 continue
@@ -118,14 +141,14 @@ class PrefixCache:
         """Remember ``entry`` (replacing an entry with the same text)."""
         if self._max <= 0:
             return
-        self._entries.pop(entry.text, None)
-        self._entries[entry.text] = entry
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+        size = len(entry.text)
+        self._entries = [e for e in self._entries if len(e.text) != size or e.text != entry.text]
+        self._entries.append(entry)
+        del self._entries[: -self._max]
 
     def parent_of(self, text: str) -> str | None:
         """The most recent call whose whole prompt is a prefix of ``text``."""
-        for entry in reversed(self._entries.values()):
+        for entry in reversed(self._entries):
             if entry.call_id and text.startswith(entry.text):
                 return entry.call_id
         return None

@@ -184,8 +184,9 @@ class LineMemo:
     reuses its previous text only when that text is certainly what ``json.dumps`` gives now, so the line is
     byte for byte the line written without the memo:
 
-    * a message that is the very dict the previous record held at its place (the renderer hands the same dicts
-      to a session's next call for the messages it did not translate again; they are never changed);
+    * a message that is the very dict the previous record held at its place, and a tools list that is the very
+      list of the previous record (the renderer hands a session's next call the same dicts for the messages it
+      did not translate again, and the same tool list while the tools are equal; they are never changed);
     * messages equal to the previous record's, from the first one on, whose values are all strings (``==`` is
       exact on them);
     * a message with tool calls (whose arguments are free JSON, where ``1 == 1.0 == True``) and the tools (free
@@ -196,6 +197,7 @@ class LineMemo:
     messages: list[Any] = dataclasses.field(default_factory=list)
     texts: list[str] = dataclasses.field(default_factory=list)
     keys: list[bytes | None] = dataclasses.field(default_factory=list)  # marshal forms (tool-call messages only)
+    tools: Any = None  # the list tools_text was made for (or checked against)
     tools_key: bytes | None = None
     tools_text: str = ""
 
@@ -269,9 +271,12 @@ def _messages_json(messages: list[Any], memo: LineMemo) -> list[str]:
 
 def _tools_json(tools: Any, memo: LineMemo) -> str:
     """``tools`` as JSON, reusing ``memo``'s text when their marshal form is unchanged (and updating it)."""
+    if tools is memo.tools and memo.tools is not None:  # the very list (the renderer reuses it; never changed)
+        return memo.tools_text
     key = _exact_key(tools)
     if key is None or key != memo.tools_key:
         memo.tools_key, memo.tools_text = key, _dumps(tools)
+    memo.tools = tools
     return memo.tools_text
 
 
