@@ -24,7 +24,7 @@ from typing import Any
 
 from model_proxy.models import ChatMessage
 
-__all__ = ["Reuse", "TranslationMemo", "message_keys"]
+__all__ = ["Reuse", "TranslationMemo", "message_keys", "reuse_for", "tool_names"]
 
 
 def message_keys(raw: Sequence[Any]) -> list[bytes] | None:
@@ -53,6 +53,24 @@ class Reuse:
 _NONE = Reuse(0, (), ())
 
 
+def reuse_for(body: Any, memo: TranslationMemo | None) -> tuple[list[bytes] | None, Reuse]:
+    """The keys of ``body["messages"]`` (None when there is no memo or no message list) and what ``memo`` offers.
+
+    Callers validate and translate ``body["messages"][reuse.count:]`` only, then :meth:`TranslationMemo.remember`
+    the keys with every message's translation.
+    """
+    raw = body.get("messages") if memo is not None and isinstance(body, dict) else None
+    keys = message_keys(raw) if isinstance(raw, list) else None
+    if memo is None or keys is None:
+        return keys, _NONE
+    return keys, memo.reuse(keys)
+
+
+def tool_names(outputs: Sequence[tuple[ChatMessage, ...]]) -> dict[str, str]:
+    """Tool names by tool call id, from the tool calls of translated messages (a later call wins)."""
+    return {call.id: call.name for out in outputs for message in out for call in message.tool_calls}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Last:
     keys: tuple[bytes, ...]
@@ -67,12 +85,14 @@ class TranslationMemo:
         self._last: _Last | None = None
 
     def reuse(self, keys: Sequence[bytes]) -> Reuse:
-        """The translations of the leading messages whose keys are the last request's."""
+        """The translations of the leading messages whose keys are the last request's (never of the last one)."""
         last = self._last  # one read: a concurrent remember() replaces it whole
         if last is None:
             return _NONE
         count = 0
-        for new, old in zip(keys, last.keys, strict=False):
+        # The last message is always validated again: a request model may require at least one message, and a
+        # request resent as it was (a retry) must still validate.
+        for new, old in zip(keys[:-1], last.keys, strict=False):
             if new != old:
                 break
             count += 1

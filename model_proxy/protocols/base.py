@@ -12,9 +12,9 @@ import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult
@@ -32,7 +32,10 @@ __all__ = [
     "malformed",
     "sse",
     "text_of_parts",
+    "validate_messages",
 ]
+
+_Wire = TypeVar("_Wire", bound=BaseModel)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +174,27 @@ def malformed(exc: ValidationError) -> MalformedRequest:
         loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return MalformedRequest("invalid request: " + "; ".join(parts))
+
+
+def validate_messages(model: type[_Wire], body: Any, reused: int) -> _Wire:
+    """Validate ``body`` as ``model``, with only the messages after the first ``reused`` (validated before).
+
+    An error is reported at its index in the whole request.
+
+    Raises:
+        MalformedRequest: The body does not validate.
+    """
+    raw = body["messages"] if reused else None
+    try:
+        return model.model_validate({**body, "messages": raw[reused:]} if raw else body)
+    except ValidationError as exc:
+        error = exc
+    if raw:
+        try:
+            model.model_validate(body)
+        except ValidationError as exc:
+            error = exc
+    raise malformed(error) from None
 
 
 def text_of_parts(parts: Iterable[Any], *, keys: tuple[str, ...] = ("text",)) -> str:

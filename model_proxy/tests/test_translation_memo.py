@@ -14,7 +14,7 @@ from model_proxy.core.render import ChatRenderer, PrefixCache
 from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import InternalRequest
-from model_proxy.protocols import AnthropicAdapter
+from model_proxy.protocols import AnthropicAdapter, OpenAIChatAdapter
 
 Body = dict[str, Any]
 
@@ -175,3 +175,73 @@ def test_reused_messages_render_as_a_full_render_and_reuse_their_dicts(tokenizer
             assert rendered.message_dicts is not None
             assert all(a is b for a, b in zip(rendered.message_dicts[1 : len(dicts)], dicts[1:], strict=True))
         dicts = rendered.message_dicts
+
+
+def _chat_turn(i: int, arg: Any = None) -> list[Body]:
+    """A Chat Completions assistant tool call and its tool result."""
+    arguments = json.dumps({"path": f"{i}.py", "n": arg})
+    return [
+        {
+            "role": "assistant",
+            "content": f"step {i}",
+            "reasoning_content": f"plan {i}",
+            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": arguments}}],
+        },
+        {"role": "tool", "tool_call_id": f"c{i}", "content": [{"type": "text", "text": f"body {i}"}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "go"}]},
+    ]
+
+
+def _chat_body(messages: list[Body]) -> Body:
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": "You are an agent."}, *messages],
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
+    }
+
+
+def test_a_growing_chat_completions_conversation_translates_as_from_scratch() -> None:
+    adapter = OpenAIChatAdapter()
+    memo = TranslationMemo()
+    history: list[Body] = [{"role": "user", "content": "fix it"}]
+    previous: InternalRequest | None = None
+    for i in range(4):
+        history = [*history, *_chat_turn(i, i)]
+        body = _chat_body(history)
+        with_memo = adapter.parse(_fresh(body), memo=memo).internal
+        _same(with_memo, adapter.parse(_fresh(body)).internal)
+        assert [m.name for m in with_memo.messages if m.role == "tool"] == ["read"] * (i + 1)
+        assert with_memo.normalized["ignored"].count("user part image_url") == i + 1
+        if previous is not None:
+            kept = len(previous.messages)
+            assert all(a is b for a, b in zip(with_memo.messages[:kept], previous.messages, strict=True))
+        previous = with_memo
+    # Arguments resent as 1.0 instead of 1 (the same JSON number to ==) are parsed again.
+    changed = copy.deepcopy(history)
+    changed[1]["tool_calls"][0]["function"]["arguments"] = json.dumps({"path": "0.py", "n": 0.0})
+    body = _chat_body(changed)
+    again = adapter.parse(_fresh(body), memo=memo).internal
+    _same(again, adapter.parse(_fresh(body)).internal)
+    assert repr(again.messages[2].tool_calls[0].arguments["n"]) == "0.0"
+    # A bad new message is reported where it is in the whole request.
+    bad = _chat_body([*history, {"role": "robot", "content": "x"}])
+    with pytest.raises(MalformedRequest) as with_memo_error:
+        adapter.parse(_fresh(bad), memo=memo)
+    with pytest.raises(MalformedRequest) as without:
+        adapter.parse(_fresh(bad))
+    assert str(with_memo_error.value) == str(without.value)
+    assert f"messages.{len(history) + 1}" in str(without.value)
+
+
+@pytest.mark.parametrize("protocol", ["anthropic", "chat"])
+def test_a_request_resent_as_it_was_validates_and_translates_the_same(protocol: str) -> None:
+    """A retry resends the very same messages; Chat Completions requires at least one message to validate."""
+    adapter: AnthropicAdapter | OpenAIChatAdapter = (
+        AnthropicAdapter() if protocol == "anthropic" else OpenAIChatAdapter()
+    )
+    body = _body([{"role": "user", "content": "go"}, *_turn(0)]) if protocol == "anthropic" else _chat_body([])
+    memo = TranslationMemo()
+    first = adapter.parse(_fresh(body), memo=memo).internal
+    for _ in range(2):
+        again = adapter.parse(_fresh(body), memo=memo).internal
+        _same(again, first)

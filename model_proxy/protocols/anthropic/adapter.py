@@ -6,11 +6,9 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.translation_memo import Reuse, TranslationMemo, message_keys
+from model_proxy.core.translation_memo import TranslationMemo, reuse_for, tool_names
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.anthropic.models import Block, Message, MessagesRequest
@@ -20,9 +18,9 @@ from model_proxy.protocols.base import (
     Route,
     internal_request,
     list_models,
-    malformed,
     sse,
     text_of_parts,
+    validate_messages,
 )
 
 __all__ = ["AnthropicAdapter"]
@@ -108,21 +106,6 @@ def _translate_message(msg: Message, names: dict[str, str], ignored: list[str]) 
     if text or not blocks:
         out.append(ChatMessage("user", "".join(text)))
     return tuple(out)
-
-
-def _validate(body: Any, reuse: Reuse) -> MessagesRequest:
-    """The request, with only the messages after the ``reuse.count`` reused ones (those were validated before)."""
-    raw = body["messages"] if reuse.count else None
-    try:
-        return MessagesRequest.model_validate({**body, "messages": raw[reuse.count :]} if raw else body)
-    except ValidationError as exc:
-        error = exc
-    if raw:  # report the error at its index in the whole request
-        try:
-            MessagesRequest.model_validate(body)
-        except ValidationError as exc:
-            error = exc
-    raise malformed(error) from None
 
 
 def _usage(result: CallResult) -> dict[str, Any]:
@@ -241,10 +224,8 @@ class AnthropicAdapter:
         memo: TranslationMemo | None = None,
     ) -> ParsedRequest:
         """Validate and translate a Messages request (only the messages new since ``memo``'s last request)."""
-        raw = body.get("messages") if memo is not None and isinstance(body, dict) else None
-        keys = message_keys(raw) if isinstance(raw, list) else None
-        reuse = memo.reuse(keys) if memo is not None and keys is not None else Reuse(0, (), ())
-        req = _validate(body, reuse)
+        keys, reuse = reuse_for(body, memo)
+        req = validate_messages(MessagesRequest, body, reuse.count)
         ignored: list[str] = []
         tools: list[ToolSpec] = []
         for tool in req.tools or []:
@@ -252,7 +233,7 @@ class AnthropicAdapter:
                 ignored.append(f"tool {tool.name} ({tool.type})")
                 continue
             tools.append(ToolSpec(tool.name, tool.description or "", tool.input_schema))
-        names = {c.id: c.name for out in reuse.outputs for m in out for c in m.tool_calls}
+        names = tool_names(reuse.outputs)
         outputs = list(reuse.outputs)
         notes = list(reuse.notes)
         for msg in req.messages:

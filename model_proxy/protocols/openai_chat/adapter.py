@@ -7,11 +7,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.translation_memo import TranslationMemo
+from model_proxy.core.translation_memo import TranslationMemo, reuse_for, tool_names
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import (
@@ -20,9 +18,9 @@ from model_proxy.protocols.base import (
     Route,
     internal_request,
     list_models,
-    malformed,
     sse,
     text_of_parts,
+    validate_messages,
 )
 from model_proxy.protocols.openai_chat.models import ChatMessageIn, ChatRequest
 
@@ -82,6 +80,24 @@ def _content(msg: ChatMessageIn, ignored: list[str]) -> str:
     return text_of_parts(msg.content)
 
 
+def _translate_message(msg: ChatMessageIn, names: dict[str, str], ignored: list[str]) -> tuple[ChatMessage, ...]:
+    """One message's chat message; ``names`` maps the tool call ids seen so far to their tool (and is updated)."""
+    text = _content(msg, ignored)
+    if msg.role in ("system", "developer"):
+        return (ChatMessage("system", text),)
+    if msg.role == "assistant":
+        calls = []
+        for tc in msg.tool_calls or []:
+            names[tc.id] = tc.function.name
+            calls.append(ToolCall(tc.id, tc.function.name, parse_arguments(tc.function.arguments)))
+        reasoning = msg.reasoning_content or msg.reasoning
+        return (ChatMessage("assistant", text, tool_calls=calls, reasoning=reasoning or None),)
+    if msg.role in ("tool", "function"):
+        call_id = msg.tool_call_id or ""
+        return (ChatMessage("tool", text, tool_call_id=call_id, name=names.get(call_id, msg.name)),)
+    return (ChatMessage("user", text),)
+
+
 def openai_internal_request(
     protocol: str,
     req: Any,
@@ -127,32 +143,26 @@ class OpenAIChatAdapter:
         path_stream: bool = False,
         memo: TranslationMemo | None = None,
     ) -> ParsedRequest:
-        """Validate and translate a Chat Completions request."""
-        try:
-            req = ChatRequest.model_validate(body)
-        except ValidationError as exc:
-            raise malformed(exc) from None
+        """Validate and translate a Chat Completions request (only the messages new since ``memo``'s last one)."""
+        keys, reuse = reuse_for(body, memo)
+        req = validate_messages(ChatRequest, body, reuse.count)
         if (req.n or 1) > 1:
             raise MalformedRequest("n > 1 is not supported; send one request per sample")
-        ignored: list[str] = []
-        names: dict[str, str] = {}
-        messages: list[ChatMessage] = []
+        names = tool_names(reuse.outputs)
+        outputs = list(reuse.outputs)
+        notes = list(reuse.notes)
         for msg in req.messages:
-            text = _content(msg, ignored)
-            if msg.role in ("system", "developer"):
-                messages.append(ChatMessage("system", text))
-            elif msg.role == "assistant":
-                calls = []
-                for tc in msg.tool_calls or []:
-                    names[tc.id] = tc.function.name
-                    calls.append(ToolCall(tc.id, tc.function.name, parse_arguments(tc.function.arguments)))
-                reasoning = msg.reasoning_content or msg.reasoning
-                messages.append(ChatMessage("assistant", text, tool_calls=calls, reasoning=reasoning or None))
-            elif msg.role in ("tool", "function"):
-                call_id = msg.tool_call_id or ""
-                messages.append(ChatMessage("tool", text, tool_call_id=call_id, name=names.get(call_id, msg.name)))
-            else:
-                messages.append(ChatMessage("user", text))
+            note: list[str] = []
+            outputs.append(_translate_message(msg, names, note))
+            notes.append(tuple(note))
+        messages: list[ChatMessage] = []
+        for out in outputs:
+            messages += out
+        ignored: list[str] = []
+        for note_tuple in notes:
+            ignored += note_tuple
+        if memo is not None and keys is not None:
+            memo.remember(keys, outputs, notes)
         tools: list[ToolSpec] = []
         for tool in req.tools or []:
             if tool.type != "function" or tool.function is None:
