@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from model_proxy.core.normalize import build_rules
 from model_proxy.core.render import ChatRenderer, PrefixCache
-from model_proxy.core.translation_memo import TranslationMemo
+from model_proxy.core.sessions import SessionRegistry
+from model_proxy.core.store import SessionStore
+from model_proxy.core.translation_memo import TranslationMemo, message_keys
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import InternalRequest
 from model_proxy.protocols import AnthropicAdapter, OpenAIChatAdapter
@@ -245,3 +248,19 @@ def test_a_request_resent_as_it_was_validates_and_translates_the_same(protocol: 
     for _ in range(2):
         again = adapter.parse(_fresh(body), memo=memo).internal
         _same(again, first)
+
+
+async def test_a_closed_session_drops_its_memo(tmp_path: Path) -> None:
+    registry = SessionRegistry(SessionStore(tmp_path, fsync=False), prefix_cache_entries=2)
+    session, _ = await registry.open("s", "policy")
+    memo = session.translation_memo(AnthropicAdapter.protocol)
+    assert memo is not None
+    assert session.translation_memo(AnthropicAdapter.protocol) is memo  # one per protocol, kept between calls
+    messages = [{"role": "user", "content": "go"}, *_turn(0)]
+    AnthropicAdapter().parse(_fresh(_body(messages)), memo=memo)
+    keys = message_keys([*messages, {"role": "user", "content": "more"}])
+    assert keys is not None
+    assert memo.reuse(keys).count == len(messages)
+    await registry.close("s")
+    assert session.translation_memos == {}
+    assert session.translation_memo(AnthropicAdapter.protocol) is None
