@@ -24,6 +24,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 
+from model_proxy.core.body_memo import BodyMemo
 from model_proxy.core.render import PrefixCache
 from model_proxy.core.store import LineMemo, Recovery, SessionMeta, SessionStore
 from model_proxy.core.translation_memo import TranslationMemo
@@ -70,6 +71,8 @@ class Session:
     line_memo: LineMemo = dataclasses.field(default_factory=LineMemo)
     # The last request's messages and their translation, per protocol (emptied when the session closes).
     translation_memos: dict[str, TranslationMemo] = dataclasses.field(default_factory=dict)
+    # The last request body's top-level arrays, text and decoded values (emptied when the session closes).
+    body_memo: BodyMemo = dataclasses.field(default_factory=BodyMemo)
 
     def translation_memo(self, protocol: str) -> TranslationMemo | None:
         """The memo of this session's last ``protocol`` request; None once the session is closed."""
@@ -215,6 +218,7 @@ class SessionRegistry:
             await asyncio.to_thread(self._store.save_meta, session.meta)
             session.cache = PrefixCache(0)  # no call will extend its prompts again
             session.translation_memos = {}
+            session.body_memo.clear()
             self._touch_closed(session)
         session.notify()
         return session

@@ -24,7 +24,7 @@ from typing import Any
 
 from model_proxy.models import ChatMessage
 
-__all__ = ["Reuse", "TranslationMemo", "message_keys", "reuse_for", "tool_names"]
+__all__ = ["Messages", "Reuse", "TranslationMemo", "message_keys", "reuse_for", "tool_names"]
 
 
 def message_keys(raw: Sequence[Any]) -> list[bytes] | None:
@@ -53,17 +53,25 @@ class Reuse:
 _NONE = Reuse(0, (), ())
 
 
-def reuse_for(body: Any, memo: TranslationMemo | None) -> tuple[list[bytes] | None, Reuse]:
-    """The keys of ``body["messages"]`` (None when there is no memo or no message list) and what ``memo`` offers.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Messages:
+    """A request's raw messages and their keys (what :meth:`TranslationMemo.remember` keeps)."""
+
+    raw: tuple[Any, ...]
+    keys: tuple[bytes, ...]
+
+
+def reuse_for(body: Any, memo: TranslationMemo | None) -> tuple[Messages | None, Reuse]:
+    """``body["messages"]`` with their keys (None without a memo or a message list) and what ``memo`` offers.
 
     Callers validate and translate ``body["messages"][reuse.count:]`` only, then :meth:`TranslationMemo.remember`
-    the keys with every message's translation.
+    the messages with every one's translation.
     """
     raw = body.get("messages") if memo is not None and isinstance(body, dict) else None
-    keys = message_keys(raw) if isinstance(raw, list) else None
-    if memo is None or keys is None:
-        return keys, _NONE
-    return keys, memo.reuse(keys)
+    if memo is None or not isinstance(raw, list):
+        return None, _NONE
+    messages = memo.keys(raw)
+    return messages, _NONE if messages is None else memo.reuse(messages.keys)
 
 
 def tool_names(outputs: Sequence[tuple[ChatMessage, ...]]) -> dict[str, str]:
@@ -73,7 +81,7 @@ def tool_names(outputs: Sequence[tuple[ChatMessage, ...]]) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Last:
-    keys: tuple[bytes, ...]
+    messages: Messages
     outputs: tuple[tuple[ChatMessage, ...], ...]
     notes: tuple[tuple[str, ...], ...]
 
@@ -84,6 +92,21 @@ class TranslationMemo:
     def __init__(self) -> None:
         self._last: _Last | None = None
 
+    def keys(self, raw: Sequence[Any]) -> Messages | None:
+        """``raw`` with each message's key (None when one has none): a message that is the very object the last
+        request had at its place (the body memo hands them out again) keeps its key without marshalling it."""
+        last = self._last
+        known = last.messages if last is not None else Messages((), ())
+        keys: list[bytes] = []
+        try:
+            for i, message in enumerate(raw):
+                keys.append(
+                    known.keys[i] if i < len(known.raw) and known.raw[i] is message else marshal.dumps(message, 2)
+                )
+        except ValueError:  # not JSON data: never reused
+            return None
+        return Messages(tuple(raw), tuple(keys))
+
     def reuse(self, keys: Sequence[bytes]) -> Reuse:
         """The translations of the leading messages whose keys are the last request's (never of the last one)."""
         last = self._last  # one read: a concurrent remember() replaces it whole
@@ -92,7 +115,7 @@ class TranslationMemo:
         count = 0
         # The last message is always validated again: a request model may require at least one message, and a
         # request resent as it was (a retry) must still validate.
-        for new, old in zip(keys[:-1], last.keys, strict=False):
+        for new, old in zip(keys[:-1], last.messages.keys, strict=False):
             if new != old:
                 break
             count += 1
@@ -102,14 +125,14 @@ class TranslationMemo:
 
     def remember(
         self,
-        keys: Sequence[bytes],
+        messages: Messages,
         outputs: Sequence[tuple[ChatMessage, ...]],
         notes: Sequence[tuple[str, ...]],
     ) -> None:
-        """Keep this request's keys and translations (one per raw message) for the next request."""
-        if not len(keys) == len(outputs) == len(notes):
-            raise ValueError("one translation and one note tuple per key")
-        self._last = _Last(tuple(keys), tuple(outputs), tuple(notes))
+        """Keep this request's messages and translations (one per raw message) for the next request."""
+        if not len(messages.keys) == len(outputs) == len(notes):
+            raise ValueError("one translation and one note tuple per message")
+        self._last = _Last(messages, tuple(outputs), tuple(notes))
 
     def clear(self) -> None:
         """Forget the last request (its session closed)."""

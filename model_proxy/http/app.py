@@ -227,9 +227,11 @@ class ProxyHttp:
                 large = len(body) - previous >= self._offload  # a next turn of an agent loop, alone: inline
 
         memo = session.translation_memo(adapter.protocol) if session is not None else None
+        body_memo = session.body_memo if memo is not None and session is not None else None
 
         def parse() -> ParsedRequest:
-            return adapter.parse(decode_json(body), path_model=path_model, path_stream=path_stream, memo=memo)
+            value = decode_json(body, body_memo)
+            return adapter.parse(value, path_model=path_model, path_stream=path_stream, memo=memo)
 
         return (await asyncio.to_thread(parse) if large else parse()), large
 

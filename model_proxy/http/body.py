@@ -17,6 +17,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from model_proxy.core.body_memo import BodyMemo, decode_with_memo
 from model_proxy.errors import MalformedRequest, RequestTooLarge
 
 __all__ = ["decode_json", "has_lone_surrogate", "read_body"]
@@ -62,8 +63,14 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def decode_json(body: bytes) -> Any:
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def decode_json(body: bytes, memo: BodyMemo | None = None) -> Any:
     """Decode a JSON body strictly (CPU-bound: callers run large bodies in a worker thread).
+
+    ``memo`` is the session's :class:`~model_proxy.http.body_memo.BodyMemo`: the elements of top-level arrays
+    whose text is the last body's are not decoded again (the same value either way).
 
     Raises:
         MalformedRequest: Not UTF-8, not JSON, nested too deeply, or a string holds a lone surrogate.
@@ -73,7 +80,9 @@ def decode_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise MalformedRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = decode_with_memo(text, memo, _DECODER) if memo is not None else None
+        if value is None:
+            value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
         raise MalformedRequest("request body is not valid JSON") from None
     if _SURROGATE_ESCAPE.search(body) is not None and has_lone_surrogate(value):

@@ -224,7 +224,7 @@ class AnthropicAdapter:
         memo: TranslationMemo | None = None,
     ) -> ParsedRequest:
         """Validate and translate a Messages request (only the messages new since ``memo``'s last request)."""
-        keys, reuse = reuse_for(body, memo)
+        known, reuse = reuse_for(body, memo)
         req = validate_messages(MessagesRequest, body, reuse.count)
         ignored: list[str] = []
         tools: list[ToolSpec] = []
@@ -245,8 +245,8 @@ class AnthropicAdapter:
             messages += out
         for note_tuple in notes:
             ignored += note_tuple
-        if memo is not None and keys is not None:
-            memo.remember(keys, outputs, notes)
+        if memo is not None and known is not None:
+            memo.remember(known, outputs, notes)
         tool_choice = None
         if req.tool_choice is not None:
             tool_choice = req.tool_choice.type if req.tool_choice.type != "tool" else f"tool:{req.tool_choice.name}"

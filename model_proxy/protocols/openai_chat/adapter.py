@@ -144,7 +144,7 @@ class OpenAIChatAdapter:
         memo: TranslationMemo | None = None,
     ) -> ParsedRequest:
         """Validate and translate a Chat Completions request (only the messages new since ``memo``'s last one)."""
-        keys, reuse = reuse_for(body, memo)
+        known, reuse = reuse_for(body, memo)
         req = validate_messages(ChatRequest, body, reuse.count)
         if (req.n or 1) > 1:
             raise MalformedRequest("n > 1 is not supported; send one request per sample")
@@ -161,8 +161,8 @@ class OpenAIChatAdapter:
         ignored: list[str] = []
         for note_tuple in notes:
             ignored += note_tuple
-        if memo is not None and keys is not None:
-            memo.remember(keys, outputs, notes)
+        if memo is not None and known is not None:
+            memo.remember(known, outputs, notes)
         tools: list[ToolSpec] = []
         for tool in req.tools or []:
             if tool.type != "function" or tool.function is None:
