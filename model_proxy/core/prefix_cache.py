@@ -16,31 +16,9 @@ from typing import Any
 from model_proxy.core.template import ClockReading
 from model_proxy.models import ChatMessage
 
-__all__ = ["CacheEntry", "MessageDicts", "PrefixCache", "WindowRender", "common_prefix_len", "ids_json"]
+__all__ = ["CacheEntry", "MessageDicts", "PrefixCache", "common_prefix_len", "ids_json"]
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WindowRender:
-    """The window an incremental render rendered without the generation prompt, kept for the session's next call.
-
-    The next call's render, when it starts its window at the same message, needs this very text for its "old"
-    window (the same template messages, tools and clock): it takes it instead of rendering it again.
-
-    Attributes:
-        start: Index of the window's first message after the system message(s).
-        messages: The window's template messages (system message(s) first).
-        tools: The tools it was rendered with.
-        text: Its rendered text, without the generation prompt.
-        clock: ``strftime_now`` readings the template made while rendering it.
-    """
-
-    start: int
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    text: str
-    clock: list[ClockReading]
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,7 +37,6 @@ class CacheEntry:
         tools: The tools passed to the template with them.
         base_len: Length of ``text`` without the generation prompt; -1 when unknown.
         clock: ``strftime_now`` readings the template made while rendering it.
-        window: The last window rendered to make ``text`` incrementally (None when it was rendered in full).
     """
 
     text: str
@@ -73,7 +50,6 @@ class CacheEntry:
     tools: list[dict[str, Any]] | None = None
     base_len: int = -1
     clock: list[ClockReading] = dataclasses.field(default_factory=list)
-    window: WindowRender | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

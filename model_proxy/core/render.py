@@ -37,14 +37,7 @@ import logging
 import random
 from typing import Any
 
-from model_proxy.core.prefix_cache import (
-    CacheEntry,
-    MessageDicts,
-    PrefixCache,
-    WindowRender,
-    common_prefix_len,
-    ids_json,
-)
+from model_proxy.core.prefix_cache import CacheEntry, MessageDicts, PrefixCache, common_prefix_len, ids_json
 from model_proxy.core.template import (
     ClockReading,
     CompiledTemplate,
@@ -61,8 +54,6 @@ __all__ = ["ChatRenderer", "PrefixCache", "RenderedPrompt", "fallback_messages",
 _log = logging.getLogger(__name__)
 _WINDOW = 2
 """Old messages rendered around the appended ones (besides the system message)."""
-_STICKY_WINDOW = 16
-"""Messages (besides the system message) a window may grow to by starting where the previous call's did."""
 _GIL_FREE_CHARS = 16_384
 """Texts at least this long are tokenised with ``encode_batch`` (releases the GIL; a little slower when short)."""
 _KEEPS_EVERY_CHAR = frozenset({"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts"})
@@ -188,7 +179,6 @@ class _Text:
     base_len: int
     clock: list[ClockReading]
     incremental: bool
-    window: WindowRender | None = None
 
 
 class ChatRenderer:
@@ -291,9 +281,7 @@ class ChatRenderer:
             if hint is not None:
                 assert hint.messages is not None
                 tool_dicts = hint.tools  # equal; the same objects let tojson reuse their text
-                out = _extend(
-                    template, hint.messages, hint.text, hint.base_len, hint.clock, prepared, tool_dicts, hint.window
-                )
+                out = _extend(template, hint.messages, hint.text, hint.base_len, hint.clock, prepared, tool_dicts)
                 if out is None:
                     hint = None
         if out is None:
@@ -309,7 +297,6 @@ class ChatRenderer:
         if cache is not None and rendered.entry is not None:
             entry = rendered.entry
             entry.messages, entry.tools, entry.base_len, entry.clock = prepared, tool_dicts, out.base_len, out.clock
-            entry.window = out.window
         folded = bool(tools) and not self.supports_tools  # _inputs gave fallback_messages
         return dataclasses.replace(
             rendered.prompt,
@@ -528,34 +515,16 @@ def _extend(
     old_clock: list[ClockReading],
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
-    window: WindowRender | None = None,
 ) -> _Text | None:
-    """Render ``messages`` by extending an earlier prompt whose messages start them; None when not safe.
-
-    Three renders of a window (the last messages before the new ones, after the system message): the old window
-    and the new one without the generation prompt (the new text is what the second adds to the first), and the
-    new one with it. ``window``, the earlier prompt's own last window, is the old window when this one may start
-    where it did (up to ``_STICKY_WINDOW`` messages): its text is taken instead of rendering it again.
-    """
+    """Render ``messages`` by extending an earlier prompt whose messages start them; None when not safe."""
     if not clock_still_reads(old_clock):
         return None
     k = len(old_messages)
     s, j = _window_start(messages, k)
-    r0: str | None = None
-    c0: list[ClockReading] = []
-    if (
-        window is not None
-        and window.tools is tools
-        and s <= window.start <= j
-        and len(messages) - window.start <= _STICKY_WINDOW
-        and messages[:s] + messages[window.start : k] == window.messages
-        and clock_still_reads(window.clock)
-    ):
-        j, r0, c0 = window.start, window.text, window.clock
+    old = messages[:s] + messages[j:k]
     new = messages[:s] + messages[j:]
     try:
-        if r0 is None:
-            r0, c0 = template.render(messages[:s] + messages[j:k], tools, False)
+        r0, c0 = template.render(old, tools, False)
         r1, c1 = template.render(new, tools, False)
         r1g, c2 = template.render(new, tools, True)
     except Exception:  # a window the template refuses (e.g. role alternation): render in full instead
@@ -566,7 +535,7 @@ def _extend(
     if clock is None:
         return None
     base = old_text[:old_base_len] + r1[len(r0) :]
-    return _Text(base + r1g[len(r1) :], len(base), clock, True, WindowRender(j, new, tools, r1, c1))
+    return _Text(base + r1g[len(r1) :], len(base), clock, True)
 
 
 def _base_len(
@@ -620,13 +589,7 @@ def _append_only(template: CompiledTemplate, supports_tools: bool) -> bool:
                     break
                 got = None
                 if prev is not None and messages[: len(prev_messages)] == prev_messages:
-                    # Both kinds of window: a fresh one, and one that starts where the previous step's did.
-                    fresh = _extend(template, prev_messages, prev.text, prev.base_len, prev.clock, messages, tools)
-                    if fresh is not None and fresh.text != full:
-                        return False
-                    got = _extend(
-                        template, prev_messages, prev.text, prev.base_len, prev.clock, messages, tools, prev.window
-                    )
+                    got = _extend(template, prev_messages, prev.text, prev.base_len, prev.clock, messages, tools)
                     if got is not None and got.text != full:
                         return False
                 if got is None:

@@ -172,35 +172,6 @@ def test_agent_loop_renders_only_a_window(tokenizer) -> None:
     assert all(used[2:])
 
 
-def test_a_window_that_starts_where_the_last_one_did_reuses_its_text(tokenizer, monkeypatch) -> None:
-    """Most turns of an agent loop render their window twice, not three times, and every prompt stays exact."""
-    renders: list[int] = []
-    real = template_module.CompiledTemplate.render
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        renders.append(1)
-        return real(self, *args, **kwargs)
-
-    renderer = ChatRenderer(tokenizer, verify=True)  # every prompt is checked against apply_chat_template
-    monkeypatch.setattr(template_module.CompiledTemplate, "render", counted)
-    cache = PrefixCache(4)
-    conversation = [ChatMessage("system", "sys"), ChatMessage("user", "go")]
-    per_call = []
-    for i in range(24):
-        before = len(renders)
-        assert renderer.render(conversation, _TOOLS, cache, f"c{i}").rendered_incrementally == (i > 1)
-        per_call.append(len(renders) - before)
-        call = ToolCall(f"t{i}", "read_file", {"path": f"{i}.py"})
-        conversation = [
-            *conversation,
-            ChatMessage("assistant", f"step {i}", [call]),
-            ChatMessage("tool", f"body {i}", tool_call_id=call.id),
-        ]
-    incremental = per_call[2:]  # the first two prompts are short: rendered in full
-    assert set(incremental) == {2, 3}
-    assert incremental.count(2) > 2 * incremental.count(3)  # a window grows to 16 messages, then starts afresh
-
-
 _NO_TOOLS_TEMPLATE = (
     "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n"
     "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
