@@ -8,7 +8,8 @@ the translation memo recognises them without comparing anything). A JSON text th
 complete text, followed by a ``,`` or the ``]`` closing the array, holds the same value there, whatever the
 value's type: the scanner would read exactly those chars again.
 
-Only a well-formed object is walked; anything else (another top-level value, a syntax error, a byte-order mark)
+Only a well-formed object of at most ``_MAX_ITEMS`` keys, whose arrays have at most ``_MAX_ITEMS`` elements, is
+walked; anything else (another top-level value, a syntax error, a byte-order mark)
 returns None, and the caller decodes the body the usual way, which gives the usual value or error. Decoded
 values are shared with the next request: nothing may change them in place (no adapter does).
 """
@@ -24,6 +25,9 @@ from typing import Any
 __all__ = ["BodyMemo", "decode_with_memo"]
 
 _WHITESPACE = frozenset(" \t\n\r")  # JSON's whitespace (json.decoder.WHITESPACE)
+_MAX_ITEMS = 4096
+"""Top-level keys, and elements of one array, that the walk handles one by one (a Python step each); a body with
+more is decoded the usual way, so a body of a million tiny elements costs what ``json.loads`` costs, not more."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +88,7 @@ def _walk(text: str, memo: BodyMemo, scan: Callable[[str, int], tuple[Any, int]]
     if i < n and text[i] == "}":
         return obj if _skip(text, i + 1) == n else None
     while True:
-        if i >= n or text[i] != '"':
+        if i >= n or text[i] != '"' or len(obj) >= _MAX_ITEMS:
             return None
         key, i = scan(text, i)
         i = _skip(text, i)
@@ -140,6 +144,8 @@ def _array(
             i = _skip(text, i + 1)
     while True:
         k = len(values)
+        if len(spans) >= _MAX_ITEMS:
+            return None, i
         end = -1
         if last is not None and k < len(last.spans):
             a, b = last.spans[k]
