@@ -22,7 +22,7 @@ import json.scanner
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BodyMemo", "decode_with_memo"]
+__all__ = ["BodyMemo", "Scan", "decode_with_memo", "scanner"]
 
 _WHITESPACE = frozenset(" \t\n\r")  # JSON's whitespace (json.decoder.WHITESPACE)
 _MAX_ITEMS = 4096
@@ -51,18 +51,27 @@ class BodyMemo:
         self._arrays = {}
 
 
-def decode_with_memo(text: str, memo: BodyMemo, decoder: json.JSONDecoder) -> dict[str, Any] | None:
+Scan = Callable[[str, int], tuple[Any, int]]
+"""``json``'s scanner: the value starting at an index of a text, and the index after it."""
+
+
+def scanner(decoder: json.JSONDecoder) -> Scan:
+    """The scanner of ``decoder`` (its hooks, ``parse_float`` and ``parse_constant``, apply to every value)."""
+    scan: Scan = json.scanner.make_scanner(decoder)  # type: ignore[arg-type]
+    return scan
+
+
+def decode_with_memo(text: str, memo: BodyMemo, scan: Scan) -> dict[str, Any] | None:
     """Decode ``text`` (a JSON object) reusing ``memo``'s values where the text is the same, and update ``memo``.
 
     Args:
         text: The body as text.
         memo: The session's memo.
-        decoder: The decoder whose hooks (``parse_float``, ``parse_constant``) every value is scanned with.
+        scan: The :func:`scanner` every value is decoded with.
 
     Returns:
         The decoded object, or None when ``text`` is not a well-formed JSON object (decode it the usual way).
     """
-    scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(decoder)  # type: ignore[arg-type]
     try:
         return _walk(text, memo, scan)
     except (StopIteration, ValueError, IndexError, RecursionError):  # malformed: the usual decode says how
@@ -76,7 +85,7 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def _walk(text: str, memo: BodyMemo, scan: Callable[[str, int], tuple[Any, int]]) -> dict[str, Any] | None:
+def _walk(text: str, memo: BodyMemo, scan: Scan) -> dict[str, Any] | None:
     n = len(text)
     i = _skip(text, 0)
     if i >= n or text[i] != "{":
@@ -122,9 +131,7 @@ def _ends_value(text: str, end: int) -> int:
     return j if j < len(text) and text[j] in ",]" else -1
 
 
-def _array(
-    text: str, i: int, last: _Array | None, scan: Callable[[str, int], tuple[Any, int]]
-) -> tuple[_Array | None, int]:
+def _array(text: str, i: int, last: _Array | None, scan: Scan) -> tuple[_Array | None, int]:
     """The array whose ``[`` is at ``i``, and the index after its ``]``."""
     n = len(text)
     i = _skip(text, i + 1)

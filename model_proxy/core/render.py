@@ -319,23 +319,19 @@ class ChatRenderer:
             conversation, tool_dicts = self._inputs(messages, tools)
             return conversation, template_messages(conversation), tool_dicts
         last = cache.dicts if cache is not None else None
+        if last is None:
+            last = MessageDicts((), (), ())
+        known = len(last.sources)
         conversation = []
         prepared = []
-        if last is None:
-            for message in messages:
+        for i, message in enumerate(messages):
+            if i < known and last.sources[i] is message:
+                conversation.append(last.conversation[i])
+                prepared.append(last.prepared[i])
+            else:
                 made = message.to_template_dict()
                 conversation.append(made)
                 prepared.append(template_message(made))
-        else:
-            known = len(last.sources)
-            for i, message in enumerate(messages):
-                if i < known and last.sources[i] is message:
-                    conversation.append(last.conversation[i])
-                    prepared.append(last.prepared[i])
-                else:
-                    made = message.to_template_dict()
-                    conversation.append(made)
-                    prepared.append(template_message(made))
         if cache is not None:
             cache.dicts = MessageDicts(tuple(messages), tuple(conversation), tuple(prepared))
         return conversation, prepared, [t.to_template_dict() for t in tools] or None

@@ -19,20 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import marshal
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from model_proxy.models import ChatMessage
 
-__all__ = ["Messages", "Reuse", "TranslationMemo", "message_keys", "reuse_for", "tool_names"]
+_Turn = TypeVar("_Turn")
 
-
-def message_keys(raw: Sequence[Any]) -> list[bytes] | None:
-    """The marshal form of each raw JSON message, or None when one has none (not JSON data: never reused)."""
-    try:
-        return [marshal.dumps(message, 2) for message in raw]
-    except ValueError:
-        return None
+__all__ = ["Messages", "Reuse", "Translated", "TranslationMemo", "reuse_for", "translate_new"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,9 +68,48 @@ def reuse_for(body: Any, memo: TranslationMemo | None) -> tuple[Messages | None,
     return messages, _NONE if messages is None else memo.reuse(messages.keys)
 
 
-def tool_names(outputs: Sequence[tuple[ChatMessage, ...]]) -> dict[str, str]:
+def _tool_names(outputs: Sequence[tuple[ChatMessage, ...]]) -> dict[str, str]:
     """Tool names by tool call id, from the tool calls of translated messages (a later call wins)."""
     return {call.id: call.name for out in outputs for message in out for call in message.tool_calls}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Translated:
+    """Every raw message's translation and notes (the reused ones first), as :meth:`TranslationMemo.remember`
+    keeps them."""
+
+    outputs: list[tuple[ChatMessage, ...]]
+    notes: list[tuple[str, ...]]
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """The chat messages, in order."""
+        return [message for out in self.outputs for message in out]
+
+    @property
+    def ignored(self) -> list[str]:
+        """What the translations ignored, in order."""
+        return [note for notes in self.notes for note in notes]
+
+
+def translate_new(
+    turns: Iterable[_Turn],
+    reuse: Reuse,
+    translate: Callable[[_Turn, dict[str, str], list[str]], tuple[ChatMessage, ...]],
+) -> Translated:
+    """``reuse``'s translations, then ``translate(turn, names, ignored)`` of each new turn (validated).
+
+    ``names`` maps the tool call ids seen so far, the reused ones included, to their tool (``translate`` adds
+    the new ones); ``ignored`` collects what one turn's translation dropped.
+    """
+    names = _tool_names(reuse.outputs)
+    outputs = list(reuse.outputs)
+    notes = list(reuse.notes)
+    for turn in turns:
+        note: list[str] = []
+        outputs.append(translate(turn, names, note))
+        notes.append(tuple(note))
+    return Translated(outputs, notes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,16 +156,11 @@ class TranslationMemo:
             return _NONE
         return Reuse(count, last.outputs[:count], last.notes[:count])
 
-    def remember(
-        self,
-        messages: Messages,
-        outputs: Sequence[tuple[ChatMessage, ...]],
-        notes: Sequence[tuple[str, ...]],
-    ) -> None:
-        """Keep this request's messages and translations (one per raw message) for the next request."""
-        if not len(messages.keys) == len(outputs) == len(notes):
+    def remember(self, messages: Messages, translated: Translated) -> None:
+        """Keep this request's messages and their translations (one per raw message) for the next request."""
+        if not len(messages.keys) == len(translated.outputs) == len(translated.notes):
             raise ValueError("one translation and one note tuple per message")
-        self._last = _Last(messages, tuple(outputs), tuple(notes))
+        self._last = _Last(messages, tuple(translated.outputs), tuple(translated.notes))
 
     def clear(self) -> None:
         """Forget the last request (its session closed)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from model_proxy.core.body_memo import BodyMemo, decode_with_memo
+from model_proxy.core.body_memo import BodyMemo, decode_with_memo, scanner
 from model_proxy.errors import MalformedRequest, RequestTooLarge
 
 __all__ = ["decode_json", "has_lone_surrogate", "read_body"]
@@ -63,7 +63,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_SCAN = scanner(json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float))
 
 
 def decode_json(body: bytes, memo: BodyMemo | None = None) -> Any:
@@ -80,7 +80,7 @@ def decode_json(body: bytes, memo: BodyMemo | None = None) -> Any:
     except UnicodeDecodeError as exc:
         raise MalformedRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        value = decode_with_memo(text, memo, _DECODER) if memo is not None else None
+        value = decode_with_memo(text, memo, _SCAN) if memo is not None else None
         if value is None:
             value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):

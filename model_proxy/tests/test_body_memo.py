@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_proxy.core.body_memo import BodyMemo, decode_with_memo
+from model_proxy.core.body_memo import BodyMemo, decode_with_memo, scanner
 from model_proxy.errors import MalformedRequest
 from model_proxy.http.body import decode_json
 
@@ -133,9 +133,9 @@ def test_scalar_elements_are_reused_only_when_they_end_where_they_did(body: byte
 
 def test_a_body_of_very_many_items_is_decoded_the_usual_way() -> None:
     """Past a few thousand keys or elements the walk (a Python step each) hands the body to the plain decode."""
-    decoder = json.JSONDecoder()
+    scan = scanner(json.JSONDecoder())
     memo = BodyMemo()
-    assert decode_with_memo(json.dumps({"messages": list(range(4000))}), memo, decoder) is not None
+    assert decode_with_memo(json.dumps({"messages": list(range(4000))}), memo, scan) is not None
     for big in ({"messages": list(range(20_000))}, {f"k{i}": i for i in range(20_000)}):
-        assert decode_with_memo(json.dumps(big), memo, decoder) is None
+        assert decode_with_memo(json.dumps(big), memo, scan) is None
         _check(json.dumps(big).encode(), memo)  # the same value either way

@@ -14,7 +14,7 @@ from model_proxy.core.normalize import build_rules
 from model_proxy.core.render import ChatRenderer, PrefixCache
 from model_proxy.core.sessions import SessionRegistry
 from model_proxy.core.store import SessionStore
-from model_proxy.core.translation_memo import TranslationMemo, message_keys
+from model_proxy.core.translation_memo import TranslationMemo
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import InternalRequest
 from model_proxy.protocols import AnthropicAdapter, OpenAIChatAdapter
@@ -258,8 +258,9 @@ async def test_a_closed_session_drops_its_memo(tmp_path: Path) -> None:
     assert session.translation_memo(AnthropicAdapter.protocol) is memo  # one per protocol, kept between calls
     messages = [{"role": "user", "content": "go"}, *_turn(0)]
     AnthropicAdapter().parse(_fresh(_body(messages)), memo=memo)
-    keys = message_keys([*messages, {"role": "user", "content": "more"}])
-    assert keys is not None
+    known = TranslationMemo().keys([*messages, {"role": "user", "content": "more"}])  # marshalled afresh
+    assert known is not None
+    keys = known.keys
     assert memo.reuse(keys).count == len(messages)
     await registry.close("s")
     assert session.translation_memos == {}

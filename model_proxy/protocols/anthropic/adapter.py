@@ -8,7 +8,7 @@ from typing import Any
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.translation_memo import TranslationMemo, reuse_for, tool_names
+from model_proxy.core.translation_memo import TranslationMemo, reuse_for, translate_new
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.anthropic.models import Block, Message, MessagesRequest
@@ -233,20 +233,11 @@ class AnthropicAdapter:
                 ignored.append(f"tool {tool.name} ({tool.type})")
                 continue
             tools.append(ToolSpec(tool.name, tool.description or "", tool.input_schema))
-        names = tool_names(reuse.outputs)
-        outputs = list(reuse.outputs)
-        notes = list(reuse.notes)
-        for msg in req.messages:
-            note: list[str] = []
-            outputs.append(_translate_message(msg, names, note))
-            notes.append(tuple(note))
-        messages = _system_messages(req)
-        for out in outputs:
-            messages += out
-        for note_tuple in notes:
-            ignored += note_tuple
+        translated = translate_new(req.messages, reuse, _translate_message)
+        messages = _system_messages(req) + translated.messages
+        ignored += translated.ignored
         if memo is not None and known is not None:
-            memo.remember(known, outputs, notes)
+            memo.remember(known, translated)
         tool_choice = None
         if req.tool_choice is not None:
             tool_choice = req.tool_choice.type if req.tool_choice.type != "tool" else f"tool:{req.tool_choice.name}"

@@ -9,7 +9,7 @@ from typing import Any
 
 from model_proxy.core.engine import Call
 from model_proxy.core.events import CallResult, ReasoningDelta, TextDelta, ToolCallDone
-from model_proxy.core.translation_memo import TranslationMemo, reuse_for, tool_names
+from model_proxy.core.translation_memo import TranslationMemo, reuse_for, translate_new
 from model_proxy.errors import MalformedRequest
 from model_proxy.models import ChatMessage, InternalRequest, SamplingParams, ToolCall, ToolSpec
 from model_proxy.protocols.base import (
@@ -148,21 +148,11 @@ class OpenAIChatAdapter:
         req = validate_messages(ChatRequest, body, reuse.count)
         if (req.n or 1) > 1:
             raise MalformedRequest("n > 1 is not supported; send one request per sample")
-        names = tool_names(reuse.outputs)
-        outputs = list(reuse.outputs)
-        notes = list(reuse.notes)
-        for msg in req.messages:
-            note: list[str] = []
-            outputs.append(_translate_message(msg, names, note))
-            notes.append(tuple(note))
-        messages: list[ChatMessage] = []
-        for out in outputs:
-            messages += out
-        ignored: list[str] = []
-        for note_tuple in notes:
-            ignored += note_tuple
+        translated = translate_new(req.messages, reuse, _translate_message)
+        messages = translated.messages
+        ignored = translated.ignored
         if memo is not None and known is not None:
-            memo.remember(known, outputs, notes)
+            memo.remember(known, translated)
         tools: list[ToolSpec] = []
         for tool in req.tools or []:
             if tool.type != "function" or tool.function is None:
