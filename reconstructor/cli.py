@@ -13,8 +13,8 @@ from typing import Any
 
 from polar_core.errors import InvalidArgument
 from polar_core.export import write_parquet
+from polar_core.record_delta import expand_rows
 from polar_core.records import (
-    CompletionRecord,
     ReconstructionStats,
     ReconstructionStrategy,
     TerminalStatus,
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         prefer_exact_context=args.prefer_exact_context,
     )
     outcomes = load_outcomes(args.sessions) if args.sessions else {}
-    records = [CompletionRecord.from_dict(row) for row in read_jsonl(args.input)]
+    records = list(expand_rows(read_jsonl(args.input)))  # the run's file, or a proxy's (with delta lines)
     result = reconstruct(records, options, outcomes)
     if args.output.suffix == ".parquet":
         write_parquet(result.traces, args.output)

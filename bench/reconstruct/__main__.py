@@ -30,6 +30,7 @@ import numpy as np
 
 from bench.reconstruct.naive import loop_starts_with, naive_prefix_merge, slice_starts_with
 from polar_core.export import write_parquet
+from polar_core.record_delta import expand_rows
 from polar_core.records import CompletionRecord, ReconstructionStrategy, read_jsonl, write_jsonl
 from reconstructor import ReconstructionOptions, ReconstructionResult, reconstruct, reconstruct_session
 from reconstructor.chains import prepare
@@ -228,7 +229,7 @@ def _strategy_table(records: Sequence[CompletionRecord], eot: tuple[int, ...], r
 def bench_units(sessions: Path | None, eot: tuple[int, ...], synthetic_sessions: int, repeat: int) -> None:
     """Part 2: trainer units and trained tokens per strategy."""
     if sessions is not None:
-        records = [CompletionRecord.from_dict(row) for row in read_jsonl(sessions)]
+        records = list(expand_rows(read_jsonl(sessions)))
         eot = eot or detect_end_of_turn_ids(records)
         count = len({r.session_id for r in records})
         print(f"## Trainer units on recorded sessions: {sessions} ({count} sessions, {len(records)} calls)\n")

@@ -258,7 +258,7 @@ class Call:
         self._ticket = await self.engine.gate.enter(self.cut)
         self.policy_version = self.engine.policy_version
         gen = GenerationRequest(
-            prompt_token_ids=tuple(self.rendered.token_ids),
+            prompt_token_ids=self.rendered.token_ids,  # shared, not copied: nothing changes it
             sampling=self.sampling,
             stop_token_ids=self.engine.config.stop_token_ids,
             request_id=self.call_id,

@@ -267,6 +267,7 @@ class SessionRegistry:
             record.seq = session.next_seq
             # Serialising holds the GIL (a thread would not free the loop for it); only the disk work moves.
             line = self._store.line(record, prompt_ids_json, session.line_memo)
+            written = False
             try:
                 if not self.append_inline(alone=alone):
                     # Shielded: a caller that goes away must not leave a half-written line behind.
@@ -274,9 +275,13 @@ class SessionRegistry:
                 else:
                     # A page-cache write (fsync off), or a lone call's durable write on a fast disk: inline.
                     self._timed_write(session.session_id, line)
+                written = True
             except OSError as exc:
                 _log.error("could not write a record of session %r: %s", session.session_id, exc)
                 raise RecordNotWritten(f"the completion record could not be written ({exc.strerror})") from None
+            finally:
+                if not written:  # the record is not (surely) on disk: the next line may not be a delta of it
+                    session.line_memo.base_seq = None
             session.next_seq += 1
             session.records.append(record)
         session.notify()

@@ -1,8 +1,11 @@
 """Durable per-session storage: ``<state_dir>/sessions/<dir>/session.json`` and ``completions.jsonl``.
 
 Completion records are appended one JSON line each and made durable (``fdatasync``) before the call is
-answered, so a restarted proxy loses no finished call. ``session.json`` holds the session's metadata and the
-SHA-256 digests of its tokens (never a token itself); it is replaced atomically. With ``fsync`` on, the
+answered, so a restarted proxy loses no finished call. A record whose prompt mostly continues the last one's is
+written as a delta line of it (:mod:`polar_core.record_delta`; a full line at least every
+``MAX_DELTA_CHAIN + 1``), so a session's file grows with what is new in each call, not with its whole history.
+``session.json`` holds the session's metadata and the SHA-256 digests of its tokens (never a token itself); it
+is replaced atomically. With ``fsync`` on, the
 directory is fsync'd too after a file is created or renamed in it, so the new name survives a power cut.
 
 Recovery at start (:meth:`SessionStore.load_all`) keeps every record that was synced:
@@ -10,8 +13,9 @@ Recovery at start (:meth:`SessionStore.load_all`) keeps every record that was sy
 * An append that fails part-way (disk full, I/O error) is cut back to the file's previous size at once, so it
   never leaves half a line in front of the next append.
 * A torn last line (no newline: a crash mid-append, never answered) is cut off.
-* A bad complete line anywhere (not a record) is moved out, and reading goes on. If a record follows the bad
-  bytes on the same line (a torn append followed by a later one), the record is kept.
+* A bad complete line anywhere (not a record, or a delta line whose base record is gone) is moved out, and
+  reading goes on. If a record follows the bad bytes on the same line (a torn append followed by a later one),
+  the record is kept.
 * A corrupt ``session.json`` is renamed ``session.json.corrupt``; when the directory holds records, the
   session is restored *closed* (its tokens are lost with the file) so its records stay readable.
 
@@ -27,12 +31,14 @@ import hashlib
 import json
 import logging
 import marshal
+import operator
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from polar_core.errors import InvalidArgument
+from polar_core.record_delta import DELTA, TAIL, TOOLS_PLACEHOLDER, expand, is_delta
 from polar_core.records import CompletionRecord
 
 __all__ = ["LineMemo", "Recovery", "SessionMeta", "SessionStore", "StoredSession"]
@@ -42,6 +48,7 @@ _SAFE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _RECORDS = "completions.jsonl"
 _QUARANTINE = "completions.jsonl.quarantine"
 _RECORD_START = b'{"session_id":'  # every record line starts so (the record's first field)
+MAX_DELTA_CHAIN = 31  # delta lines in a row at most: a full line at least every 32, so a bad line costs few
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,14 +112,25 @@ def _parse_meta(raw: bytes) -> SessionMeta:
     return meta
 
 
-def _parse_record(raw: bytes) -> CompletionRecord | None:
+_NOT_A_RECORD = "not a record"
+
+
+def _parse_record(raw: bytes, known: dict[int, CompletionRecord]) -> tuple[CompletionRecord | None, str]:
+    """The record of one line (a delta line's base looked up in ``known``, by seq), or None and why not."""
     try:
         data = json.loads(raw)
         if not isinstance(data, dict) or not isinstance(data.get("seq"), int):
-            return None
-        return CompletionRecord.from_dict(data)
+            return None, _NOT_A_RECORD
+        if is_delta(data):
+            delta = data[DELTA]
+            base_seq = delta.get("base_seq") if isinstance(delta, dict) else None
+            base = known.get(base_seq) if type(base_seq) is int else None
+            if base is None:
+                return None, "a delta line whose base record is missing"
+            data = expand(data, base)
+        return CompletionRecord.from_dict(data), ""
     except (ValueError, TypeError, AttributeError, InvalidArgument, RecursionError):
-        return None
+        return None, _NOT_A_RECORD
 
 
 @dataclasses.dataclass(slots=True)
@@ -126,6 +144,7 @@ class _Scan:
 def _scan(data: bytes) -> _Scan:
     """Split a records file into good lines and bad bytes (see the module docstring)."""
     scan = _Scan([], [], [], False)
+    known: dict[int, CompletionRecord] = {}  # kept records by seq: the bases of delta lines
     offset = 0
     while offset < len(data):
         end = data.find(b"\n", offset)
@@ -134,23 +153,23 @@ def _scan(data: bytes) -> _Scan:
             scan.torn = True
             break
         here, raw, offset = offset, data[offset : end + 1], end + 1
-        record = _parse_record(raw)
-        if record is not None:
-            scan.records.append(record)
-            scan.keep.append(raw)
+        record, reason = _parse_record(raw, known)
+        start = 0
+        if record is None:
+            start = raw.find(_RECORD_START, 1)
+            while start > 0:
+                record, _ = _parse_record(raw[start:], known)
+                if record is not None:
+                    break
+                start = raw.find(_RECORD_START, start + 1)
+        if record is None:
+            scan.removed.append((here, reason, raw))
             continue
-        start = raw.find(_RECORD_START, 1)
-        while start > 0:
-            record = _parse_record(raw[start:])
-            if record is not None:
-                break
-            start = raw.find(_RECORD_START, start + 1)
-        if record is not None:
+        if start > 0:
             scan.removed.append((here, "bytes before a record", raw[:start]))
-            scan.records.append(record)
-            scan.keep.append(raw[start:])
-        else:
-            scan.removed.append((here, "not a record", raw))
+        scan.records.append(record)
+        scan.keep.append(raw[start:])
+        known[record.seq] = record
     return scan
 
 
@@ -197,9 +216,13 @@ class LineMemo:
     messages: list[Any] = dataclasses.field(default_factory=list)
     texts: list[str] = dataclasses.field(default_factory=list)
     keys: list[bytes | None] = dataclasses.field(default_factory=list)  # marshal forms (tool-call messages only)
-    tools: Any = None  # the list tools_text was made for (or checked against)
+    tools: Any = None  # the list tools_text was made for (or checked against); None when the last line had none
     tools_key: bytes | None = None
     tools_text: str = ""
+    base_seq: int | None = None  # the last line's record (a delta line's base), None before the first line
+    base_ids: list[int] = dataclasses.field(default_factory=list)  # that record's prompt IDs
+    base_json: str | None = None  # and their text (comma-separated), when the caller gave it
+    chain: int = 0  # delta lines since the last full line
 
 
 def _exact_key(value: Any) -> bytes | None:
@@ -248,52 +271,139 @@ def _array_pieces(texts: list[str]) -> list[str]:
     return out
 
 
-def _messages_json(messages: list[Any], memo: LineMemo) -> list[str]:
-    """``messages`` as a JSON array in pieces, reusing ``memo``'s texts where exact (and updating it)."""
-    shared = _shared_prefix(messages, memo.messages)
-    texts: list[str] = []
-    keys: list[bytes | None] = []
-    for i, message in enumerate(messages):
+def _message_texts(messages: list[Any], memo: LineMemo) -> tuple[list[str], int]:
+    """``messages``' JSON texts, reusing ``memo``'s where exact (and updating it), and how many leading ones are
+    exactly the last line's messages (their texts reused: a delta line takes them from its base)."""
+    last = memo.messages
+    # The usual case first, in C: the last line's messages are the very dicts this call starts with.
+    same = len(last) if len(last) <= len(messages) and all(map(operator.is_, messages, last)) else 0
+    shared = same or _shared_prefix(messages, last)
+    texts, keys = memo.texts[:same], memo.keys[:same]
+    exact: int | None = None
+    for i in range(same, len(messages)):
+        message, key = messages[i], None
         if i < shared and message is memo.messages[i]:  # the very dict (the renderer reuses them; never changed)
-            texts.append(memo.texts[i])
-            keys.append(memo.keys[i])
-            continue
-        if "tool_calls" not in message:  # its values are strings: == above was exact
-            texts.append(memo.texts[i] if i < shared else _dumps(message))
-            keys.append(None)
-            continue
-        key = _exact_key(message)
-        texts.append(memo.texts[i] if i < shared and key is not None and key == memo.keys[i] else _dumps(message))
+            reused, key = True, memo.keys[i]
+        elif "tool_calls" not in message:  # its values are strings: == above was exact
+            reused = i < shared
+        else:
+            key = _exact_key(message)
+            reused = i < shared and key is not None and key == memo.keys[i]
+        texts.append(memo.texts[i] if reused else _dumps(message))
         keys.append(key)
+        if not reused and exact is None:
+            exact = i
     memo.messages, memo.texts, memo.keys = messages, texts, keys
-    return _array_pieces(texts)
+    return texts, len(messages) if exact is None else exact
 
 
-def _tools_json(tools: Any, memo: LineMemo) -> str:
-    """``tools`` as JSON, reusing ``memo``'s text when their marshal form is unchanged (and updating it)."""
+def _tools_json(tools: Any, memo: LineMemo) -> tuple[str, bool]:
+    """``tools`` as JSON, reusing ``memo``'s text when their marshal form is unchanged (and updating it), and
+    whether it is the last line's tools' text."""
     if tools is memo.tools and memo.tools is not None:  # the very list (the renderer reuses it; never changed)
-        return memo.tools_text
+        return memo.tools_text, True
     key = _exact_key(tools)
-    if key is None or key != memo.tools_key:
+    same = key is not None and key == memo.tools_key and memo.tools is not None
+    if not same:
         memo.tools_key, memo.tools_text = key, _dumps(tools)
     memo.tools = tools
-    return memo.tools_text
+    return memo.tools_text, same
+
+
+def _shared_ids_json(ids_json: str | None, memo: LineMemo) -> tuple[int, str | None]:
+    """When the last prompt's IDs text starts this one's (the usual case: a memcmp, where comparing the lists
+    costs a step per ID), the last prompt's length and the text of the IDs after it; else ``(0, None)``."""
+    last = memo.base_json
+    if ids_json is None or last is None or not ids_json.startswith(last):
+        return 0, None
+    if len(ids_json) == len(last):
+        return len(memo.base_ids), ""
+    if not last:
+        return 0, ids_json
+    if ids_json[len(last)] != ",":  # the last ID continues: "1,2" starts "1,23"
+        return 0, None
+    return len(memo.base_ids), ids_json[len(last) + 1 :]
+
+
+def _shared_ids(new: list[int], old: list[int]) -> int:
+    """The length of the longest common prefix of ``new`` and ``old`` (list slices compare in C)."""
+    n = len(old)
+    if n <= len(new) and new[:n] == old:  # the usual case: the last prompt continues
+        return n
+    low, high = 0, min(len(new), n)  # new[:low] == old[:low]; the common prefix is at most high
+    while low < high:
+        mid = (low + high + 1) // 2
+        if new[low:mid] == old[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo | None = None) -> str:
     data = record.to_dict()
-    given: dict[str, list[str]] = {}
-    if prompt_ids_json is not None:
-        given["prompt_token_ids"] = ["[", prompt_ids_json, "]"]
     request = data.get("request")
-    if memo is not None and isinstance(request, dict) and isinstance(request.get("messages"), list):
-        in_request = {"messages": _messages_json(request["messages"], memo)}
+    if memo is None or not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+        if memo is not None:
+            memo.base_seq = None  # a line the next one cannot be a delta of
+        given: dict[str, list[str]] = {}
+        if prompt_ids_json is not None:
+            given["prompt_token_ids"] = ["[", prompt_ids_json, "]"]
+        if not given:  # nothing known already: one call of the C encoder
+            return _dumps(data) + "\n"
+        out: list[str] = []
+        _object_pieces(data, given, out)
+        out.append("\n")
+        return "".join(out)
+    return _memo_line(record, data, request, prompt_ids_json, memo)
+
+
+def _memo_line(
+    record: CompletionRecord, data: dict[str, Any], request: dict[str, Any], ids_json: str | None, memo: LineMemo
+) -> str:
+    """A full line, or a delta line of the last line's record (see :mod:`polar_core.record_delta`) when most
+    of the prompt is that record's and the chain of delta lines is short enough."""
+    texts, same_messages = _message_texts(request["messages"], memo)
+    tools_text, same_tools = ("", False)
+    if "tools" in request:
+        tools_text, same_tools = _tools_json(request["tools"], memo)
+    else:
+        memo.tools = memo.tools_key = None
+    ids = record.prompt_token_ids
+    shared, tail_json = _shared_ids_json(ids_json, memo) if memo.base_seq is not None else (0, None)
+    if memo.base_seq is not None and tail_json is None:
+        shared = _shared_ids(ids, memo.base_ids)
+    delta = (
+        memo.base_seq is not None
+        and memo.base_seq < record.seq
+        and memo.chain < MAX_DELTA_CHAIN
+        and 2 * shared >= len(ids) > 0
+        and DELTA not in data
+        and TAIL not in data
+    )
+    in_request: dict[str, list[str]] = {}
+    given: dict[str, list[str]] = {}
+    if delta:
+        data = {TAIL if key == "prompt_token_ids" else key: value for key, value in data.items()}
+        data[DELTA] = {
+            "base_seq": memo.base_seq,
+            "prompt_token_ids": shared,
+            "messages": same_messages,
+            "tools": same_tools,
+        }
+        given[TAIL] = ["[", tail_json, "]"] if tail_json is not None else [_dumps(ids[shared:])]
+        in_request["messages"] = _array_pieces(texts[same_messages:])
         if "tools" in request:
-            in_request["tools"] = [_tools_json(request["tools"], memo)]
-        given["request"] = []
-        _object_pieces(request, in_request, given["request"])
-    if not given:  # nothing known already: one call of the C encoder
-        return _dumps(data) + "\n"
+            in_request["tools"] = [str(TOOLS_PLACEHOLDER) if same_tools else tools_text]
+    else:
+        given["prompt_token_ids"] = ["[", ids_json, "]"] if ids_json is not None else [_dumps(ids)]
+        in_request["messages"] = _array_pieces(texts)
+        if "tools" in request:
+            in_request["tools"] = [tools_text]
+    memo.base_seq, memo.base_ids, memo.base_json = record.seq, ids, ids_json
+    memo.chain = memo.chain + 1 if delta else 0
+    given["request"] = []
+    _object_pieces(request, in_request, given["request"])
     out: list[str] = []
     _object_pieces(data, given, out)
     out.append("\n")
@@ -354,7 +464,13 @@ class SessionStore:
         Raises:
             OSError: The record could not be written (nothing of it is left in the file, if the disk allows).
         """
-        self.write_line(record.session_id, self.line(record, prompt_ids_json, memo))
+        line = self.line(record, prompt_ids_json, memo)
+        try:
+            self.write_line(record.session_id, line)
+        except OSError:
+            if memo is not None:
+                memo.base_seq = None  # the record is not on disk: the next line may not be a delta of it
+            raise
 
     @staticmethod
     def line(record: CompletionRecord, prompt_ids_json: str | None = None, memo: LineMemo | None = None) -> bytes:
@@ -364,7 +480,9 @@ class SessionStore:
             record: The record.
             prompt_ids_json: ``record.prompt_token_ids`` as comma-separated decimals, when the caller has them
                 (the renderer builds them incrementally; serialising a long prompt again costs milliseconds).
-            memo: The session's :class:`LineMemo` (updated): what its last line serialised is not serialised again.
+            memo: The session's :class:`LineMemo` (updated): what its last line serialised is not serialised again,
+                and the line is a delta line of the last line's record when most of its prompt is that record's
+                (:mod:`polar_core.record_delta`). When the line is not written, set ``memo.base_seq`` to None.
         """
         return _record_line(record, prompt_ids_json, memo).encode("utf-8")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import marshal
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -130,12 +131,14 @@ class TranslationMemo:
         request had at its place (the body memo hands them out again) keeps its key without marshalling it."""
         last = self._last
         known = last.messages if last is not None else Messages((), ())
-        keys: list[bytes] = []
+        # The usual case first, in C: the request starts with the very objects of the last one.
+        n = len(known.raw)
+        same = n if n <= len(raw) and all(map(operator.is_, raw, known.raw)) else 0
+        keys = list(known.keys[:same])
         try:
-            for i, message in enumerate(raw):
-                keys.append(
-                    known.keys[i] if i < len(known.raw) and known.raw[i] is message else marshal.dumps(message, 2)
-                )
+            for i in range(same, len(raw)):
+                message = raw[i]
+                keys.append(known.keys[i] if i < n and known.raw[i] is message else marshal.dumps(message, 2))
         except ValueError:  # not JSON data: never reused
             return None
         return Messages(tuple(raw), tuple(keys))

@@ -14,7 +14,9 @@ import model_proxy.core.template as template_module
 from model_proxy.core.render import ChatRenderer, PrefixCache
 from model_proxy.core.store import LineMemo, SessionStore
 from model_proxy.models import ChatMessage, ToolCall, ToolSpec
+from polar_core.errors import InvalidArgument
 from polar_core.model_fixtures import build_tiny_tokenizer
+from polar_core.record_delta import expand_rows, is_delta
 from polar_core.records import CompletionRecord
 
 _PIECES = [*"ab xyz\n\t  é東🙂.,:{}\"'<>|_", "<|im_end|>", "<|im_start|>", "<tool_call>", "</think>", "\n\n"]
@@ -276,11 +278,12 @@ def _turn_record(seq: int, messages: list[dict[str, Any]], tools: list[dict[str,
 
 
 def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_without_it(tmp_path, monkeypatch) -> None:
-    """Every line written with a session's LineMemo is byte for byte the line written without one, whatever
-    changes between calls: growth, an edited earlier message, a tool call's argument resent as 1.0 or true
-    where it was 1 (equal under ==), a tool call or a tool schema whose keys come in another order, a schema's
-    1 resent as 1.0 or true, changed or dropped tools, a message list that is not a prefix, no messages at all;
-    and the memo serialises only what it has not seen."""
+    """Every line written with a session's LineMemo is, once a delta line is expanded, byte for byte the line
+    written without one, whatever changes between calls: growth, an edited earlier message, a tool call's
+    argument resent as 1.0 or true where it was 1 (equal under ==), a tool call or a tool schema whose keys
+    come in another order, a schema's 1 resent as 1.0 or true, changed or dropped tools, a message list that is
+    not a prefix, no messages at all; the memo serialises only what it has not seen, and a line that continues
+    the last one is a delta line holding only what is new."""
     function: dict[str, Any] = {"name": "run", "parameters": {"type": "object"}}
     tool: dict[str, Any] = {"type": "function", "function": function}
 
@@ -333,12 +336,22 @@ def test_store_lines_reusing_the_last_messages_text_are_the_lines_written_withou
     a = (tmp_path / "a" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
     b = (tmp_path / "b" / "sessions" / "s" / "completions.jsonl").read_bytes().splitlines()
     assert len(a) == len(turns)
-    assert a == b
+    rows = [json.loads(line) for line in a]
+
+    def full_line(record: CompletionRecord) -> bytes:
+        return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False).encode()
+
+    assert [full_line(r) for r in expand_rows(rows)] == b
     records = [_turn_record(seq, m, t) for seq, (m, t) in enumerate(turns)]
-    assert b == [json.dumps(r.to_dict(), separators=(",", ":"), ensure_ascii=False).encode() for r in records]
-    assert [CompletionRecord.from_dict(json.loads(line)) for line in a] == [
-        _turn_record(seq, m, t) for seq, (m, t) in enumerate(turns)
-    ]
+    assert b == [full_line(r) for r in records]
+    assert list(expand_rows(rows)) == records
+    assert not is_delta(rows[0])
+    assert all(is_delta(row) for row in rows[1:3])
+    assert rows[2]["request"]["messages"] == turns[2][0][-2:]
+    assert rows[2]["request"]["tools"] == 0
+    assert all(len(a[i]) < len(b[i]) for i in (1, 2))
+    with pytest.raises(InvalidArgument, match="prompt_token_ids"):
+        CompletionRecord.from_dict(rows[1])  # a reader that knows no delta lines fails, never reads a tail
 
 
 def test_tool_schemas_serialised_once_per_session_and_changed_tools_rendered_anew(tokenizer, monkeypatch) -> None:
