@@ -30,7 +30,7 @@ from typing import Any
 from polar_core.errors import InvalidArgument
 from polar_core.records import CompletionRecord
 
-__all__ = ["DELTA", "TAIL", "TOOLS_PLACEHOLDER", "expand", "expand_rows", "is_delta"]
+__all__ = ["DELTA", "TAIL", "TOOLS_PLACEHOLDER", "base_seq", "expand", "expand_rows", "is_delta"]
 
 DELTA = "delta"
 TAIL = "prompt_token_ids_tail"
@@ -40,6 +40,13 @@ TOOLS_PLACEHOLDER = 0  # request.tools in a delta line whose tools are its base'
 def is_delta(data: Mapping[str, Any]) -> bool:
     """Whether ``data`` (one line's object) is a delta line."""
     return DELTA in data and "prompt_token_ids" not in data
+
+
+def base_seq(data: Mapping[str, Any]) -> int | None:
+    """The seq of a delta line's base record (None when ``delta.base_seq`` is not an integer)."""
+    delta = data.get(DELTA)
+    seq = delta.get("base_seq") if isinstance(delta, dict) else None
+    return seq if type(seq) is int else None
 
 
 def _count(delta: Mapping[str, Any], key: str, limit: int) -> int:
@@ -98,11 +105,10 @@ def expand_rows(rows: Iterable[Mapping[str, Any]]) -> Iterator[CompletionRecord]
     seen: dict[tuple[str, int], CompletionRecord] = {}
     for index, row in enumerate(rows, 1):
         if is_delta(row):
-            delta = row[DELTA]
-            session_id, base_seq = row.get("session_id"), delta.get("base_seq") if isinstance(delta, dict) else None
-            base = seen.get((session_id, base_seq)) if isinstance(session_id, str) and type(base_seq) is int else None
+            session_id, seq = row.get("session_id"), base_seq(row)
+            base = seen.get((session_id, seq)) if isinstance(session_id, str) and seq is not None else None
             if base is None:
-                raise InvalidArgument(f"row {index}: a delta line whose base record ({base_seq!r}) is not before it")
+                raise InvalidArgument(f"row {index}: a delta line whose base record ({seq!r}) is not before it")
             try:
                 row = expand(row, base)
             except ValueError as exc:

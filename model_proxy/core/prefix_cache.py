@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from model_proxy.core.template import ClockReading
 from model_proxy.models import ChatMessage
@@ -130,9 +130,13 @@ class PrefixCache:
         return None
 
 
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (linear: each step compares only new text)."""
-    if a.startswith(b):
+_Seq = TypeVar("_Seq", str, list[int])
+
+
+def common_prefix_len(a: _Seq, b: _Seq) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, two texts or two ID lists (linear: each step
+    compares only what is new)."""
+    if a.startswith(b) if isinstance(a, str) else len(b) <= len(a) and a[: len(b)] == b:
         return len(b)
     lo, hi = 0, min(len(a), len(b))
     # Invariant: a[:lo] == b[:lo] and the answer is at most hi. Slices compare with memcmp.

@@ -37,8 +37,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from model_proxy.core.prefix_cache import common_prefix_len
 from polar_core.errors import InvalidArgument
-from polar_core.record_delta import DELTA, TAIL, TOOLS_PLACEHOLDER, expand, is_delta
+from polar_core.record_delta import DELTA, TAIL, TOOLS_PLACEHOLDER, base_seq, expand, is_delta
 from polar_core.records import CompletionRecord
 
 __all__ = ["LineMemo", "Recovery", "SessionMeta", "SessionStore", "StoredSession"]
@@ -122,9 +123,8 @@ def _parse_record(raw: bytes, known: dict[int, CompletionRecord]) -> tuple[Compl
         if not isinstance(data, dict) or not isinstance(data.get("seq"), int):
             return None, _NOT_A_RECORD
         if is_delta(data):
-            delta = data[DELTA]
-            base_seq = delta.get("base_seq") if isinstance(delta, dict) else None
-            base = known.get(base_seq) if type(base_seq) is int else None
+            seq = base_seq(data)
+            base = known.get(seq) if seq is not None else None
             if base is None:
                 return None, "a delta line whose base record is missing"
             data = expand(data, base)
@@ -325,21 +325,6 @@ def _shared_ids_json(ids_json: str | None, memo: LineMemo) -> tuple[int, str | N
     return len(memo.base_ids), ids_json[len(last) + 1 :]
 
 
-def _shared_ids(new: list[int], old: list[int]) -> int:
-    """The length of the longest common prefix of ``new`` and ``old`` (list slices compare in C)."""
-    n = len(old)
-    if n <= len(new) and new[:n] == old:  # the usual case: the last prompt continues
-        return n
-    low, high = 0, min(len(new), n)  # new[:low] == old[:low]; the common prefix is at most high
-    while low < high:
-        mid = (low + high + 1) // 2
-        if new[low:mid] == old[low:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
 def _record_line(record: CompletionRecord, prompt_ids_json: str | None, memo: LineMemo | None = None) -> str:
     data = record.to_dict()
     request = data.get("request")
@@ -372,7 +357,7 @@ def _memo_line(
     ids = record.prompt_token_ids
     shared, tail_json = _shared_ids_json(ids_json, memo) if memo.base_seq is not None else (0, None)
     if memo.base_seq is not None and tail_json is None:
-        shared = _shared_ids(ids, memo.base_ids)
+        shared = common_prefix_len(ids, memo.base_ids)
     delta = (
         memo.base_seq is not None
         and memo.base_seq < record.seq
